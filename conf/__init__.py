@@ -1,0 +1,1 @@
+"""Hydra configuration tree, installed as ``kvrl.conf``."""
