@@ -45,10 +45,10 @@ class Request:
     slo_ttft_s: Optional[float] = None
     slo_tpot_s: Optional[float] = None
     cache_salt: Optional[str] = None
+    prompt_len: int = field(init=False, repr=False)  # derived: len(prompt_token_ids)
 
-    @property
-    def prompt_len(self) -> int:
-        return int(self.prompt_token_ids.shape[0])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_len", int(len(self.prompt_token_ids)))
 
     def validate(self) -> None:
         """Raise :class:`RequestRejected` naming the bad field."""

@@ -1,0 +1,56 @@
+"""What the engine asks the executor to do in one step, and what comes back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kvrl.engine.request import Sequence
+
+
+@dataclass
+class ScheduledSeq:
+    """Compute tokens ``[start, start + num_tokens)`` of ``seq``; sample ``num_samples`` tokens
+    from the logits of the last one (0 while a chunked prefill is unfinished; ``n`` when a
+    parallel-sampling request finishes its prefill and forks)."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    num_samples: int
+
+    @property
+    def is_decode(self) -> bool:
+        """One query token: served by the decode attention path."""
+        return self.num_tokens == 1
+
+
+@dataclass
+class ScheduledBatch:
+    """One engine step. Block operations run before the forward pass, in this order: swap-out
+    (GPU -> CPU), then copy-on-write copies, then the forward pass. Swap-ins (CPU -> GPU) are
+    issued in this step for sequences that first compute in the *next* step, so they can
+    overlap this step's forward pass (prefetch)."""
+
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)   # (gpu_block, cpu_block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)    # (cpu_block, gpu_block)
+    copies: list[tuple[int, int]] = field(default_factory=list)     # (src_gpu_block, dst_gpu_block)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.seqs or self.swap_out or self.swap_in or self.copies)
+
+
+@dataclass
+class StepOutput:
+    """Executor result: sampled token ids per scheduled sequence (aligned with ``batch.seqs``),
+    the step's duration in seconds, and per-sequence errors (index -> message) for sequences
+    whose computation failed (e.g. non-finite logits); those are aborted by the engine."""
+
+    sampled: list[list[int]]
+    elapsed_s: float
+    errors: Optional[dict[int, str]] = None

@@ -1,0 +1,62 @@
+"""Engine configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from kvrl.plugins.base import check_choice, check_range
+
+
+@dataclass
+class EngineConfig:
+    """Memory and batching limits of the paged engine.
+
+    Attributes:
+        num_blocks: GPU KV blocks; 0 = size the pool from the executor's free device memory
+            times ``gpu_memory_utilization``.
+        block_size: tokens per block.
+        num_cpu_blocks: CPU swap-pool blocks; None = ``swap_space_gb`` worth of blocks.
+        swap_space_gb: CPU swap pool size in GiB when ``num_cpu_blocks`` is None.
+        gpu_memory_utilization: fraction of device memory the executor may use (weights + KV).
+        max_num_batched_tokens: per-step token budget (prefill chunks + decodes).
+        max_num_seqs: cap on running sequences.
+        max_model_len: longest prompt + output accepted; None = the model's maximum.
+        chunked_prefill: split long prompts over steps; if False a prompt must fit the budget.
+        allocator: ``paged`` (block tables) or ``contiguous`` (pre-paging baseline: one first-fit
+            range per request reserved at admission).
+        contiguous_reserve: what the contiguous allocator reserves per request: ``max``
+            (max_model_len tokens, as Orca/FasterTransformer without length knowledge), ``pow2``
+            (prompt + output rounded up to a power of two) or ``oracle`` (exact prompt + output).
+        prefix_cache_scope: ``tenant`` (each tenant's blocks match only its own requests; default,
+            closes the cross-tenant timing side channel) or ``global`` (explicit opt-in to sharing).
+        seed: seed for anything random in the engine and executors.
+    """
+
+    num_blocks: int = 0
+    block_size: int = 16
+    num_cpu_blocks: Optional[int] = None
+    swap_space_gb: float = 4.0
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: Optional[int] = None
+    chunked_prefill: bool = True
+    allocator: str = "paged"
+    contiguous_reserve: str = "max"
+    prefix_cache_scope: str = "tenant"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("engine.num_blocks", self.num_blocks, 0)
+        check_range("engine.block_size", self.block_size, 1)
+        if self.num_cpu_blocks is not None:
+            check_range("engine.num_cpu_blocks", self.num_cpu_blocks, 0)
+        check_range("engine.swap_space_gb", self.swap_space_gb, 0.0)
+        check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
+        check_range("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_range("engine.max_num_seqs", self.max_num_seqs, 1)
+        if self.max_model_len is not None:
+            check_range("engine.max_model_len", self.max_model_len, 2)
+        check_choice("engine.allocator", self.allocator, ("paged", "contiguous"))
+        check_choice("engine.contiguous_reserve", self.contiguous_reserve, ("max", "pow2", "oracle"))
+        check_choice("engine.prefix_cache_scope", self.prefix_cache_scope, ("tenant", "global"))

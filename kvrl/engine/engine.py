@@ -1,0 +1,465 @@
+"""The paged serving engine: continuous batching with chunked prefill, policy plugins, preemption.
+
+One :meth:`Engine.step`:
+1. running sequences (oldest admission first) get their next tokens (1 for decode, a chunk for
+   an unfinished prefill) while the token budget lasts; a sequence that needs a block when none
+   is free triggers the eviction policy (swap or recompute a victim) until it fits or is itself
+   the victim;
+2. if nothing was preempted: swapped sequences are swapped back in (FIFO) while the watermark
+   allows; they compute from the next step on, so the copy overlaps this step (prefetch);
+3. if nothing was preempted: waiting sequences (recompute-preempted ones first, then new arrivals
+   in the scheduler policy's order) are admitted while the budget, ``max_num_seqs`` and the
+   watermark allow; each admission reuses its cached prefix blocks;
+4. the executor runs the batch and reports the step's duration; the clock advances by it;
+5. sampled tokens are appended, parallel-sampling requests fork (copy-on-write) after their
+   prefill, finished sequences release their blocks.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from kvrl.engine.allocators import make_allocator, request_blocks
+from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
+from kvrl.engine.config import EngineConfig
+from kvrl.engine.metrics import MetricsCollector, RequestRecord
+from kvrl.engine.request import Request, RequestRejected, Sequence, SeqStatus
+from kvrl.engine.views import EngineView, SeqView
+from kvrl.executors.base import Executor
+from kvrl.plugins.base import (EvictionPolicy, Policy, PreemptionMode, PrefixCachePolicy, SchedulerPolicy,
+                               WatermarkPolicy)
+
+log = logging.getLogger(__name__)
+
+
+class PolicyError(RuntimeError):
+    """A policy plugin raised or returned an invalid decision."""
+
+
+@dataclass
+class _Group:
+    """All sequences of one request (``n`` > 1 after the fork) and its metrics record."""
+
+    request: Request
+    record: RequestRecord
+    seqs: list[Sequence] = field(default_factory=list)
+    num_open: int = 1
+
+
+class Engine:
+    """Paged KV-cache engine driving an :class:`Executor` with four policy plugins."""
+
+    def __init__(self, config: EngineConfig, executor: Executor, scheduler: SchedulerPolicy,
+                 watermark: WatermarkPolicy, eviction: EvictionPolicy, prefix_cache: PrefixCachePolicy,
+                 slo_ttft_s: Optional[float] = None, slo_tpot_s: Optional[float] = None,
+                 record_steps: bool = True) -> None:
+        if config.max_model_len is None:
+            config.max_model_len = executor.max_model_len
+        if config.num_blocks == 0:
+            config.num_blocks = executor.kv_capacity_blocks(config.block_size, config.gpu_memory_utilization)
+        if config.num_cpu_blocks is None:
+            config.num_cpu_blocks = int(config.swap_space_gb * 2**30 // executor.kv_block_bytes(config.block_size))
+        if config.num_blocks < 1:
+            raise ValueError("engine.num_blocks resolved to 0: the KV cache does not fit in device memory")
+        self.config = config
+        self.executor = executor
+        self.scheduler, self.watermark, self.eviction, self.prefix_cache = scheduler, watermark, eviction, prefix_cache
+        self.now = 0.0
+        self.step_index = 0
+        self.allocator = make_allocator(config, prefix_cache, clock=lambda: self.now)
+        executor.allocate_kv(config.num_blocks, config.num_cpu_blocks, config.block_size)
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.preempted: list[Sequence] = []          # recompute victims, served before new arrivals
+        self.waiting: list[Sequence] = []            # new arrivals (sorted by key if the key is static)
+        self._waiting_keys: list = []
+        self._groups: dict[str, _Group] = {}
+        self._views: dict[int, SeqView] = {}
+        self._next_seq_id = 0
+        self._admit_counter = 0
+        self._pending_copies: list[tuple[int, int]] = []   # fork copies for the next step
+        self.metrics = MetricsCollector(config.num_blocks, config.block_size, slo_ttft_s, slo_tpot_s,
+                                        record_steps=record_steps)
+        self.view = EngineView(self)
+        for policy in (scheduler, watermark, eviction, prefix_cache):
+            policy.bind(self.view)
+        # only hooks a policy overrides are called (the engine's per-step overhead matters in sim)
+        decision_policies = (scheduler, watermark, eviction)
+        self._on_step_end = [p.on_step_end for p in decision_policies if type(p).on_step_end is not Policy.on_step_end]
+        self._on_finish = [p.on_finish for p in decision_policies if type(p).on_finish is not Policy.on_finish]
+        self._on_preempt = [p.on_preempt for p in decision_policies if type(p).on_preempt is not Policy.on_preempt]
+
+    # ================================================================== requests
+    def view_of(self, seq: Sequence) -> SeqView:
+        view = self._views.get(seq.seq_id)
+        if view is None:
+            view = self._views[seq.seq_id] = SeqView(seq, self)
+        return view
+
+    def _new_seq(self, request: Request, parent: Optional[Sequence] = None) -> Sequence:
+        seq = Sequence(self._next_seq_id, request, parent_seq_id=None if parent is None else parent.seq_id)
+        self._next_seq_id += 1
+        return seq
+
+    def check_request(self, request: Request) -> None:
+        """Raise :class:`RequestRejected` (with what to change) if ``request`` can never be served."""
+        request.validate()
+        cfg = self.config
+        rid = request.request_id
+        if rid in self._groups:
+            raise RequestRejected(f"request {rid!r}: duplicate request_id")
+        total = request.prompt_len + request.output_len
+        if total > cfg.max_model_len:
+            raise RequestRejected(
+                f"request {rid!r}: prompt ({request.prompt_len}) + output ({request.output_len}) tokens exceed "
+                f"max_model_len={cfg.max_model_len}; shorten the prompt, lower output_len, or raise engine.max_model_len")
+        if int(request.prompt_token_ids.max()) >= self.executor.vocab_size:
+            raise RequestRejected(f"request {rid!r}: token id {int(request.prompt_token_ids.max())} is outside the "
+                                  f"model's vocabulary (size {self.executor.vocab_size})")
+        need = request_blocks(cfg, request)
+        if need > cfg.num_blocks:
+            raise RequestRejected(
+                f"request {rid!r} needs {need} KV blocks alone but engine.num_blocks={cfg.num_blocks}; "
+                f"raise engine.num_blocks (or use a smaller request)")
+
+    def add_request(self, request: Request) -> None:
+        """Queue ``request`` (its arrival time should not be in the future). Raises
+        :class:`RequestRejected` if it can never be served; nothing else is affected."""
+        self.check_request(request)
+        seq = self._new_seq(request)
+        group = _Group(request, self.metrics.add_request(request), [seq])
+        self._groups[request.request_id] = group
+        self._enqueue_waiting(seq)
+
+    def _enqueue_waiting(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        if self.scheduler.static_key:
+            key = self.scheduler.key(self.view_of(seq))
+            i = bisect.bisect_right(self._waiting_keys, key)
+            self._waiting_keys.insert(i, key)
+            self.waiting.insert(i, seq)
+        else:
+            self.waiting.append(seq)
+
+    def abort(self, request_id: str, reason: str) -> None:
+        """Abort every sequence of a request, free its blocks, and record ``reason``."""
+        group = self._groups[request_id]
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self._drop(seq)
+                seq.status = SeqStatus.ABORTED
+                seq.error = reason
+        group.num_open = 0
+        group.record.error = reason
+        group.record.finish_s = self.now
+        log.warning("aborted request %s: %s", request_id, reason)
+
+    def _drop(self, seq: Sequence) -> None:
+        """Remove ``seq`` from whichever queue holds it and free its blocks."""
+        for queue in (self.running, self.swapped, self.preempted):
+            if seq in queue:
+                queue.remove(seq)
+                break
+        else:
+            if seq in self.waiting:
+                i = self.waiting.index(seq)
+                del self.waiting[i]
+                if self.scheduler.static_key:
+                    del self._waiting_keys[i]
+        self.allocator.free(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.swapped or self.preempted or self.waiting)
+
+    def live_sequences(self) -> list[Sequence]:
+        return [*self.running, *self.swapped, *self.preempted, *self.waiting]
+
+    # ================================================================== scheduling
+    def _call_policy(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise PolicyError(f"{what} policy raised {type(exc).__name__}: {exc}") from exc
+
+    def _reserved_blocks(self) -> int:
+        if not self.running:
+            return 0  # an idle engine admits regardless of the watermark, so it cannot stall
+        reserved = self._call_policy("watermark", self.watermark.reserved_blocks)
+        if not isinstance(reserved, (int,)) or isinstance(reserved, bool):
+            try:
+                reserved = int(reserved)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise PolicyError(f"watermark policy returned {reserved!r}, not a block count") from exc
+        return max(reserved, 0)
+
+    def _preempt(self, seq: Sequence, mode: PreemptionMode, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        seq.num_preemptions += 1
+        self.metrics.preemptions += 1
+        self._groups[seq.request.request_id].record.num_preemptions += 1
+        if mode is PreemptionMode.SWAP and self.allocator.supports_swap and self.allocator.can_swap_out(seq):
+            pairs = self.allocator.swap_out(seq)
+            batch.swap_out.extend(pairs)
+            self.metrics.swapped_out_blocks += len(pairs)
+            seq.status = SeqStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            mode = PreemptionMode.RECOMPUTE
+            self.metrics.recomputed_tokens += seq.num_computed
+            self.allocator.free(seq)
+            seq.num_computed = 0
+            seq.status = SeqStatus.WAITING
+            self.preempted.append(seq)
+        for hook in self._on_preempt:
+            hook(self.view_of(seq), mode)
+
+    def _num_samples(self, seq: Sequence, upto: int) -> int:
+        if upto < seq.num_tokens:
+            return 0
+        if seq.request.n > 1 and seq.parent_seq_id is None and seq.num_output == 0:
+            return seq.request.n
+        return 1
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> tuple[int, bool]:
+        alloc = self.allocator
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            k = min(seq.num_tokens - seq.num_computed, budget)
+            upto = seq.num_computed + k
+            while alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
+                candidates = [self.view_of(s) for s in running[i:]]
+                decision = self._call_policy("eviction", self.eviction.select, candidates)
+                victim = next((s for s in running[i:] if s.seq_id == decision.seq_id), None)
+                if victim is None:
+                    raise PolicyError(f"eviction policy chose seq {decision.seq_id}, which is not a candidate "
+                                      f"(candidates: {[c.seq_id for c in candidates]})")
+                self._preempt(victim, PreemptionMode(decision.mode), batch)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            batch.copies.extend(alloc.extend(seq, upto))
+            batch.seqs.append(ScheduledSeq(seq, seq.num_computed, k, self._num_samples(seq, upto)))
+            budget -= k
+            i += 1
+        return budget, preempted
+
+    def _schedule_swap_in(self, batch: ScheduledBatch) -> None:
+        alloc = self.allocator
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            need = alloc.blocks_to_swap_in(seq)
+            if alloc.num_free_blocks - need < self._reserved_blocks() or need > alloc.num_free_blocks:
+                break
+            self.swapped.pop(0)
+            batch.swap_in.extend(alloc.swap_in(seq))
+            self.metrics.swapped_in_blocks += need
+            self._mark_running(seq)
+
+    def _mark_running(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.RUNNING
+        seq.admitted_s = self.now
+        seq.admit_order = self._admit_counter
+        self._admit_counter += 1
+        self.running.append(seq)
+
+    def _waiting_order(self) -> list[Sequence]:
+        if self.scheduler.static_key:
+            return list(self.waiting)
+        views = self._call_policy("scheduler", self.scheduler.order, [self.view_of(s) for s in self.waiting])
+        return [v._seq for v in views]
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        if not (self.waiting or self.preempted):
+            return
+        cfg, alloc = self.config, self.allocator
+        admitted: list[Sequence] = []
+        for from_preempted, queue in ((True, list(self.preempted)), (False, self._waiting_order())):
+            for seq in queue:
+                if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+                    break
+                match = alloc.match_prefix(seq)
+                start = match.num_tokens(cfg.block_size)
+                remaining = seq.num_tokens - start
+                if not cfg.chunked_prefill and remaining > budget:
+                    break
+                k = min(remaining, budget)
+                if alloc.num_free_blocks - alloc.admission_blocks(seq, match) < self._reserved_blocks():
+                    break
+                if not alloc.can_admit(seq, match, start + k):
+                    break
+                batch.copies.extend(alloc.admit(seq, match, start + k))
+                if seq.num_preemptions == 0:
+                    self.metrics.prompt_tokens_looked_up += seq.prompt_len
+                    self.metrics.prompt_tokens_hit += start
+                    seq.num_cached_prompt_tokens = start
+                self._mark_running(seq)
+                admitted.append(seq)
+                batch.seqs.append(ScheduledSeq(seq, start, k, self._num_samples(seq, start + k)))
+                budget -= k
+            else:
+                continue
+            break
+        if admitted:
+            gone = set(id(s) for s in admitted)
+            self.preempted = [s for s in self.preempted if id(s) not in gone]
+            keep = [j for j, s in enumerate(self.waiting) if id(s) not in gone]
+            self.waiting = [self.waiting[j] for j in keep]
+            if self.scheduler.static_key:
+                self._waiting_keys = [self._waiting_keys[j] for j in keep]
+
+    def schedule(self) -> ScheduledBatch:
+        """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
+        batch = ScheduledBatch(copies=self._pending_copies)
+        self._pending_copies = []
+        budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if not preempted:
+            self._schedule_swap_in(batch)
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    # ================================================================== outputs
+    def _finish(self, seq: Sequence) -> None:
+        self.allocator.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_s = self.now
+        self.metrics.finished_output_lens.append(seq.num_output)
+        if self._on_finish:
+            view = self.view_of(seq)
+            for hook in self._on_finish:
+                hook(view)
+        group = self._groups[seq.request.request_id]
+        group.num_open -= 1
+        rec = group.record
+        rec.output_tokens += seq.num_output
+        if group.num_open == 0:
+            rec.finish_s = self.now
+            tpots = [(s.finish_s - s.first_token_s) / (s.num_output - 1) for s in group.seqs if s.num_output > 1]
+            rec.tpot_s = sum(tpots) / len(tpots) if tpots else None
+            self.metrics.num_finished += 1
+        self._views.pop(seq.seq_id, None)
+
+    def _fork(self, seq: Sequence, tokens: list[int]) -> list[Sequence]:
+        group = self._groups[seq.request.request_id]
+        children = []
+        for token in tokens:
+            child = self._new_seq(seq.request, parent=seq)
+            self._pending_copies.extend(self.allocator.fork(seq, child))
+            child.output_token_ids.append(token)
+            child.first_token_s = seq.first_token_s
+            self._mark_running(child)
+            group.seqs.append(child)
+            group.num_open += 1
+            children.append(child)
+        return children
+
+    def apply(self, batch: ScheduledBatch, sampled: list[list[int]], errors: Optional[dict[int, str]] = None) -> None:
+        """Record the executed batch: computed tokens, sampled tokens, forks, finishes, failures."""
+        done: list[Sequence] = []
+        for idx, (item, tokens) in enumerate(zip(batch.seqs, sampled)):
+            seq = item.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            if errors and idx in errors:
+                self.abort(seq.request.request_id, errors[idx])
+                continue
+            old, new = item.start, item.start + item.num_tokens
+            self.allocator.on_computed(seq, old, new)
+            seq.num_computed = new
+            if not tokens:
+                continue
+            if seq.first_token_s < 0:
+                seq.first_token_s = self.now
+                self._groups[seq.request.request_id].record.first_token_s = self.now
+            batch_seqs = [seq]
+            if len(tokens) > 1:
+                batch_seqs += self._fork(seq, tokens[1:])
+            seq.output_token_ids.append(tokens[0])
+            done += [s for s in batch_seqs if s.num_output >= s.request.output_len]
+        for seq in done:
+            self._finish(seq)
+        if done:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+
+    # ================================================================== driving
+    def step(self) -> ScheduledBatch:
+        """Schedule, execute and apply one step; returns the executed batch."""
+        batch = self.schedule()
+        if batch.is_empty:
+            if self.has_unfinished:
+                raise RuntimeError("engine made no progress although requests are pending (engine bug)")
+            return batch
+        out = self.executor.execute(batch)
+        if len(out.sampled) != len(batch.seqs):
+            raise RuntimeError(f"executor returned {len(out.sampled)} samples for {len(batch.seqs)} sequences")
+        self.now += out.elapsed_s
+        self.step_index += 1
+        self.apply(batch, out.sampled, out.errors)
+        decodes = sum(1 for s in batch.seqs if s.num_tokens == 1)
+        self.metrics.record_step(
+            self.step_index, self.now, out.elapsed_s, len(self.running), len(self.waiting) + len(self.preempted),
+            len(self.swapped), batch.num_tokens - decodes, decodes, self.allocator.num_used_blocks,
+            self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
+        for hook in self._on_step_end:
+            hook()
+        return batch
+
+    def run(self, requests: Iterable[Request], progress: bool = False, max_steps: Optional[int] = None) -> dict:
+        """Serve ``requests`` by arrival time until all finish (or ``max_steps``); returns the summary.
+
+        Requests that can never be served are rejected (recorded with the reason in
+        ``metrics.rejected``) and the others keep running.
+        """
+        pending = sorted(requests, key=lambda r: r.arrival_s)
+        self.metrics.start_s = self.now = pending[0].arrival_s if pending else 0.0
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(pending), desc="requests", unit="req", mininterval=0.5)
+        i = 0
+        while i < len(pending) or self.has_unfinished:
+            if max_steps is not None and self.step_index >= max_steps:
+                break
+            if not self.has_unfinished and pending[i].arrival_s > self.now:
+                self.now = pending[i].arrival_s      # idle until the next arrival
+            while i < len(pending) and pending[i].arrival_s <= self.now:
+                self.submit(pending[i])
+                i += 1
+            if self.has_unfinished:
+                before = self.metrics.num_finished
+                self.step()
+                if bar is not None:
+                    bar.update(self.metrics.num_finished - before)
+        if bar is not None:
+            bar.close()
+        return self.metrics.summary()
+
+    def submit(self, request: Request) -> bool:
+        """Add ``request``; a rejected one is recorded and logged instead of raising."""
+        try:
+            self.add_request(request)
+            return True
+        except RequestRejected as exc:
+            self.metrics.rejected.append((request.request_id, str(exc)))
+            log.warning("rejected: %s", exc)
+            return False
+
+    def check_invariants(self) -> None:
+        """Assert the engine's invariants (used by the property tests)."""
+        live = self.live_sequences()
+        ids = [s.seq_id for s in live]
+        assert len(ids) == len(set(ids)), "a sequence is queued twice"
+        for s in self.running:
+            assert s.status is SeqStatus.RUNNING and len(s.block_table) * self.config.block_size >= s.num_computed
+        for s in self.swapped:
+            assert s.status is SeqStatus.SWAPPED and not s.block_table and s.cpu_block_table
+        for s in (*self.preempted, *self.waiting):
+            assert s.status is SeqStatus.WAITING and not s.block_table and not s.cpu_block_table
+        self.allocator.check_invariants(live)

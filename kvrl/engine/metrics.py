@@ -1,0 +1,158 @@
+"""Metrics: one definition, used by every app, environment and benchmark (DESIGN.md §5).
+
+Units: seconds of engine time (the executor's reported step durations plus idle gaps between
+arrivals), tokens, blocks.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+# Per-step columns written to steps.csv, in order.
+STEP_COLUMNS = (
+    "step", "time_s", "duration_s", "num_running", "num_waiting", "num_swapped", "prefill_tokens",
+    "decode_tokens", "used_blocks", "free_blocks", "tokens_stored", "kv_utilization", "kv_occupancy",
+    "reserved_blocks", "preemptions", "finished",
+)
+
+
+@dataclass
+class RequestRecord:
+    """Outcome of one request (all its samples)."""
+
+    request_id: str
+    tenant: str
+    arrival_s: float
+    prompt_len: int
+    output_tokens: int = 0
+    first_token_s: Optional[float] = None
+    finish_s: Optional[float] = None
+    tpot_s: Optional[float] = None
+    slo_ttft_s: Optional[float] = None
+    slo_tpot_s: Optional[float] = None
+    num_preemptions: int = 0
+    error: Optional[str] = None
+
+    @property
+    def ttft_s(self) -> Optional[float]:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def meets_slo(self) -> bool:
+        if self.finish_s is None or self.error:
+            return False
+        if self.slo_ttft_s is not None and self.ttft_s > self.slo_ttft_s:
+            return False
+        if self.slo_tpot_s is not None and self.tpot_s is not None and self.tpot_s > self.slo_tpot_s:
+            return False
+        return True
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+@dataclass
+class MetricsCollector:
+    """Accumulates per-step rows and per-request records; :meth:`summary` gives DESIGN.md §5."""
+
+    num_blocks: int
+    block_size: int
+    default_slo_ttft_s: Optional[float] = None
+    default_slo_tpot_s: Optional[float] = None
+    record_steps: bool = True
+    steps: list[tuple] = field(default_factory=list)
+    requests: dict[str, RequestRecord] = field(default_factory=dict)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    finished_output_lens: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    recomputed_tokens: int = 0
+    prompt_tokens_looked_up: int = 0
+    prompt_tokens_hit: int = 0
+    busy_time_s: float = 0.0
+    _util_time: float = 0.0       # integral of kv_utilization over busy time
+    _occ_time: float = 0.0        # integral of kv_occupancy over busy time
+    start_s: float = 0.0
+    end_s: float = 0.0
+    num_finished: int = 0
+
+    def add_request(self, request) -> RequestRecord:
+        rec = RequestRecord(
+            request_id=request.request_id, tenant=request.tenant, arrival_s=request.arrival_s,
+            prompt_len=request.prompt_len,
+            slo_ttft_s=request.slo_ttft_s if request.slo_ttft_s is not None else self.default_slo_ttft_s,
+            slo_tpot_s=request.slo_tpot_s if request.slo_tpot_s is not None else self.default_slo_tpot_s)
+        self.requests[request.request_id] = rec
+        return rec
+
+    def record_step(self, step: int, now: float, duration_s: float, num_running: int, num_waiting: int,
+                    num_swapped: int, prefill_tokens: int, decode_tokens: int, used_blocks: int,
+                    tokens_stored: int, reserved_blocks: int) -> None:
+        util = tokens_stored / (used_blocks * self.block_size) if used_blocks else 0.0
+        occ = used_blocks / self.num_blocks
+        if used_blocks:
+            self._util_time += util * duration_s
+            self.busy_time_s += duration_s
+        self._occ_time += occ * duration_s
+        self.end_s = now
+        if self.record_steps:
+            self.steps.append((step, now, duration_s, num_running, num_waiting, num_swapped, prefill_tokens,
+                               decode_tokens, used_blocks, self.num_blocks - used_blocks, tokens_stored, util,
+                               occ, reserved_blocks, self.preemptions, self.num_finished))
+
+    def summary(self) -> dict[str, float]:
+        """Run-level metrics (DESIGN.md §5) plus ``rejected`` and ``aborted`` counts."""
+        recs = list(self.requests.values())
+        done = [r for r in recs if r.finish_s is not None and not r.error]
+        duration = max(self.end_s - self.start_s, 1e-12)
+        out_tokens = sum(r.output_tokens for r in done)
+        good_tokens = sum(r.output_tokens for r in done if r.meets_slo)
+        ttfts = [r.ttft_s for r in done]
+        tpots = [r.tpot_s for r in done if r.tpot_s is not None]
+        looked = self.prompt_tokens_looked_up
+        return {
+            "requests": len(recs) + len(self.rejected),
+            "finished": len(done),
+            "rejected": len(self.rejected),
+            "aborted": sum(1 for r in recs if r.error),
+            "output_tokens": out_tokens,
+            "duration_s": duration,
+            "throughput_tok_s": out_tokens / duration,
+            "goodput_tok_s": good_tokens / duration,
+            "slo_attainment": (sum(1 for r in done if r.meets_slo) / len(done)) if done else float("nan"),
+            "ttft_p50_s": _pct(ttfts, 50),
+            "ttft_p99_s": _pct(ttfts, 99),
+            "tpot_p50_s": _pct(tpots, 50),
+            "tpot_p99_s": _pct(tpots, 99),
+            "kv_utilization": self._util_time / self.busy_time_s if self.busy_time_s else float("nan"),
+            "kv_occupancy": self._occ_time / duration,
+            "preemptions": self.preemptions,
+            "swapped_out_blocks": self.swapped_out_blocks,
+            "swapped_in_blocks": self.swapped_in_blocks,
+            "recomputed_tokens": self.recomputed_tokens,
+            "prefix_hit_rate": self.prompt_tokens_hit / looked if looked else 0.0,
+            "steps": len(self.steps) if self.record_steps else float("nan"),
+        }
+
+    def write_steps_csv(self, path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(STEP_COLUMNS)
+            writer.writerows(self.steps)
+
+    def write_requests_csv(self, path) -> None:
+        cols = ("request_id", "tenant", "arrival_s", "prompt_len", "output_tokens", "ttft_s", "tpot_s",
+                "finish_s", "num_preemptions", "meets_slo", "error")
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(cols)
+            for r in self.requests.values():
+                writer.writerow((r.request_id, r.tenant, r.arrival_s, r.prompt_len, r.output_tokens, r.ttft_s,
+                                 r.tpot_s, r.finish_s, r.num_preemptions, r.meets_slo, r.error or ""))
+            for rid, reason in self.rejected:
+                writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"rejected: {reason}"))

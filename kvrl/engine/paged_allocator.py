@@ -1,0 +1,287 @@
+"""Paged KV allocation: a GPU block pool with reference counts, per-sequence block tables,
+copy-on-write, prefix caching through a :class:`PrefixCachePolicy`, and a CPU swap pool.
+
+Block accounting (GPU):
+- a block is *used* when its reference count is > 0;
+- a *free* block is either on the uncached free list, or cached with reference count 0
+  (evictable; the prefix-cache policy decides the order in which those are reclaimed);
+- ``num_free_blocks = len(free list) + prefix_cache.num_evictable``.
+
+The allocator returns block operations (copy pairs, swap pairs) for the executor to carry out; it
+never touches KV data itself.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from kvrl.engine.hashing import extend_hashes
+from kvrl.engine.request import Sequence
+from kvrl.plugins.base import PrefixCachePolicy
+
+
+@dataclass
+class PrefixMatch:
+    """Cached full blocks found for a sequence that is about to be (re)admitted."""
+
+    block_ids: list[int] = field(default_factory=list)
+    num_evictable: int = 0  # of those, blocks with reference count 0 (they leave the free pool)
+
+    def num_tokens(self, block_size: int) -> int:
+        return len(self.block_ids) * block_size
+
+
+class OutOfBlocks(RuntimeError):
+    """Raised when an allocation is attempted without enough free blocks (an engine bug)."""
+
+
+class PagedAllocator:
+    """GPU block pool + CPU swap pool for the paged engine.
+
+    Args:
+        num_blocks: GPU blocks. block_size: tokens per block. num_cpu_blocks: swap pool blocks.
+        prefix_cache: the prefix-cache policy (``none`` disables hashing entirely).
+        clock: returns the engine time in seconds (for recency-based reclaim orders).
+        cache_salt: maps a sequence to the salt mixed into its block hashes.
+    """
+
+    supports_swap = True
+
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
+                 prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
+                 cache_salt: Callable[[Sequence], bytes]) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_cache = prefix_cache
+        self._clock = clock
+        self._salt = cache_salt
+        self.ref_counts = [0] * num_blocks
+        self._fill = [0] * num_blocks          # tokens with computed KV in each block
+        self._cached = [False] * num_blocks    # registered in the prefix cache
+        self._free: deque[int] = deque(range(num_blocks))
+        self._num_used = 0
+        self._tokens_in_use = 0                # sum of fills over used blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self.num_cpu_blocks = num_cpu_blocks
+
+    # ----------------------------------------------------------------- counters
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + self.prefix_cache.num_evictable
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._num_used
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
+
+    @property
+    def tokens_stored(self) -> int:
+        """Tokens whose KV is held in used blocks (shared blocks counted once)."""
+        return self._tokens_in_use
+
+    # ----------------------------------------------------------------- block primitives
+    def _allocate(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            block = self.prefix_cache.evict()
+            if block is None:
+                raise OutOfBlocks("no free GPU block")
+            self._cached[block] = False
+        self.ref_counts[block] = 1
+        self._fill[block] = 0
+        self._num_used += 1
+        return block
+
+    def _incref(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            self.prefix_cache.on_acquire(block)
+            self._num_used += 1
+            self._tokens_in_use += self._fill[block]
+        self.ref_counts[block] += 1
+
+    def _decref(self, block: int, now: float) -> None:
+        rc = self.ref_counts[block] - 1
+        self.ref_counts[block] = rc
+        if rc == 0:
+            self._num_used -= 1
+            self._tokens_in_use -= self._fill[block]
+            if self._cached[block]:
+                self.prefix_cache.on_release(block, now)
+            else:
+                self._free.append(block)
+
+    # ----------------------------------------------------------------- prefix matching
+    def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+        if len(seq.block_hashes) < num_full_blocks:
+            tokens = seq.token_slice(0, num_full_blocks * self.block_size)
+            extend_hashes(seq.block_hashes, tokens, self.block_size, num_full_blocks, self._salt(seq))
+
+    def match_prefix(self, seq: Sequence) -> PrefixMatch:
+        """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute."""
+        match = PrefixMatch()
+        if not self.prefix_cache.enabled:
+            return match
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        self._ensure_hashes(seq, max_blocks)
+        lookup = self.prefix_cache.lookup
+        for h in seq.block_hashes[:max_blocks]:
+            block = lookup(h)
+            if block is None:
+                break
+            match.block_ids.append(block)
+            if self.ref_counts[block] == 0:
+                match.num_evictable += 1
+        return match
+
+    def peek_cached_tokens(self, seq: Sequence) -> int:
+        return self.match_prefix(seq).num_tokens(self.block_size)
+
+    # ----------------------------------------------------------------- growth
+    def blocks_to_extend(self, seq: Sequence, upto: int) -> int:
+        """Free blocks that :meth:`extend` to ``upto`` tokens would consume (new blocks + CoW copy)."""
+        need = -(-upto // self.block_size) - len(seq.block_table)
+        start = seq.num_computed
+        if start % self.block_size and start < upto:
+            last = seq.block_table[start // self.block_size]
+            if self.ref_counts[last] > 1:
+                need += 1
+        return max(need, 0)
+
+    def admission_blocks(self, seq: Sequence, match: PrefixMatch) -> int:
+        """Free blocks the whole remaining prompt (all of ``seq``'s tokens) will take."""
+        return -(-seq.num_tokens // self.block_size) - len(match.block_ids) + match.num_evictable
+
+    def can_admit(self, seq: Sequence, match: PrefixMatch, upto: int) -> bool:
+        need = -(-upto // self.block_size) - len(match.block_ids) + match.num_evictable
+        return need <= self.num_free_blocks
+
+    def admit(self, seq: Sequence, match: PrefixMatch, upto: int) -> list[tuple[int, int]]:
+        """Take the matched blocks and allocate up to ``upto`` tokens; sets ``seq.num_computed``."""
+        now = self._clock()
+        for block in match.block_ids:
+            self._incref(block)
+            self.prefix_cache.on_hit(block, now)
+        seq.block_table = list(match.block_ids)
+        seq.num_computed = match.num_tokens(self.block_size)
+        return self.extend(seq, upto)
+
+    def extend(self, seq: Sequence, upto: int) -> list[tuple[int, int]]:
+        """Make ``seq.block_table`` cover ``upto`` tokens; returns copy-on-write pairs (src, dst)."""
+        copies: list[tuple[int, int]] = []
+        start = seq.num_computed
+        if start % self.block_size and start < upto:
+            idx = start // self.block_size
+            old = seq.block_table[idx]
+            if self.ref_counts[old] > 1:
+                new = self._allocate()
+                self._fill[new] = self._fill[old]
+                self._tokens_in_use += self._fill[new]
+                copies.append((old, new))
+                self._decref(old, self._clock())
+                seq.block_table[idx] = new
+        need = -(-upto // self.block_size) - len(seq.block_table)
+        for _ in range(need):
+            seq.block_table.append(self._allocate())
+        return copies
+
+    def on_computed(self, seq: Sequence, old: int, new: int) -> None:
+        """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks."""
+        bs = self.block_size
+        table, fill = seq.block_table, self._fill
+        first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
+        added = 0
+        for block in table[first_full:last_full]:
+            added += bs - fill[block]
+            fill[block] = bs
+        if new % bs:
+            block = table[last_full]
+            added += new % bs - fill[block]
+            fill[block] = new % bs
+        self._tokens_in_use += added
+        if not self.prefix_cache.enabled:
+            return
+        if last_full > first_full:
+            self._ensure_hashes(seq, last_full)
+            now = self._clock()
+            hashes = seq.block_hashes
+            for i in range(first_full, last_full):
+                block = table[i]
+                if not self._cached[block]:
+                    parent = hashes[i - 1] if i else None
+                    self._cached[block] = self.prefix_cache.insert(hashes[i], parent, block, now)
+
+    # ----------------------------------------------------------------- sharing and release
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
+        """``child`` shares all of ``parent``'s blocks (copy-on-write on the next partial write);
+        no copies are needed now, so the returned list is empty."""
+        for block in parent.block_table:
+            self._incref(block)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed = parent.num_computed
+        return []
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s GPU and CPU blocks (tail first, so cached tails are reclaimed first)."""
+        now = self._clock()
+        for block in reversed(seq.block_table):
+            self._decref(block, now)
+        seq.block_table = []
+        self._cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
+
+    # ----------------------------------------------------------------- swapping
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= len(self._cpu_free)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move ``seq`` to the CPU pool; returns (gpu_block, cpu_block) pairs to copy first."""
+        pairs = [(block, self._cpu_free.pop()) for block in seq.block_table]
+        now = self._clock()
+        for block in reversed(seq.block_table):
+            self._decref(block, now)
+        seq.cpu_block_table = [cpu for _, cpu in pairs]
+        seq.block_table = []
+        return pairs
+
+    def blocks_to_swap_in(self, seq: Sequence) -> int:
+        return len(seq.cpu_block_table)
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring ``seq`` back to fresh GPU blocks; returns (cpu_block, gpu_block) pairs."""
+        pairs = [(cpu, self._allocate()) for cpu in seq.cpu_block_table]
+        self._cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
+        seq.block_table = [gpu for _, gpu in pairs]
+        computed, seq.num_computed = seq.num_computed, 0
+        if computed:
+            self.on_computed(seq, 0, computed)
+        seq.num_computed = computed
+        return pairs
+
+    # ----------------------------------------------------------------- checks
+    def check_invariants(self, live_seqs: list[Sequence]) -> None:
+        """Assert the pool's invariants given every sequence that may hold blocks (tests)."""
+        refs = [0] * self.num_blocks
+        for seq in live_seqs:
+            for block in seq.block_table:
+                refs[block] += 1
+        assert refs == self.ref_counts, "reference counts differ from block-table references"
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        for block in free:
+            assert self.ref_counts[block] == 0 and not self._cached[block], f"free block {block} is in use or cached"
+        evictable = sum(1 for b in range(self.num_blocks) if self._cached[b] and self.ref_counts[b] == 0)
+        assert evictable == self.prefix_cache.num_evictable, "evictable count mismatch"
+        used = sum(1 for r in self.ref_counts if r > 0)
+        assert used == self._num_used, "used-block counter drifted"
+        assert used + len(free) + evictable == self.num_blocks, "blocks leaked"
+        assert self._tokens_in_use == sum(self._fill[b] for b in range(self.num_blocks) if self.ref_counts[b] > 0)
+        cpu_held = [b for seq in live_seqs for b in seq.cpu_block_table]
+        assert len(set(cpu_held)) == len(cpu_held) and not set(cpu_held) & set(self._cpu_free)
+        assert len(cpu_held) + len(self._cpu_free) == self.num_cpu_blocks, "CPU blocks leaked"

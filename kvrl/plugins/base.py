@@ -1,0 +1,150 @@
+"""Contracts of the four policy kinds.
+
+Every policy gets a validated ``params`` dataclass at construction and, once the engine is built,
+a read-only :class:`~kvrl.engine.views.EngineView` through :meth:`Policy.bind`. Policies never
+mutate engine state: they return decisions, and the engine carries them out.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    from kvrl.engine.views import EngineView, SeqView
+
+
+def check_range(name: str, value: float, lo: Optional[float] = None, hi: Optional[float] = None,
+                hi_inclusive: bool = True) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``lo <= value <= hi`` (or ``< hi``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and (value > hi or (not hi_inclusive and value >= hi)):
+        raise ValueError(f"{name} must be {'<=' if hi_inclusive else '<'} {hi}, got {value}")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+class Policy:
+    """Base of all plugins: parameters, the engine view, and optional event hooks."""
+
+    plugin_kind: str = ""
+    plugin_name: str = ""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+        self.engine: Optional["EngineView"] = None
+
+    def bind(self, engine: "EngineView") -> None:
+        """Called once when the engine is built; ``engine`` stays valid and live for the run."""
+        self.engine = engine
+
+    def on_step_end(self) -> None:
+        """Called after every engine step."""
+
+    def on_finish(self, seq: "SeqView") -> None:
+        """Called when a sequence finishes (not when it is aborted)."""
+
+    def on_preempt(self, seq: "SeqView", mode: "PreemptionMode") -> None:
+        """Called after a sequence was preempted."""
+
+
+class SchedulerPolicy(Policy):
+    """Orders the waiting queue; the engine admits in that order while budget and watermark allow.
+
+    Requests preempted by recompute always go ahead of new arrivals, in the order they were
+    preempted; the policy orders the rest by ascending :meth:`key`. With ``static_key = True``
+    (a waiting sequence's key never changes while it waits) the engine keeps the queue sorted
+    incrementally instead of sorting it every step; dynamic policies set it to False.
+    """
+
+    static_key: bool = True
+
+    def key(self, seq: "SeqView") -> Any:
+        raise NotImplementedError
+
+    def order(self, waiting: list["SeqView"]) -> list["SeqView"]:
+        return sorted(waiting, key=self.key)
+
+
+class WatermarkPolicy(Policy):
+    """Decides how many free blocks must remain after an admission (or a swap-in).
+
+    The engine admits a request needing ``b`` blocks only if ``num_free_blocks - b >=
+    reserved_blocks()``; with nothing running, admission ignores the watermark so the engine
+    cannot stall.
+    """
+
+    def reserved_blocks(self) -> int:
+        raise NotImplementedError
+
+
+class PreemptionMode(str, enum.Enum):
+    SWAP = "swap"            # copy the victim's blocks to the CPU pool, copy back later
+    RECOMPUTE = "recompute"  # drop the victim's blocks and redo its prefill later
+
+
+@dataclass(frozen=True)
+class EvictionDecision:
+    seq_id: int
+    mode: PreemptionMode
+
+
+class EvictionPolicy(Policy):
+    """Picks a victim and a mode when a running sequence needs a block and none is free.
+
+    ``candidates`` are the running sequences not yet scheduled in this step, always including
+    the sequence that needs the block. If ``mode`` is swap and the CPU pool lacks room, the engine
+    falls back to recompute.
+    """
+
+    def select(self, candidates: list["SeqView"]) -> EvictionDecision:
+        raise NotImplementedError
+
+
+class PrefixCachePolicy(Policy):
+    """Matches full blocks by chained hash and decides which freed cached blocks to reclaim first.
+
+    The block pool owns reference counts and the free list; this policy owns the map from block
+    hash to block id and the reclaim order of evictable blocks (cached, reference count 0).
+    Contract: a block id returned by :meth:`evict` must be evictable, and is forgotten by the
+    policy (its hash no longer matches).
+    """
+
+    enabled: bool = True
+
+    def lookup(self, block_hash: int) -> Optional[int]:
+        """Block id holding ``block_hash``, or None."""
+        raise NotImplementedError
+
+    def insert(self, block_hash: int, parent_hash: Optional[int], block_id: int, now: float) -> bool:
+        """Register a newly filled block; False if the hash is already cached (the block stays private)."""
+        raise NotImplementedError
+
+    def on_hit(self, block_id: int, now: float) -> None:
+        """A lookup result is being reused by a sequence."""
+
+    def on_release(self, block_id: int, now: float) -> None:
+        """A cached block's reference count dropped to zero: it becomes evictable."""
+        raise NotImplementedError
+
+    def on_acquire(self, block_id: int) -> None:
+        """An evictable cached block is referenced again: it stops being evictable."""
+        raise NotImplementedError
+
+    def evict(self) -> Optional[int]:
+        """Forget and return one evictable block chosen by the policy, or None if there is none."""
+        raise NotImplementedError
+
+    @property
+    def num_evictable(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_cached(self) -> int:
+        raise NotImplementedError

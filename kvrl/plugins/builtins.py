@@ -1,0 +1,2 @@
+"""Imports every built-in plugin module so their ``@register`` decorators run."""
+from kvrl.plugins import evictions, prefix_caches, schedulers, watermarks  # noqa: F401

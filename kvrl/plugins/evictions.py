@@ -1,0 +1,109 @@
+"""Built-in eviction (preemption) policies: ``lifo``, ``fewest_computed``, ``most_blocks``,
+``priority``, ``cost_aware``.
+
+Each picks a victim among the candidates (running sequences not yet scheduled this step, always
+including the one that needs a block) and a mode. ``mode`` is ``recompute``, ``swap``, or ``auto``
+(swap when the CPU pool has room for the victim, else recompute).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, check_choice
+from kvrl.plugins.registry import register
+
+_MODES = ("recompute", "swap", "auto")
+
+
+@dataclass
+class ModeParams:
+    mode: str = "recompute"
+
+    def __post_init__(self):
+        check_choice("mode", self.mode, _MODES)
+
+
+class _ByKey(EvictionPolicy):
+    """Victim = the candidate with the largest ``key``; mode from ``params.mode``."""
+
+    Params = ModeParams
+
+    def key(self, seq):
+        raise NotImplementedError
+
+    def mode_for(self, seq) -> PreemptionMode:
+        mode = self.params.mode
+        if mode == "auto":
+            return PreemptionMode.SWAP if seq.num_blocks <= self.engine.num_free_cpu_blocks else PreemptionMode.RECOMPUTE
+        return PreemptionMode(mode)
+
+    def select(self, candidates):
+        victim = max(candidates, key=self.key)
+        return EvictionDecision(victim.seq_id, self.mode_for(victim))
+
+
+@register("eviction", "lifo")
+class LIFO(_ByKey):
+    """Newest admitted first (last in, first out): vLLM's rule, which protects the requests that
+    have waited longest. Parameter ``mode`` (default recompute, vLLM V1's default)."""
+
+    def key(self, seq):
+        return seq.admit_order
+
+
+@register("eviction", "fewest_computed")
+class FewestComputed(_ByKey):
+    """The sequence with the fewest computed tokens: the least work lost by recompute and the
+    fewest blocks to swap per victim. Ties go to the newest. Parameter ``mode``."""
+
+    def key(self, seq):
+        return (-seq.num_computed, seq.admit_order)
+
+
+@register("eviction", "most_blocks")
+class MostBlocks(_ByKey):
+    """The sequence holding the most blocks: frees the most memory with one preemption, so fewer
+    preemptions happen. Ties go to the newest. Parameter ``mode``."""
+
+    def key(self, seq):
+        return (seq.num_blocks, seq.admit_order)
+
+
+@register("eviction", "priority")
+class PriorityEviction(_ByKey):
+    """The least important request (largest ``priority`` value), newest among equals: vLLM's
+    priority-scheduling preemption order. Parameter ``mode``."""
+
+    def key(self, seq):
+        return (seq.priority, seq.admit_order)
+
+
+@register("eviction", "cost_aware")
+class CostAware(EvictionPolicy):
+    """Victim by ``victim`` rule (lifo or most_blocks); mode by estimated time: swap when moving
+    the victim's blocks out and back over PCIe (2 x blocks / PCIe bandwidth, from the executor's
+    cost model) is cheaper than prefilling its computed tokens again, and the CPU pool has room;
+    recompute otherwise. Parameters: ``victim`` (lifo | most_blocks), ``swap_penalty`` (factor on
+    the swap estimate, default 1.0). Source: the swap-vs-recompute analysis of the vLLM paper
+    (Kwon et al. 2023, section 7.3)."""
+
+    @dataclass
+    class Params:
+        victim: str = "lifo"
+        swap_penalty: float = 1.0
+
+        def __post_init__(self):
+            check_choice("victim", self.victim, ("lifo", "most_blocks"))
+            if not self.swap_penalty > 0:
+                raise ValueError(f"swap_penalty must be > 0, got {self.swap_penalty}")
+
+    def select(self, candidates):
+        if self.params.victim == "lifo":
+            victim = max(candidates, key=lambda s: s.admit_order)
+        else:
+            victim = max(candidates, key=lambda s: (s.num_blocks, s.admit_order))
+        swap_s = 2.0 * self.engine.estimate_swap_s(victim.num_blocks) * self.params.swap_penalty
+        recompute_s = self.engine.estimate_recompute_s(victim.num_computed)
+        fits = victim.num_blocks <= self.engine.num_free_cpu_blocks
+        mode = PreemptionMode.SWAP if fits and swap_s < recompute_s else PreemptionMode.RECOMPUTE
+        return EvictionDecision(victim.seq_id, mode)

@@ -1,0 +1,174 @@
+"""Built-in watermark policies: ``fixed``, ``opt_factor``, ``avg_block_len``, ``token_ratio``,
+``past_future``.
+
+A watermark policy answers one question, "how many free blocks must remain after this
+admission?", through :meth:`reserved_blocks`; it is asked before every admission and swap-in.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvrl.plugins.base import WatermarkPolicy, check_range
+from kvrl.plugins.registry import register
+
+
+@register("watermark", "fixed")
+class FixedWatermark(WatermarkPolicy):
+    """Keep ``fraction`` of all GPU blocks free: ``int(fraction * num_blocks)``. vLLM's rule, with
+    its default fraction 0.01 (``watermark`` in vLLM's BlockSpaceManager); 0 admits until the
+    pool is full. Parameter ``fraction`` in [0, 1), default 0.01."""
+
+    @dataclass
+    class Params:
+        fraction: float = 0.01
+
+        def __post_init__(self):
+            check_range("fraction", self.fraction, 0.0, 1.0, hi_inclusive=False)
+
+    def reserved_blocks(self) -> int:
+        return int(self.params.fraction * self.engine.num_blocks)
+
+
+@register("watermark", "opt_factor")
+class OptFactorWatermark(WatermarkPolicy):
+    """Reserve ``a * N / 16`` blocks for ``N`` running requests (rounded up): headroom that grows
+    with the batch, since every running request will need a new block every ``block_size``
+    decode steps. From the CPEN 511 watermark study, which swept ``a`` over [0, 12]. Parameter
+    ``a`` >= 0, default 1.0."""
+
+    @dataclass
+    class Params:
+        a: float = 1.0
+
+        def __post_init__(self):
+            check_range("a", self.a, 0.0)
+
+    def reserved_blocks(self) -> int:
+        return math.ceil(self.params.a * self.engine.num_running / 16)
+
+
+@register("watermark", "avg_block_len")
+class AvgBlockLenWatermark(WatermarkPolicy):
+    """Stop admitting while the running requests hold more than ``t`` blocks each on average
+    (allocated blocks / running requests > t): long-context batches get no new company until
+    they shrink. Expressed as a reservation of the whole pool while closed, 0 while open. From
+    the CPEN 511 watermark study, which swept ``t`` over [1.8, 7.5]. Parameter ``t`` > 0,
+    default 4.0."""
+
+    @dataclass
+    class Params:
+        t: float = 4.0
+
+        def __post_init__(self):
+            check_range("t", self.t, 0.0)
+
+    def reserved_blocks(self) -> int:
+        running = self.engine.num_running
+        if running and self.engine.num_used_blocks / running > self.params.t:
+            return self.engine.num_blocks
+        return 0
+
+
+@register("watermark", "token_ratio")
+class TokenRatioWatermark(WatermarkPolicy):
+    """SGLang's new-token-ratio reservation: keep room for ``ratio`` times the future decode tokens
+    of the running requests, each counted as ``min(max_tokens - generated, clip_max_new_tokens)``.
+    The ratio starts at ``init_ratio``, decays linearly to ``min_ratio`` over ``decay_steps``
+    steps, and jumps back to ``init_ratio`` after any preemption (SGLang's retract). Uses only
+    what a real server knows (the client's max_tokens). Parameters: ``init_ratio`` (0.7),
+    ``min_ratio`` (0.1), ``decay_steps`` (600), ``clip_max_new_tokens`` (4096). Source: SGLang
+    scheduler (``new_token_ratio``)."""
+
+    @dataclass
+    class Params:
+        init_ratio: float = 0.7
+        min_ratio: float = 0.1
+        decay_steps: int = 600
+        clip_max_new_tokens: int = 4096
+
+        def __post_init__(self):
+            check_range("init_ratio", self.init_ratio, 0.0, 1.0)
+            check_range("min_ratio", self.min_ratio, 0.0, self.init_ratio)
+            check_range("decay_steps", self.decay_steps, 1)
+            check_range("clip_max_new_tokens", self.clip_max_new_tokens, 1)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.ratio = params.init_ratio
+
+    def on_step_end(self) -> None:
+        p = self.params
+        self.ratio = max(p.min_ratio, self.ratio - (p.init_ratio - p.min_ratio) / p.decay_steps)
+
+    def on_preempt(self, seq, mode) -> None:
+        self.ratio = self.params.init_ratio
+
+    def reserved_blocks(self) -> int:
+        clip = self.params.clip_max_new_tokens
+        future = sum(min(max(s.max_tokens - s.num_output, 0), clip) for s in self.engine.running)
+        return math.ceil(self.ratio * future / self.engine.block_size)
+
+
+@register("watermark", "past_future")
+class PastFutureWatermark(WatermarkPolicy):
+    """Reserve the growth to the *peak* future KV demand of the running requests, predicted from
+    the past: each running request that has generated ``g`` tokens is predicted to generate the
+    ``quantile`` of the finished output lengths longer than ``g`` (the last ``history`` finished
+    requests); the batch's demand is then evaluated at each predicted completion time and the
+    largest value, minus the blocks in use now, is reserved. With fewer than ``min_history``
+    finished requests it predicts ``max_tokens``. Parameters: ``quantile`` (0.9), ``history``
+    (1000), ``min_history`` (20). Source: Past-Future scheduling (Gong et al. 2025, "Past-Future
+    Scheduler for LLM Serving under SLA Guarantees")."""
+
+    @dataclass
+    class Params:
+        quantile: float = 0.9
+        history: int = 1000
+        min_history: int = 20
+
+        def __post_init__(self):
+            check_range("quantile", self.quantile, 0.0, 1.0)
+            check_range("history", self.history, 1)
+            check_range("min_history", self.min_history, 1)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self._history: deque[int] = deque(maxlen=params.history)
+        self._sorted: np.ndarray | None = None
+
+    def on_finish(self, seq) -> None:
+        self._history.append(seq.num_output)
+        self._sorted = None
+
+    def _predict_remaining(self, generated: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        if len(self._history) < self.params.min_history:
+            return np.maximum(cap - generated, 0)
+        if self._sorted is None:
+            self._sorted = np.sort(np.fromiter(self._history, dtype=np.int64))
+        hist = self._sorted
+        lo = np.searchsorted(hist, generated, side="right")   # first finished length > generated
+        span = len(hist) - 1 - lo
+        idx = np.minimum(lo + np.floor(self.params.quantile * np.maximum(span, 0)).astype(np.int64), len(hist) - 1)
+        pred = np.where(lo < len(hist), hist[idx] - generated, 1)  # outlived all history: one more
+        return np.minimum(np.maximum(pred, 1), np.maximum(cap - generated, 1))
+
+    def reserved_blocks(self) -> int:
+        running = self.engine.running
+        if not running:
+            return 0
+        bs = self.engine.block_size
+        tokens = np.fromiter((s.num_tokens for s in running), dtype=np.int64, count=len(running))
+        generated = np.fromiter((s.num_output for s in running), dtype=np.int64, count=len(running))
+        cap = np.fromiter((s.max_tokens for s in running), dtype=np.int64, count=len(running))
+        remaining = self._predict_remaining(generated, cap)
+        order = np.argsort(remaining)
+        remaining, tokens = remaining[order], tokens[order]
+        alive = len(running) - np.arange(len(running))                 # requests alive at each completion
+        suffix_tokens = np.cumsum(tokens[::-1])[::-1]
+        demand_blocks = (suffix_tokens + alive * remaining) / bs + alive   # + one partial block each
+        peak = int(math.ceil(demand_blocks.max()))
+        return max(peak - self.engine.num_used_blocks, 0)
