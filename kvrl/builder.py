@@ -1,0 +1,67 @@
+"""Builds engines, executors and policies from a composed Hydra/OmegaConf config.
+
+Shared by every app (kvrl-run, kvrl-bench, the Gymnasium environments) so that one config means
+the same engine everywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvrl import plugins
+from kvrl.engine.config import EngineConfig
+from kvrl.engine.engine import Engine
+from kvrl.executors.base import Executor
+from kvrl.executors.hardware import DeviceSpec, ModelShape
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain dict from a DictConfig or mapping (resolved)."""
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg)
+
+
+def _dataclass_from(cls: type, cfg: Mapping, prefix: str):
+    """Instantiate ``cls`` from the keys of ``cfg`` that are its fields; unknown keys are errors."""
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(cfg) - names)
+    if unknown:
+        raise ValueError(f"unknown key(s) {[f'{prefix}.{k}' for k in unknown]}; known: {sorted(names)}")
+    return cls(**cfg)
+
+
+def build_executor(cfg: Any) -> Executor:
+    """The executor named by ``cfg.backend.name`` (``sim`` or ``live``)."""
+    backend = to_dict(cfg.backend)
+    name = backend.pop("name")
+    if name == "sim":
+        model = to_dict(cfg.model)
+        model.pop("checkpoint", None)
+        model.pop("family", None)
+        shape = _dataclass_from(ModelShape, model, "model")
+        device = _dataclass_from(DeviceSpec, to_dict(cfg.device), "device")
+        from kvrl.executors.sim import SimExecutor
+        return SimExecutor(shape, device, seed=int(cfg.seed))
+    if name == "live":
+        from kvrl.executors.live import build_live_executor
+        return build_live_executor(backend, to_dict(cfg.model), seed=int(cfg.seed))
+    raise ValueError(f"unknown backend {name!r}; known backends: sim, live")
+
+
+def build_policies(cfg: Any) -> dict[str, Any]:
+    """One instance per plugin kind from ``cfg.<kind>`` (``{name: ..., params...}``)."""
+    return {kind: plugins.create_from_config(kind, cfg[kind]) for kind in plugins.KINDS}
+
+
+def build_engine(cfg: Any, executor: Executor | None = None, record_steps: bool = True) -> Engine:
+    """A ready engine for ``cfg`` (policies, executor, engine limits, SLO defaults)."""
+    engine_cfg = _dataclass_from(EngineConfig, to_dict(cfg.engine), "engine")
+    policies = build_policies(cfg)
+    executor = executor if executor is not None else build_executor(cfg)
+    slo = to_dict(cfg.slo) if "slo" in cfg else {}
+    return Engine(engine_cfg, executor, policies["scheduler"], policies["watermark"], policies["eviction"],
+                  policies["prefix_cache"], slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"),
+                  record_steps=record_steps)

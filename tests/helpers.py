@@ -1,0 +1,28 @@
+"""Small builders shared by the engine tests."""
+from __future__ import annotations
+
+import numpy as np
+
+from kvrl import plugins
+from kvrl.engine.config import EngineConfig
+from kvrl.engine.engine import Engine
+from kvrl.engine.request import Request
+from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+from kvrl.executors.sim import SimExecutor
+
+
+def make_engine(num_blocks=64, block_size=4, num_cpu_blocks=64, scheduler="fcfs", watermark="fixed",
+                eviction="lifo", prefix_cache="hash_lru", watermark_params=None, eviction_params=None, **engine_kw):
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+                       max_model_len=engine_kw.pop("max_model_len", 4096), **engine_kw)
+    return Engine(cfg, SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]),
+                  plugins.create("scheduler", scheduler), plugins.create("watermark", watermark, **(watermark_params or {})),
+                  plugins.create("eviction", eviction, **(eviction_params or {})),
+                  plugins.create("prefix_cache", prefix_cache))
+
+
+def make_request(rid, prompt_len=None, output_len=4, arrival_s=0.0, tokens=None, seed=None, **kw):
+    if tokens is None:
+        rng = np.random.default_rng(seed if seed is not None else hash(rid) % 2**32)
+        tokens = rng.integers(0, 1000, prompt_len, dtype=np.int32)
+    return Request(rid, arrival_s, np.asarray(tokens, dtype=np.int32), output_len, **kw)

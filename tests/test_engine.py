@@ -1,0 +1,160 @@
+"""Engine behaviour: preemption, prefix reuse and tenant scoping, utilization, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvrl.engine.request import RequestRejected
+from kvrl.workloads import build_workload
+from tests.helpers import make_engine, make_request
+
+
+def _long_output_requests(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    return [make_request(f"q{i}", int(rng.integers(8, 40)), int(rng.integers(20, 60)), seed=i) for i in range(n)]
+
+
+def test_preemption_by_swap_and_recompute_completes_every_request():
+    # a CPU pool too small for every victim: 'auto' swaps while it has room, recomputes otherwise
+    engine = make_engine(num_blocks=40, block_size=4, num_cpu_blocks=20, watermark_params={"fraction": 0.0},
+                         eviction_params={"mode": "auto"})
+    reqs = _long_output_requests()
+    summary = engine.run(reqs)
+    assert summary["finished"] == len(reqs)
+    assert summary["swapped_out_blocks"] > 0 and summary["swapped_in_blocks"] == summary["swapped_out_blocks"]
+    assert summary["recomputed_tokens"] > 0
+    assert summary["preemptions"] > 0
+    for r in reqs:
+        assert engine.metrics.requests[r.request_id].output_tokens == r.output_len
+    engine.check_invariants()
+
+
+@pytest.mark.parametrize("eviction", ["lifo", "fewest_computed", "most_blocks", "priority"])
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_every_eviction_policy_drains_under_pressure(eviction, mode):
+    engine = make_engine(num_blocks=40, block_size=4, num_cpu_blocks=200, eviction=eviction,
+                         watermark_params={"fraction": 0.0}, eviction_params={"mode": mode})
+    summary = engine.run(_long_output_requests(seed=1))
+    assert summary["finished"] == 24 and summary["preemptions"] > 0
+    key = "swapped_out_blocks" if mode == "swap" else "recomputed_tokens"
+    assert summary[key] > 0
+
+
+def test_lifo_evicts_newest_admitted():
+    engine = make_engine(num_blocks=40, block_size=4, num_cpu_blocks=0, watermark_params={"fraction": 0.0})
+    victims = []
+    engine._on_preempt.append(lambda seq, mode: victims.append((seq.admit_order, max(
+        [s.admit_order for s in engine.running] + [seq.admit_order]))))
+    engine.run(_long_output_requests(seed=2))
+    assert victims and all(order >= newest for order, newest in victims)
+
+
+def _system_prompt_workload(tenant_b=False):
+    rng = np.random.default_rng(0)
+    system = rng.integers(0, 1000, 512, dtype=np.int32)
+    reqs = []
+    for i in range(40):
+        tokens = np.concatenate([system, rng.integers(0, 1000, 16, dtype=np.int32)])
+        tenant = "b" if tenant_b and i % 2 else "a"
+        reqs.append(make_request(f"s{i}", tokens=tokens, output_len=8, arrival_s=i * 0.05, tenant=tenant))
+    return reqs
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash_lru", "radix_lru", "hash_lfu"])
+def test_shared_system_prompt_hits_the_prefix_cache(prefix_cache):
+    engine = make_engine(num_blocks=400, block_size=16, prefix_cache=prefix_cache)
+    summary = engine.run(_system_prompt_workload())
+    assert summary["prefix_hit_rate"] > 0.9
+
+
+def test_no_prefix_cache_means_no_hits():
+    engine = make_engine(num_blocks=400, block_size=16, prefix_cache="none")
+    assert engine.run(_system_prompt_workload())["prefix_hit_rate"] == 0.0
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash_lru", "radix_lru"])
+def test_other_tenant_gets_no_hits_on_first_tenants_blocks(prefix_cache):
+    engine = make_engine(num_blocks=400, block_size=16, prefix_cache=prefix_cache)
+    engine.run(_system_prompt_workload(tenant_b=True))
+    first_b = min((s for g in engine._groups.values() for s in g.seqs if s.request.tenant == "b"),
+                  key=lambda s: s.request.arrival_s)
+    assert first_b.num_cached_prompt_tokens == 0      # tenant a's system prompt is not visible to b
+    later_b = [s for g in engine._groups.values() for s in g.seqs if s.request.tenant == "b" and s is not first_b]
+    assert all(s.num_cached_prompt_tokens >= 512 for s in later_b)   # b hits its own blocks
+
+
+def test_global_scope_shares_across_tenants():
+    engine = make_engine(num_blocks=400, block_size=16, prefix_cache="hash_lru", prefix_cache_scope="global")
+    engine.run(_system_prompt_workload(tenant_b=True))
+    b_seqs = [s for g in engine._groups.values() for s in g.seqs if s.request.tenant == "b"]
+    assert all(s.num_cached_prompt_tokens >= 512 for s in b_seqs)
+
+
+def test_parallel_sampling_shares_prompt_blocks_copy_on_write():
+    engine = make_engine(num_blocks=64, block_size=4, prefix_cache="none")
+    engine.submit(make_request("p", 10, 6, n=3))
+    engine.step()                          # prefill (10 tokens) and fork into 3 sequences
+    seqs = engine._groups["p"].seqs
+    assert len(seqs) == 3
+    assert all(s.block_table == seqs[0].block_table for s in seqs)       # shared, ref count 3
+    assert engine.allocator.ref_counts[seqs[0].block_table[0]] == 3
+    batch = engine.step()                  # every fork writes into the shared partial block
+    assert len(batch.copies) == 2          # two copies; the last holder writes in place
+    last = {s.block_table[2] for s in seqs}
+    assert len(last) == 3 and {s.block_table[0] for s in seqs} == {seqs[0].block_table[0]}
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.metrics.requests["p"].output_tokens == 18
+    engine.check_invariants()
+
+
+def test_kv_utilization_paged_vs_contiguous_on_azure_trace():
+    reqs = build_workload({"name": "azure_code", "max_requests": 300}, vocab_size=151936)
+    paged = make_engine(num_blocks=0, block_size=16, max_model_len=8192).run(reqs)
+    contiguous = make_engine(num_blocks=0, block_size=16, prefix_cache="none", allocator="contiguous",
+                             max_model_len=8192).run(reqs)
+    assert paged["finished"] == contiguous["finished"] == 300
+    assert paged["kv_utilization"] >= 0.96
+    assert contiguous["kv_utilization"] < 0.5
+
+
+def test_too_long_prompt_is_rejected_and_the_rest_run():
+    engine = make_engine(num_blocks=64, block_size=4, max_model_len=50)
+    reqs = [make_request("ok1", 10, 5), make_request("long", 60, 5), make_request("ok2", 10, 5, arrival_s=0.1)]
+    summary = engine.run(reqs)
+    assert summary["finished"] == 2 and summary["rejected"] == 1
+    rid, reason = engine.metrics.rejected[0]
+    assert rid == "long" and "max_model_len=50" in reason
+
+
+def test_request_larger_than_the_pool_is_rejected_with_advice():
+    engine = make_engine(num_blocks=8, block_size=4)
+    with pytest.raises(RequestRejected, match="engine.num_blocks=8"):
+        engine.add_request(make_request("big", 40, 10))
+    assert engine.run([make_request("small", 8, 4)])["finished"] == 1
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("output_len", -3, "output_len must be an integer >= 1"),
+    ("output_len", 2.5, "output_len must be an integer >= 1"),
+    ("n", 0, "n must be an integer >= 1"),
+])
+def test_malformed_requests_are_rejected(field, value, msg):
+    engine = make_engine()
+    kwargs = {"output_len": 4, field: value}
+    req = make_request("bad", 8, **kwargs)
+    with pytest.raises(RequestRejected, match=msg):
+        engine.add_request(req)
+
+
+def test_token_outside_vocabulary_is_rejected():
+    engine = make_engine()
+    with pytest.raises(RequestRejected, match="outside the model's vocabulary"):
+        engine.add_request(make_request("v", tokens=[1, 2, 10**7], output_len=2))
+
+
+def test_full_azure_trace_simulates():
+    reqs = build_workload({"name": "azure_code"}, vocab_size=151936)
+    assert len(reqs) == 8819
+    summary = make_engine(num_blocks=0, block_size=16, prefix_cache="none", max_model_len=16384).run(reqs)
+    assert summary["finished"] + summary["rejected"] == 8819 and summary["finished"] > 8700
