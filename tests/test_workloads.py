@@ -496,7 +496,9 @@ def test_splits_are_disjoint_contiguous_windows(azure):
              for s in ("train", "val", "test")}
     for s in built:
         assert [r.request_id for r in built[s]] == ids[s]
-        assert built[s][0].arrival_s >= 0 and built[s][0].arrival_s < 1.0
+        start = windows[s][0]
+        assert np.allclose([r.arrival_s for r in built[s]], [r.arrival_s - start for r in parts[s]])
+        assert built[s][0].arrival_s >= 0
     other = build_workload({"name": "azure_code", "split": "train",
                             "split_fractions": [0.5, 0.25, 0.25]}, vocab_size=VOCAB)
     assert len(other) < len(built["train"])

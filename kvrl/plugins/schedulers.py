@@ -15,7 +15,9 @@ from kvrl.plugins.registry import register
 
 @register("scheduler", "fcfs")
 class FCFS(SchedulerPolicy):
-    """First come, first served by arrival time (ties by sequence id). vLLM's default. No parameters."""
+    """First come, first served: waiting requests are admitted in arrival order (ties by sequence
+    id), so no request overtakes an earlier one and head-of-line blocking is possible. vLLM's
+    default policy. No parameters."""
 
     def key(self, seq):
         return (seq.arrival_s, seq.seq_id)
