@@ -1,1 +1,134 @@
+"""Paged KV-cache kernels: cache writes, paged decode/prefill attention, block copy and swap.
 
+Every public function dispatches to a Triton kernel when its tensors are on CUDA, or when the
+environment variable ``KVRL_FORCE_TRITON=1`` is set (used with ``TRITON_INTERPRET=1`` to run
+the kernels on CPU in tests); otherwise to the plain-torch reference in
+:mod:`kvrl.kernels.reference`. Triton modules are imported lazily, on first Triton dispatch.
+
+Cache layout per layer: ``k_cache``/``v_cache`` are ``[num_blocks, block_size, num_kv_heads,
+head_dim]``, contiguous; token slot ``s`` is block ``s // block_size``, offset
+``s % block_size``. GQA: query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``.
+Attention accumulates in float32 and returns the query dtype.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import (
+    copy_blocks_ref,
+    paged_decode_attention_ref,
+    paged_prefill_attention_ref,
+    store_kv_ref,
+)
+
+__all__ = [
+    "store_kv",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "copy_blocks",
+    "gather_blocks",
+    "scatter_blocks",
+]
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when calls on tensor ``t`` go to the Triton kernels (CUDA, or ``KVRL_FORCE_TRITON=1``)."""
+    return t.is_cuda or os.environ.get("KVRL_FORCE_TRITON") == "1"
+
+
+def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """Write K/V of each token into its cache slot, in place.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]`` (any strides).
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous.
+        slot_mapping: int64 ``[num_tokens]``; ``-1`` means skip that token.
+    """
+    if use_triton(k_cache):
+        from .triton_cache import store_kv_triton
+
+        store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=None):
+    """Attention of one query token per sequence over its paged KV cache (split-K on Triton).
+
+    Args:
+        q: ``[batch, num_heads, head_dim]``; query of the token at position ``context_len - 1``,
+            whose K/V is already stored.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: int32 ``[batch, max_blocks]``, padded with 0.
+        context_lens: int32 ``[batch]``, each >= 1.
+        scale: softmax scale.
+        num_splits: context splits per (sequence, kv head) for the Triton kernel; ``None`` picks
+            one from batch size, context length and SM count. Ignored by the reference.
+
+    Returns:
+        ``[batch, num_heads, head_dim]`` in ``q.dtype``.
+    """
+    if use_triton(q):
+        from .triton_decode import paged_decode_attention_triton
+
+        return paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits
+        )
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len):
+    """Causal attention of packed query chunks over a paged KV cache.
+
+    Args:
+        q: ``[total_q_tokens, num_heads, head_dim]``, packed; ``total_q_tokens == cu_seqlens_q[-1]``.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``; already hold the
+            chunk's own K/V.
+        block_tables: int32 ``[P, max_blocks]``, padded with 0.
+        cu_seqlens_q: int32 ``[P + 1]``.
+        context_lens: int32 ``[P]``; total KV length (cached prefix + earlier chunks + this chunk).
+            The queries of sequence ``i`` are its last ``q_len_i`` positions; a query at absolute
+            position ``p`` sees keys ``0 .. p``.
+        scale: softmax scale.
+        max_q_len: largest ``q_len_i`` (sizes the Triton grid).
+
+    Returns:
+        ``[total_q_tokens, num_heads, head_dim]`` in ``q.dtype``.
+    """
+    if use_triton(q):
+        from .triton_prefill import paged_prefill_attention_triton
+
+        fn = paged_prefill_attention_triton
+    else:
+        fn = paged_prefill_attention_ref
+    return fn(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len)
+
+
+def copy_blocks(caches, src, dst) -> None:
+    """Copy block ``src[i]`` -> ``dst[i]`` in every cache tensor (copy-on-write), in place.
+
+    Args:
+        caches: list of ``[num_blocks, block_size, num_kv_heads, head_dim]`` tensors (all K and V
+            caches of all layers).
+        src, dst: int64 ``[num_pairs]`` block ids; ``dst`` distinct and disjoint from ``src``.
+    """
+    if not caches or src.numel() == 0:
+        return
+    if use_triton(caches[0]):
+        from .triton_cache import copy_blocks_triton
+
+        copy_blocks_triton(caches, src, dst)
+    else:
+        copy_blocks_ref(caches, src, dst)
+
+
+def gather_blocks(cache, block_ids) -> torch.Tensor:
+    """Return ``cache[block_ids]``: ``[n, block_size, num_kv_heads, head_dim]``, contiguous (swap-out)."""
+    return cache[block_ids]
+
+
+def scatter_blocks(cache, block_ids, data) -> None:
+    """Write ``data`` (``[n, block_size, num_kv_heads, head_dim]``, any device) into ``cache[block_ids]`` (swap-in)."""
+    cache[block_ids] = data.to(device=cache.device, dtype=cache.dtype)

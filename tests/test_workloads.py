@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-import os
 import time
 from pathlib import Path
 
@@ -584,7 +583,7 @@ def test_cli_stats_and_convert(tmp_path, capsys, azure):
     png = tmp_path / "a.png"
     assert cli_main(["stats", packaged_trace_path(), "--png", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "requests        8819" in out and "p99" in out and "inter-arrival CV" in out
+    assert "requests         8819" in out and "p99" in out and "inter-arrival CV" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out_jsonl = tmp_path / "a.jsonl"
     assert cli_main(["convert", packaged_trace_path(), str(out_jsonl), "--from", "azure",

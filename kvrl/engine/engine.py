@@ -170,6 +170,10 @@ class Engine:
                     del self._waiting_keys[i]
         self.allocator.free(seq)
 
+    def outputs(self, request_id: str) -> list[list[int]]:
+        """Generated token ids of each sample of a request (in fork order)."""
+        return [list(s.output_token_ids) for s in self._groups[request_id].seqs]
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.running or self.swapped or self.preempted or self.waiting)

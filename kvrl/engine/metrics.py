@@ -139,20 +139,20 @@ class MetricsCollector:
             "steps": len(self.steps) if self.record_steps else float("nan"),
         }
 
-    def write_steps_csv(self, path) -> None:
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(STEP_COLUMNS)
-            writer.writerows(self.steps)
+    def write_steps_csv(self, f) -> None:
+        """Write the per-step rows to the open text file ``f``."""
+        writer = csv.writer(f)
+        writer.writerow(STEP_COLUMNS)
+        writer.writerows(self.steps)
 
-    def write_requests_csv(self, path) -> None:
+    def write_requests_csv(self, f) -> None:
+        """Write one row per request (rejected ones included) to the open text file ``f``."""
         cols = ("request_id", "tenant", "arrival_s", "prompt_len", "output_tokens", "ttft_s", "tpot_s",
                 "finish_s", "num_preemptions", "meets_slo", "error")
-        with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(cols)
-            for r in self.requests.values():
-                writer.writerow((r.request_id, r.tenant, r.arrival_s, r.prompt_len, r.output_tokens, r.ttft_s,
-                                 r.tpot_s, r.finish_s, r.num_preemptions, r.meets_slo, r.error or ""))
-            for rid, reason in self.rejected:
-                writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"rejected: {reason}"))
+        writer = csv.writer(f)
+        writer.writerow(cols)
+        for r in self.requests.values():
+            writer.writerow((r.request_id, r.tenant, r.arrival_s, r.prompt_len, r.output_tokens, r.ttft_s,
+                             r.tpot_s, r.finish_s, r.num_preemptions, r.meets_slo, r.error or ""))
+        for rid, reason in self.rejected:
+            writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"rejected: {reason}"))

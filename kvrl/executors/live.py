@@ -1,0 +1,405 @@
+"""The live executor: a real transformer over a paged KV cache (Triton kernels on CUDA, the torch
+reference on CPU), with batched block copies, swapping to a CPU pool on a side stream, CUDA-graph
+decode, and greedy or seeded sampling.
+
+Timing: a step's ``elapsed_s`` is the wall time from the end of the previous step to the end of
+this one (synchronised), so the engine's own scheduling overhead is part of the measured time;
+after an idle gap longer than ``max_gap_s`` only this step's execution is counted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from kvrl import kernels
+from kvrl.engine.batch import ScheduledBatch, StepOutput
+from kvrl.executors.base import Executor
+from kvrl.executors.hardware import DEVICES, DeviceSpec, ModelShape
+from kvrl.executors.sim import SimExecutor
+from kvrl.model import AttentionMetadata, CausalLM, ModelConfig, load_model
+from kvrl.plugins.base import check_range
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingConfig:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("backend.temperature", self.temperature, 0.0)
+        check_range("backend.top_p", self.top_p, 0.0, 1.0)
+        check_range("backend.top_k", self.top_k, 0)
+
+
+def _shape_of(config: ModelConfig, dtype: torch.dtype) -> ModelShape:
+    return ModelShape(name=config.architecture, num_layers=config.num_layers, hidden_size=config.hidden_size,
+                      num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                      intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
+                      tie_word_embeddings=config.tie_word_embeddings,
+                      max_model_len=config.max_position_embeddings, dtype_bytes=torch.empty((), dtype=dtype).element_size())
+
+
+def _device_spec(device: torch.device) -> DeviceSpec:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower()
+        for key in ("h200", "h100", "a100"):
+            if key in name:
+                return DEVICES[key]
+        return DEVICES["h100"]
+    # CPU: a rough ceiling, used only by cost-aware policies' estimates
+    return DeviceSpec(name="cpu", memory_bytes=16e9, hbm_bw=20e9, matmul_flops=2e11, pcie_bw=20e9)
+
+
+class LiveExecutor(Executor):
+    """Runs the engine's batches on ``model`` (see module doc)."""
+
+    name = "live"
+
+    def __init__(self, model: CausalLM, config: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 sampling: SamplingConfig = SamplingConfig(), cuda_graphs: bool = True, seed: int = 0,
+                 max_gap_s: float = 0.05) -> None:
+        self.model = model.eval()
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.sampling = sampling
+        self.use_cuda_graphs = cuda_graphs and device.type == "cuda"
+        self.seed = seed
+        self.max_gap_s = max_gap_s
+        self.cost_model = SimExecutor(_shape_of(config, dtype), _device_spec(device), seed)
+        self._generator = torch.Generator(device=device).manual_seed(seed)
+        self._last_end: Optional[float] = None
+        self._swap_done: Optional[torch.cuda.Event] = None
+        self._swap_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._graphs: dict[int, "_DecodeGraph"] = {}
+        self._pinned_in_flight: Optional[torch.Tensor] = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_position_embeddings
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        c = self.config
+        return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.cost_model.model.dtype_bytes
+
+    def kv_capacity_blocks(self, block_size: int, gpu_memory_utilization: float) -> int:
+        if self.device.type != "cuda":
+            raise ValueError("engine.num_blocks must be set explicitly for the live backend on CPU")
+        free, total = torch.cuda.mem_get_info(self.device)
+        activations = 4 * 2**30   # logits, graph pools and activations of the largest step
+        budget = total * gpu_memory_utilization - (total - free) - activations
+        return max(int(budget // self.kv_block_bytes(block_size)), 0)
+
+    def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+        c = self.config
+        shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(c.num_layers)]
+        cpu_shape = (c.num_layers, 2, max(num_cpu_blocks, 0), block_size, c.num_kv_heads, c.head_dim)
+        self.cpu_pool = torch.empty(cpu_shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+        self._all_caches = [t for pair in self.kv_caches for t in pair]
+        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+
+    # ----------------------------------------------------------------- block operations
+    def _swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """GPU -> CPU, completed before this step's forward pass may overwrite the blocks."""
+        gpu = torch.tensor([g for g, _ in pairs], device=self.device)
+        cpu = torch.tensor([c for _, c in pairs])
+        self.cpu_pool[:, :, cpu] = self.kv[:, :, gpu].to("cpu")
+
+    def _swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """CPU -> GPU on the side stream; the next step waits for it (prefetch)."""
+        cpu = torch.tensor([c for c, _ in pairs])
+        staged = self.cpu_pool[:, :, cpu]
+        if self._swap_stream is None:
+            self.kv[:, :, torch.tensor([g for _, g in pairs])] = staged
+            return
+        staged = staged.pin_memory()
+        self._swap_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._swap_stream):
+            gpu = torch.tensor([g for _, g in pairs], device=self.device)
+            self.kv[:, :, gpu] = staged.to(self.device, non_blocking=True)
+            self._swap_done = torch.cuda.Event()
+            self._swap_done.record(self._swap_stream)
+        self._pinned_in_flight = staged   # keep the host buffer alive until the copy is done
+
+    def _copy(self, pairs: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)
+        kernels.copy_blocks(self._all_caches, src, dst)
+
+    # ----------------------------------------------------------------- forward inputs
+    def _prepare(self, batch: ScheduledBatch):
+        """Flattened inputs, prefills first; returns (ids, positions, metadata, logit rows, order)."""
+        bs = self.block_size
+        prefills = [s for s in batch.seqs if not s.is_decode]
+        decodes = [s for s in batch.seqs if s.is_decode]
+        order = prefills + decodes
+        ids, pos, slots, cu, ctx, tables, rows = [], [], [], [0], [], [], []
+        for item in order:
+            seq, start, k = item.seq, item.start, item.num_tokens
+            p = np.arange(start, start + k)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            ids.append(seq.token_slice(start, start + k))
+            pos.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            cu.append(cu[-1] + k)
+            ctx.append(start + k)
+            tables.append(seq.block_table)
+            rows.append(cu[-1] - 1)
+        width = max(len(t) for t in tables)
+        table_arr = np.zeros((len(tables), width), dtype=np.int32)
+        for i, t in enumerate(tables):
+            table_arr[i, :len(t)] = t
+        dev = self.device
+        n_pre = len(prefills)
+        num_prefill_tokens = cu[n_pre]
+        as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=dt, non_blocking=True)
+        ctx_arr = np.asarray(ctx, dtype=np.int32)
+        meta = AttentionMetadata(
+            slot_mapping=as_t(np.concatenate(slots), torch.int64),
+            num_prefill_tokens=num_prefill_tokens,
+            prefill_cu_seqlens_q=as_t(np.asarray(cu[:n_pre + 1], dtype=np.int32), torch.int32),
+            prefill_context_lens=as_t(ctx_arr[:n_pre], torch.int32),
+            prefill_block_tables=as_t(table_arr[:n_pre], torch.int32),
+            max_prefill_q_len=max((s.num_tokens for s in prefills), default=0),
+            decode_context_lens=as_t(ctx_arr[n_pre:], torch.int32),
+            decode_block_tables=as_t(table_arr[n_pre:], torch.int32),
+            block_size=bs)
+        input_ids = as_t(np.concatenate(ids), torch.int64)
+        positions = as_t(np.concatenate(pos), torch.int64)
+        return input_ids, positions, meta, rows, order
+
+    # ----------------------------------------------------------------- sampling
+    def _sample(self, logits: torch.Tensor, counts: list[int]) -> tuple[list[list[int]], dict[int, str]]:
+        """Sample ``counts[i]`` tokens from row i; rows with non-finite logits become errors."""
+        finite = torch.isfinite(logits).all(dim=-1)
+        s = self.sampling
+        if s.temperature == 0.0:
+            tokens = logits.argmax(dim=-1, keepdim=True).expand(-1, max(counts))
+        else:
+            scaled = torch.nan_to_num(logits / s.temperature, nan=-float("inf"))
+            if s.top_k:
+                kth = torch.topk(scaled, min(s.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+                scaled = scaled.masked_fill(scaled < kth, -float("inf"))
+            probs = torch.softmax(scaled, dim=-1)
+            if s.top_p < 1.0:
+                sorted_p, idx = probs.sort(dim=-1, descending=True)
+                drop = sorted_p.cumsum(-1) - sorted_p > s.top_p
+                sorted_p = sorted_p.masked_fill(drop, 0.0)
+                probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+            probs = torch.where(finite[:, None], probs, torch.full_like(probs, 1.0 / probs.shape[-1]))
+            tokens = torch.multinomial(probs, max(counts), replacement=True, generator=self._generator)
+        packed = torch.cat([tokens.to(torch.int64), finite[:, None].to(torch.int64)], dim=1).cpu().tolist()
+        out, errors = [], {}
+        for i, (row, c) in enumerate(zip(packed, counts)):
+            if not row[-1]:
+                errors[i] = "non-finite logits"
+            out.append(row[:c])
+        return out, errors
+
+    # ----------------------------------------------------------------- step
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        start = time.perf_counter()
+        if self._swap_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._swap_done)
+            self._swap_done = None
+        if batch.swap_out:
+            self._swap_out(batch.swap_out)
+        if batch.copies:
+            self._copy(batch.copies)
+        sampled: list[list[int]] = [[] for _ in batch.seqs]
+        errors: dict[int, str] = {}
+        if batch.seqs:
+            logits, items = self._forward(batch)
+            index = {id(item): i for i, item in enumerate(batch.seqs)}
+            keep = [j for j, item in enumerate(items) if item.num_samples]
+            if keep:
+                if len(keep) != len(items):
+                    logits = logits[torch.tensor(keep, device=self.device)]
+                tokens, errs = self._sample(logits, [items[j].num_samples for j in keep])
+                for w, j in enumerate(keep):
+                    sampled[index[id(items[j])]] = tokens[w]
+                    if w in errs:
+                        errors[index[id(items[j])]] = errs[w]
+        if batch.swap_in:
+            self._swap_in(batch.swap_in)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter()
+        if self._last_end is not None and start - self._last_end < self.max_gap_s:
+            elapsed = end - self._last_end
+        else:
+            elapsed = end - start
+        self._last_end = end
+        return StepOutput(sampled, elapsed, errors or None)
+
+    def _forward(self, batch: ScheduledBatch):
+        """Returns ``(logits, items)``: ``logits[i]`` are the fp32 logits of the last token of
+        ``items[i]``; items that sample are always included (eager mode includes only those)."""
+        if self.use_cuda_graphs and all(s.is_decode for s in batch.seqs):
+            graph = self._graph_for(len(batch.seqs))
+            if graph is not None:
+                return graph.run(self, batch), list(batch.seqs)
+        input_ids, positions, meta, rows, order = self._prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        items = [item for item in order if item.num_samples]
+        if not items:
+            return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32), items
+        sample_rows = torch.tensor([r for r, item in zip(rows, order) if item.num_samples], device=self.device)
+        return self.model.compute_logits(hidden[sample_rows]), items
+
+    # ----------------------------------------------------------------- CUDA graphs
+    GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+    def _graph_for(self, batch_size: int) -> Optional["_DecodeGraph"]:
+        size = next((b for b in self.GRAPH_BATCH_SIZES if b >= batch_size), None)
+        if size is None:
+            return None
+        graph = self._graphs.get(size)
+        if graph is None:
+            pool = next(iter(self._graphs.values())).pool if self._graphs else None
+            graph = self._graphs[size] = _DecodeGraph(self, size, pool)
+        return graph
+
+    # ----------------------------------------------------------------- estimates
+    def estimate_prefill_s(self, num_tokens: int) -> float:
+        return self.cost_model.estimate_prefill_s(num_tokens)
+
+    def estimate_swap_s(self, num_blocks: int) -> float:
+        return self.cost_model.estimate_swap_s(num_blocks)
+
+
+class _DecodeGraph:
+    """A captured decode step for a fixed (padded) batch size; padding rows write nowhere."""
+
+    def __init__(self, ex: LiveExecutor, size: int, pool) -> None:
+        dev = ex.device
+        self.size = size
+        self.ids = torch.zeros(size, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(size, dtype=torch.int64, device=dev)
+        self.slots = torch.full((size,), -1, dtype=torch.int64, device=dev)
+        self.ctx = torch.ones(size, dtype=torch.int32, device=dev)
+        self.tables = torch.zeros((size, ex.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        empty_i32 = torch.zeros(0, dtype=torch.int32, device=dev)
+        self.meta = AttentionMetadata(
+            slot_mapping=self.slots, num_prefill_tokens=0, prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=dev),
+            prefill_context_lens=empty_i32, prefill_block_tables=torch.zeros((0, ex.max_blocks_per_seq), dtype=torch.int32, device=dev),
+            max_prefill_q_len=0, decode_context_lens=self.ctx, decode_block_tables=self.tables, block_size=ex.block_size)
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):   # warm up (Triton compilation, cuBLAS handles) outside the capture
+                self._body(ex)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            self.logits = self._body(ex)
+
+    def _body(self, ex: LiveExecutor) -> torch.Tensor:
+        hidden = ex.model(self.ids, self.pos, ex.kv_caches, self.meta)
+        return ex.model.compute_logits(hidden)
+
+    def run(self, ex: LiveExecutor, batch: ScheduledBatch):
+        n = len(batch.seqs)
+        bs = ex.block_size
+        ids = np.empty(n, dtype=np.int64)
+        pos = np.empty(n, dtype=np.int64)
+        slots = np.full(self.size, -1, dtype=np.int64)
+        ctx = np.ones(self.size, dtype=np.int32)
+        width = max(len(item.seq.block_table) for item in batch.seqs)
+        tables = np.zeros((n, width), dtype=np.int32)
+        for i, item in enumerate(batch.seqs):
+            seq, p = item.seq, item.start
+            ids[i] = seq.output_token_ids[p - seq.prompt_len] if p >= seq.prompt_len else seq.request.prompt_token_ids[p]
+            pos[i] = p
+            slots[i] = seq.block_table[p // bs] * bs + p % bs
+            ctx[i] = p + 1
+            tables[i, :len(seq.block_table)] = seq.block_table
+        dev = ex.device
+        self.ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
+        self.pos[:n].copy_(torch.from_numpy(pos), non_blocking=True)
+        self.slots.copy_(torch.from_numpy(slots), non_blocking=True)
+        self.ctx.copy_(torch.from_numpy(ctx), non_blocking=True)
+        self.tables[:n, :width].copy_(torch.from_numpy(tables), non_blocking=True)
+        if width < self.tables.shape[1]:
+            self.tables[:n, width:].zero_()
+        self.graph.replay()
+        return self.logits[:n]
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("backend.device=cuda but no CUDA device is available; use backend.device=cpu")
+    return torch.device(name)
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+    except KeyError:
+        raise ValueError(f"backend.dtype must be auto, bfloat16, float16 or float32, got {name!r}") from None
+
+
+def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs/.checkpoints") -> str:
+    """A random-weight checkpoint of the shape in ``model_cfg`` (written once, then reused)."""
+    from kvrl.model import make_random_checkpoint
+    from kvrl.model.random_checkpoint import PRESETS
+
+    name = model_cfg["name"]
+    dtype_name = str(dtype).removeprefix("torch.")
+    path = Path(root) / f"{name}-{dtype_name}-seed{model_cfg.get('seed', 0)}"
+    if (path / "config.json").exists():
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name in PRESETS:
+        make_random_checkpoint(path, preset=name, dtype=dtype_name)
+    else:
+        make_random_checkpoint(
+            path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name,
+            num_hidden_layers=model_cfg["num_layers"], hidden_size=model_cfg["hidden_size"],
+            num_attention_heads=model_cfg["num_heads"], num_key_value_heads=model_cfg["num_kv_heads"],
+            head_dim=model_cfg["head_dim"], intermediate_size=model_cfg["intermediate_size"],
+            vocab_size=model_cfg["vocab_size"], tie_word_embeddings=model_cfg["tie_word_embeddings"],
+            max_position_embeddings=model_cfg["max_model_len"])
+    return str(path)
+
+
+def build_live_executor(backend_cfg: dict, model_cfg: dict, seed: int = 0) -> LiveExecutor:
+    """From ``conf/backend/live.yaml`` and a ``conf/model`` entry (``checkpoint`` or a random one)."""
+    device = _resolve_device(backend_cfg.get("device", "auto"))
+    dtype = _resolve_dtype(backend_cfg.get("dtype", "auto"), device)
+    checkpoint = model_cfg.get("checkpoint") or random_checkpoint_for(model_cfg, dtype)
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(f"model.checkpoint={checkpoint!r} is not a directory")
+    model, config = load_model(checkpoint, dtype=dtype, device=device)
+    sampling = SamplingConfig(backend_cfg.get("temperature", 0.0), backend_cfg.get("top_p", 1.0),
+                              backend_cfg.get("top_k", 0))
+    log.info("live executor: %s on %s (%s), checkpoint %s", config.architecture, device, dtype, checkpoint)
+    return LiveExecutor(model, config, device, dtype, sampling, bool(backend_cfg.get("cuda_graphs", True)), seed)

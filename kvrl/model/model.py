@@ -1,0 +1,88 @@
+"""kvrl's causal LM for the Llama / Mistral / Qwen2 / Qwen3 families over a paged KV cache."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvrl.model.config import ModelConfig
+from kvrl.model.layers import Attention, GatedMLP, RMSNorm, RotaryEmbedding
+from kvrl.model.metadata import AttentionMetadata
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config)
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM whose attention reads and writes a paged KV cache.
+
+    Parameter names mirror the HF checkpoint without its ``model.`` prefix, except that q/k/v and
+    gate/up projections are fused (``qkv_proj``, ``gate_up_proj``); with tied embeddings there is
+    no ``lm_head`` and the logits use ``embed_tokens.weight``. Constructing the module runs the
+    default torch initialisation; :func:`kvrl.model.load_model` builds it on the meta device instead.
+
+    ``forward`` has no host syncs and no per-token Python loops; its control flow depends only on
+    the Python ints of :class:`AttentionMetadata` (token and sequence counts), so a decode step of
+    fixed batch size can be captured in a CUDA graph.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run one step over a flattened batch.
+
+        Args:
+            input_ids: int64 ``[T]`` token ids, prefill tokens first, then one per decode sequence.
+            positions: int64 ``[T]`` position of each token within its sequence.
+            kv_caches: one ``(k_cache, v_cache)`` per layer, each ``[num_blocks, block_size,
+                num_kv_heads, head_dim]`` in the model dtype; this step's K/V are written into them.
+            attn: where to write K/V and what each sequence attends to.
+
+        Returns:
+            final-norm hidden states ``[T, hidden_size]``; pass the rows to sample from to
+            :meth:`compute_logits`.
+        """
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"expected {len(self.layers)} KV caches (one per layer), got {len(kv_caches)}")
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(hidden, cos, sin, kv_cache, attn)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[S, hidden_size]`` -> fp32 logits ``[S, vocab_size]``."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

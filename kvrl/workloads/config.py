@@ -1,0 +1,497 @@
+"""Workload configs: the schema of every builder, validation, and ``build_workload``.
+
+A config is a flat mapping (a plain dict or an OmegaConf ``DictConfig``, e.g. ``cfg.workload`` from
+``conf/workload/<name>.yaml``) with ``name`` (the builder), the builder's parameters, and the common
+transform keys of :data:`COMMON`. Unknown keys and values of the wrong type raise
+:class:`~kvrl.workloads.errors.WorkloadConfigError` (a ``ValueError``) naming the key.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from kvrl.engine.request import Request
+
+from . import adversarial, generators, transforms
+from .errors import WorkloadConfigError
+from .formats import packaged_trace_path
+from .azure import load_azure_csv
+from .burstgpt import TENANT_FROM, load_burstgpt_csv
+from .jsonl import load_jsonl
+from .lengths import DISTS, FIELDS as LENGTH_FIELDS, LengthDist
+from .arrivals import PROCESSES, ArrivalProcess
+from .schema import Param, defaults, render_yaml, validate
+from .tokens import check_vocab_size
+
+# ------------------------------------------------------------------------------ nested schemas
+LENGTH = {
+    "dist": Param("str", "constant", "constant | uniform | lognormal | empirical", choices=DISTS),
+    "low": Param("int", None, "uniform: smallest length; others: clamp below (null = 1)",
+                 nullable=True, lo=1),
+    "high": Param("int", None, "uniform: largest length; others: clamp above (null = none)",
+                  nullable=True, lo=1),
+    "mean": Param("float", None, "lognormal: mean length; constant: the length", nullable=True,
+                  lo=1),
+    "sigma": Param("float", None, "lognormal: std of log-length (null = derive from cv)",
+                   nullable=True, lo=0),
+    "cv": Param("float", None, "lognormal: coefficient of variation, used when sigma is null",
+                nullable=True, lo=0),
+    "trace": Param("str", None, "empirical: azure_code or a trace file path", nullable=True),
+    "field": Param("str", "prompt", "empirical: resample the prompt or output lengths",
+                   choices=LENGTH_FIELDS),
+}
+
+ARRIVAL = {
+    "process": Param("str", "poisson", "poisson | gamma (bursty) | constant | offline (all at 0)",
+                     choices=PROCESSES),
+    "rate": Param("float", 1.0, "mean arrivals per second (ignored when offline)", nullable=True,
+                  gt=0),
+    "cv": Param("float", 1.0, "gamma: inter-arrival coefficient of variation (1 = Poisson)", gt=0),
+}
+
+
+def _length_param(doc: str, dist: str = "constant", **kw) -> Param:
+    d = {k: None for k in LENGTH}
+    d.update(dist=dist, field="prompt")
+    d.update(kw)
+    return Param("dict", d, doc, fields=LENGTH)
+
+
+def _arrival_param(doc: str, process: str = "poisson", rate: Optional[float] = 1.0,
+                   cv: float = 1.0) -> Param:
+    return Param("dict", {"process": process, "rate": rate, "cv": cv}, doc, fields=ARRIVAL)
+
+
+TENANT = {
+    "name": Param("str", "default", "tenant name (unique)"),
+    "arrival": _arrival_param("this tenant's arrival process"),
+    "prompt_len": _length_param(
+        "prompt length after the system prompt", "lognormal", mean=256.0, cv=1.0),
+    "output_len": _length_param("output length", "lognormal", mean=128.0, cv=1.0, field="output"),
+    "priority": Param("int", 0, "scheduling priority (smaller = more important)"),
+    "parallel_n": Param("int", 1, "parallel samples n for sampled requests", lo=1),
+    "parallel_prob": Param("float", 1.0, "probability a request uses parallel_n (else n=1)", lo=0,
+                           hi=1),
+    "slo_ttft_s": Param("float", None, "time-to-first-token SLO in s (null = run default)",
+                        nullable=True, gt=0),
+    "slo_tpot_s": Param("float", None, "time-per-output-token SLO in s (null = run default)",
+                        nullable=True, gt=0),
+    "system_prompt_len": Param("int", 0, "shared system prompt length (0 = none)", lo=0),
+}
+
+
+def tenant_default(name: str, *, process="poisson", rate=1.0, cv=1.0, prompt=None, output=None,
+                   **kw) -> dict:
+    d = defaults(TENANT)
+    d.update(name=name, arrival={"process": process, "rate": rate, "cv": cv}, **kw)
+    if prompt:
+        d["prompt_len"].update(prompt)
+    if output:
+        d["output_len"].update(output)
+    return d
+
+
+# ------------------------------------------------------------------------------ common keys
+COMMON = {
+    "name": Param("str", None, "which builder makes the requests"),
+    "seed": Param("int", 0, "seed of every random draw (token ids, generators, subsample)", lo=0),
+    "max_requests": Param("int", None, "keep the first N requests by arrival (null = all)",
+                          nullable=True, lo=0),
+    "rate_scale": Param("float", 1.0, "divide arrival times by this (2.0 = twice the rate)", gt=0),
+    "offline": Param("bool", False, "put every arrival at t=0 (offline batch)"),
+    "split": Param("str", None, "null | train | val | test: one contiguous time window",
+                   nullable=True, choices=transforms.SPLITS),
+    "split_fractions": Param("floats", [0.6, 0.2, 0.2], "train/val/test shares of the time span",
+                             length=3, lo=0),
+    "start_s": Param("float", 0.0, "time window start in s (re-based to 0)", lo=0),
+    "duration_s": Param("float", None, "time window length in s (null = to the end)",
+                        nullable=True, gt=0),
+    "subsample": Param("float", None, "keep this seeded random fraction of requests (null = all)",
+                       nullable=True, gt=0, hi=1),
+    "slo_ttft_s": Param("float", None, "default TTFT SLO (s) for requests without one",
+                        nullable=True, gt=0),
+    "slo_tpot_s": Param("float", None, "default TPOT SLO (s) for requests without one",
+                        nullable=True, gt=0),
+    "overlong": Param("str", "clip", "requests over max_model_len: clip or drop",
+                      choices=("clip", "drop")),
+}
+_COMMON_ORDER_NOTE = ("common keys apply in this order: start_s/duration_s, split, subsample,\n"
+                      "rate_scale, max_requests, overlong (with max_model_len), offline, SLO defaults")
+
+
+# ------------------------------------------------------------------------------ builders
+@dataclass(frozen=True)
+class Builder:
+    name: str
+    doc: str
+    params: dict
+    make: Callable[[dict, int, Optional[int]], list]
+
+
+def _need(p: dict, key: str) -> Any:
+    if p.get(key) is None:
+        raise WorkloadConfigError(f"workload {p['name']!r}: key {key!r} is required")
+    return p[key]
+
+
+def _trace_path(path: str) -> str:
+    return os.path.expanduser(path)
+
+
+def _azure_code(p, vocab, mml):
+    path = packaged_trace_path("azure_code") if p["path"] is None else _trace_path(p["path"])
+    return load_azure_csv(path, vocab_size=vocab, seed=p["seed"], skip_bad_rows=p["skip_bad_rows"])
+
+
+def _azure_csv(p, vocab, mml):
+    return load_azure_csv(_trace_path(_need(p, "path")), vocab_size=vocab, seed=p["seed"],
+                          skip_bad_rows=p["skip_bad_rows"])
+
+
+def _burstgpt(p, vocab, mml):
+    return load_burstgpt_csv(_trace_path(_need(p, "path")), vocab_size=vocab, seed=p["seed"],
+                             skip_bad_rows=p["skip_bad_rows"], drop_failures=p["drop_failures"],
+                             models=p["models"], log_types=p["log_types"],
+                             tenant_from=p["tenant_from"])
+
+
+def _jsonl(p, vocab, mml):
+    return load_jsonl(_trace_path(_need(p, "path")), vocab_size=vocab, seed=p["seed"],
+                      skip_bad_rows=p["skip_bad_rows"])
+
+
+def _synthetic(p, vocab, mml):
+    return generators.synthetic(p["num_requests"], vocab_size=vocab, seed=p["seed"],
+                                arrival=p["arrival"], prompt_len=p["prompt_len"],
+                                output_len=p["output_len"], parallel_n=p["parallel_n"],
+                                parallel_prob=p["parallel_prob"], tenant=p["tenant"],
+                                priority=p["priority"])
+
+
+def _shared_prefix(p, vocab, mml):
+    return generators.shared_prefix(p["num_requests"], vocab_size=vocab, seed=p["seed"],
+                                    num_groups=p["num_groups"], prefix_len=p["prefix_len"],
+                                    group_skew=p["group_skew"], arrival=p["arrival"],
+                                    suffix_len=p["suffix_len"], output_len=p["output_len"],
+                                    parallel_n=p["parallel_n"], parallel_prob=p["parallel_prob"],
+                                    tenant=p["tenant"], priority=p["priority"])
+
+
+def _multi_turn(p, vocab, mml):
+    return generators.multi_turn(p["num_conversations"], vocab_size=vocab, seed=p["seed"],
+                                 arrival=p["arrival"], min_turns=p["min_turns"],
+                                 max_turns=p["max_turns"], system_prompt_len=p["system_prompt_len"],
+                                 first_prompt_len=p["first_prompt_len"],
+                                 user_turn_len=p["user_turn_len"], output_len=p["output_len"],
+                                 mean_turn_gap_s=p["mean_turn_gap_s"], max_total_len=mml,
+                                 tenant=p["tenant"], priority=p["priority"])
+
+
+def _multi_tenant(p, vocab, mml):
+    return generators.multi_tenant(p["tenants"], p["horizon_s"], vocab_size=vocab, seed=p["seed"])
+
+
+def _fill_and_squeeze(p, vocab, mml):
+    kw = {k: p[k] for k in FILL_AND_SQUEEZE}
+    return adversarial.fill_and_squeeze(vocab_size=vocab, seed=p["seed"], max_model_len=mml, **kw)
+
+
+def _prefix_probe(p, vocab, mml):
+    kw = {k: p[k] for k in PREFIX_PROBE}
+    return adversarial.prefix_probe(vocab_size=vocab, seed=p["seed"], **kw)
+
+
+SKIP = Param("bool", False, "skip malformed rows (count logged) instead of failing")
+STREAM = {
+    "parallel_n": Param("int", 1, "parallel samples n for sampled requests", lo=1),
+    "parallel_prob": Param("float", 1.0, "probability a request uses parallel_n (else n=1)",
+                           lo=0, hi=1),
+    "tenant": Param("str", "default", "tenant name of every request"),
+    "priority": Param("int", 0, "scheduling priority (smaller = more important)"),
+}
+
+FILL_AND_SQUEEZE = {
+    "horizon_s": Param("float", 120.0, "benign traffic runs over [0, horizon_s)", gt=0),
+    "benign": Param("dict", tenant_default("benign", rate=2.0,
+                                           prompt={"mean": 512.0}, output={"mean": 128.0}),
+                    "the benign tenant", fields=TENANT),
+    "attacker": Param("str", "attacker", "attacker tenant name"),
+    "attacker_priority": Param("int", 0, "attacker scheduling priority"),
+    "attack_start_s": Param("float", 20.0, "when the attacker's first probe arrives", lo=0),
+    "probe_count": Param("int", 8, "phase 1: number of probe requests", lo=0),
+    "probe_rate": Param("float", 1.0, "probes per second", gt=0),
+    "probe_prompt_len": Param("int", 256, "probe prompt length", lo=1),
+    "probe_output_len": Param("int", 16, "probe output length", lo=1),
+    "flood_count": Param("int", 32, "phase 2: number of max-length flood requests", lo=0),
+    "flood_rate": Param("float", 20.0, "flood requests per second", gt=0),
+    "flood_prompt_len": Param("int", None, "flood prompt length (null = max_model_len - output)",
+                              nullable=True, lo=1),
+    "flood_output_len": Param("int", 256, "flood output length", lo=1),
+    "squeeze_delay_s": Param("float", 1.0, "gap between the last flood and the first squeeze", lo=0),
+    "squeeze_count": Param("int", 200, "phase 3: number of tiny requests", lo=0),
+    "squeeze_rate": Param("float", 20.0, "tiny requests per second", gt=0),
+    "squeeze_prompt_len": Param("int", 8, "tiny request prompt length", lo=1),
+    "squeeze_output_len": Param("int", 8, "tiny request output length", lo=1),
+}
+
+PREFIX_PROBE = {
+    "horizon_s": Param("float", 60.0, "victim traffic runs over [0, horizon_s)", gt=0),
+    "victim": Param("dict", tenant_default("victim", rate=2.0, system_prompt_len=512,
+                                           prompt={"mean": 128.0}, output={"mean": 64.0}),
+                    "the victim tenant (system_prompt_len >= 1: the secret prefix)",
+                    fields=TENANT),
+    "attacker": Param("str", "attacker", "attacker tenant name"),
+    "attacker_priority": Param("int", 0, "attacker scheduling priority"),
+    "attack_start_s": Param("float", 10.0, "when the first probe arrives", lo=0),
+    "num_probes": Param("int", 40, "number of candidate prefixes sent", lo=0),
+    "probe_rate": Param("float", 2.0, "probes per second", gt=0),
+    "probe_len": Param("int", None, "candidate length (null = whole system prompt)",
+                       nullable=True, lo=1),
+    "correct_fraction": Param("float", 0.5, "share of candidates that are the true prefix",
+                              lo=0, hi=1),
+    "wrong_mode": Param("str", "perturb", "wrong candidates: random | perturb | perturb_last",
+                        choices=adversarial.WRONG_MODES),
+    "probe_suffix_len": Param("int", 1, "random ids appended after each candidate", lo=0),
+    "probe_output_len": Param("int", 1, "tokens generated per probe", lo=1),
+}
+
+BUILDERS: dict[str, Builder] = {}
+
+
+def _register(name: str, doc: str, params: dict, make) -> None:
+    BUILDERS[name] = Builder(name, doc, params, make)
+
+
+_register("azure_code", "the packaged Azure LLM inference 2023 code trace (8,819 requests, 1 hour)", {
+    "path": Param("str", None, "trace file (null = the packaged copy)", nullable=True),
+    "skip_bad_rows": SKIP,
+}, _azure_code)
+_register("azure_csv", "any Azure LLM inference CSV (2023 or 2024: TIMESTAMP,ContextTokens,"
+                       "GeneratedTokens)", {
+    "path": Param("str", None, "trace file (required)", nullable=True),
+    "skip_bad_rows": SKIP,
+}, _azure_csv)
+_register("burstgpt", "a BurstGPT CSV (Timestamp,Model,Request tokens,Response tokens,...)", {
+    "path": Param("str", None, "trace file (required)", nullable=True),
+    "skip_bad_rows": SKIP,
+    "drop_failures": Param("bool", True, "drop failed requests (0 response tokens)"),
+    "models": Param("strs", None, "keep only these Model values (null = all)", nullable=True),
+    "log_types": Param("strs", None, "keep only these Log Type values (null = all)",
+                       nullable=True),
+    "tenant_from": Param("str", "none", "tenant name from: none | model | log_type",
+                         choices=TENANT_FROM),
+}, _burstgpt)
+_register("jsonl", "a kvrl JSONL trace (one request per line)", {
+    "path": Param("str", None, "trace file (required)", nullable=True),
+    "skip_bad_rows": SKIP,
+}, _jsonl)
+_register("synthetic", "independent requests with random lengths", {
+    "num_requests": Param("int", 200, "number of requests", lo=0),
+    "arrival": _arrival_param("arrival process (offline = all at t=0)", "poisson", 5.0),
+    "prompt_len": _length_param("prompt length distribution", "uniform", low=32, high=512),
+    "output_len": _length_param(
+        "output length distribution", "lognormal", mean=128.0, cv=1.0, field="output"),
+    **STREAM,
+}, _synthetic)
+_register("shared_prefix", "k system prompts shared by groups of requests", {
+    "num_requests": Param("int", 500, "number of requests", lo=0),
+    "num_groups": Param("int", 8, "number of prefix groups (k)", lo=1),
+    "prefix_len": Param("int", 512, "shared prefix length per group (L)", lo=1),
+    "group_skew": Param("float", 0.0, "group popularity ~ 1/rank^skew (0 = uniform, 1 = Zipf)",
+                        lo=0),
+    "arrival": _arrival_param("arrival process", "poisson", 5.0),
+    "suffix_len": _length_param(
+        "unique suffix length after the prefix", "lognormal", mean=128.0, cv=1.0),
+    "output_len": _length_param(
+        "output length distribution", "lognormal", mean=128.0, cv=1.0, field="output"),
+    **STREAM,
+}, _shared_prefix)
+_register("multi_turn", "conversations whose turns extend the previous prompt + answer", {
+    "num_conversations": Param("int", 50, "number of conversations", lo=0),
+    "arrival": _arrival_param("arrival process of conversation starts", "poisson", 1.0),
+    "min_turns": Param("int", 2, "fewest turns per conversation", lo=1),
+    "max_turns": Param("int", 6, "most turns per conversation", lo=1),
+    "system_prompt_len": Param("int", 0, "system prompt shared by all conversations (0 = none)",
+                               lo=0),
+    "first_prompt_len": _length_param("first user message length", "lognormal", mean=256.0, cv=1.0),
+    "user_turn_len": _length_param("later user message length", "lognormal", mean=64.0, cv=1.0),
+    "output_len": _length_param(
+        "answer length per turn", "lognormal", mean=128.0, cv=1.0, field="output"),
+    "mean_turn_gap_s": Param("float", 10.0, "mean exponential gap between turns in s (open loop)",
+                             lo=0),
+    "tenant": STREAM["tenant"],
+    "priority": STREAM["priority"],
+}, _multi_turn)
+_register("multi_tenant", "several tenants, each with its own rate, length mix, priority and SLOs", {
+    "horizon_s": Param("float", 60.0, "every tenant sends requests over [0, horizon_s)", gt=0),
+    "tenants": Param("dicts", [
+        tenant_default("interactive", rate=4.0, prompt={"mean": 256.0}, output={"mean": 64.0},
+                       priority=0, slo_ttft_s=0.5, slo_tpot_s=0.05),
+        tenant_default("batch", rate=1.0, prompt={"mean": 2048.0, "cv": 0.5},
+                       output={"mean": 512.0}, priority=1),
+        tenant_default("bursty", process="gamma", rate=2.0, cv=4.0, prompt={"mean": 512.0},
+                       output={"mean": 128.0}, priority=0, parallel_n=4, parallel_prob=0.25,
+                       system_prompt_len=256),
+    ], "the tenants; each entry has the keys below", fields=TENANT),
+}, _multi_tenant)
+_register("fill_and_squeeze", "attacker probes, floods the KV cache, then squeezes with tiny "
+                              "requests, next to a benign tenant", FILL_AND_SQUEEZE,
+          _fill_and_squeeze)
+_register("prefix_probe", "attacker probes a victim's system prompt with labelled candidates",
+          PREFIX_PROBE, _prefix_probe)
+
+WORKLOADS = tuple(BUILDERS)
+
+
+# ------------------------------------------------------------------------------ API
+def schema_for(name: str) -> dict[str, Param]:
+    """The full schema (builder parameters then common keys) of builder ``name``."""
+    if name not in BUILDERS:
+        raise WorkloadConfigError(f"unknown workload name {name!r} (known: {', '.join(WORKLOADS)})")
+    return {"name": COMMON["name"], **BUILDERS[name].params,
+            **{k: p for k, p in COMMON.items() if k != "name"}}
+
+
+def default_config(name: str) -> dict[str, Any]:
+    """Every key of builder ``name`` at its default (what ``conf/workload/<name>.yaml`` holds)."""
+    d = defaults(schema_for(name))
+    d["name"] = name
+    return d
+
+
+def _to_plain(cfg: Any) -> Mapping[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+    except ImportError:  # pragma: no cover
+        DictConfig = ()
+    if DictConfig and isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if not isinstance(cfg, Mapping):
+        raise WorkloadConfigError(f"a workload config must be a mapping, got {type(cfg).__name__}")
+    return cfg
+
+
+def resolve_config(cfg: Any) -> dict[str, Any]:
+    """Validate a workload config and fill in defaults; returns a new plain dict."""
+    cfg = _to_plain(cfg)
+    name = cfg.get("name")
+    if name is None:
+        raise WorkloadConfigError(f"workload config: key 'name' is required "
+                                  f"(one of {', '.join(WORKLOADS)})")
+    if not isinstance(name, str) or name not in BUILDERS:
+        raise WorkloadConfigError(f"workload config: key 'name' must be one of "
+                                  f"{', '.join(WORKLOADS)}, got {name!r}")
+    where = f"workload {name!r}"
+    params = validate(cfg, schema_for(name), where)
+    # semantic checks of nested specs, reported with their key
+    for key, p in schema_for(name).items():
+        if p.kind == "dict" and p.fields is LENGTH:
+            _semantic(where, key, lambda v=params[key]: LengthDist.from_spec(v))
+        elif p.kind == "dict" and p.fields is ARRIVAL:
+            _semantic(where, key, lambda v=params[key]: ArrivalProcess(**v))
+        elif p.kind == "dict" and p.fields is TENANT:
+            _semantic(where, key, lambda v=params[key]: generators.TenantSpec.from_spec(v))
+        elif p.kind == "dicts" and p.fields is TENANT:
+            for i, t in enumerate(params[key]):
+                _semantic(where, f"{key}.{i}", lambda v=t: generators.TenantSpec.from_spec(v))
+    if abs(sum(params["split_fractions"]) - 1.0) > 1e-6:
+        raise WorkloadConfigError(f"{where}: key 'split_fractions' must sum to 1, "
+                                  f"got {params['split_fractions']}")
+    return params
+
+
+def _semantic(where: str, key: str, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except (ValueError, TypeError) as e:
+        raise WorkloadConfigError(f"{where}: key {key!r}: {e}") from None
+
+
+def apply_common(requests: Sequence[Request], params: Mapping[str, Any],
+                 max_model_len: Optional[int] = None) -> list[Request]:
+    """The common transforms, in a fixed order (see the module docs)."""
+    reqs = list(requests)
+    if params["start_s"] or params["duration_s"] is not None:
+        reqs = transforms.time_window(reqs, params["start_s"], params["duration_s"])
+    if params["split"] is not None:
+        reqs = transforms.select_split(reqs, params["split"], params["split_fractions"])
+    if params["subsample"] is not None:
+        reqs = transforms.subsample(reqs, params["subsample"], params["seed"])
+    reqs = transforms.scale_rate(reqs, params["rate_scale"])
+    reqs = transforms.take(reqs, params["max_requests"])
+    if max_model_len is not None:
+        reqs = transforms.clip_lengths(reqs, max_model_len, drop=params["overlong"] == "drop")
+    if params["offline"]:
+        reqs = transforms.make_offline(reqs)
+    return transforms.with_default_slos(reqs, params["slo_ttft_s"], params["slo_tpot_s"])
+
+
+def build_workload(cfg: Mapping, *, vocab_size: int,
+                   max_model_len: Optional[int] = None) -> list[Request]:
+    """Build the requests a workload config describes (sorted by arrival, unique ids, validated).
+
+    ``vocab_size`` bounds random token ids; ``max_model_len`` (if given) clips or drops requests
+    longer than the model accepts (``overlong``) and sizes max-length adversarial requests.
+    Raises ``ValueError`` (:class:`WorkloadConfigError` for config problems, ``TraceFormatError``
+    for bad trace files).
+    """
+    params = resolve_config(cfg)
+    vocab_size = check_vocab_size(vocab_size)
+    if max_model_len is not None and (isinstance(max_model_len, bool)
+                                      or not isinstance(max_model_len, int) or max_model_len < 2):
+        raise ValueError(f"max_model_len must be an integer >= 2 or None, got {max_model_len!r}")
+    builder = BUILDERS[params["name"]]
+    reqs = apply_common(builder.make(params, vocab_size, max_model_len), params, max_model_len)
+    seen = set()
+    for r in reqs:
+        r.validate()
+        if r.request_id in seen:
+            raise ValueError(f"workload {params['name']!r}: duplicate request id {r.request_id!r}")
+        seen.add(r.request_id)
+    if not reqs:
+        raise ValueError(f"workload {params['name']!r} has no requests after its transforms "
+                         f"(check max_requests, split, start_s/duration_s, subsample)")
+    return reqs
+
+
+def workload_yaml(name: str) -> str:
+    """The commented YAML of builder ``name`` at its defaults (the ``conf/workload`` file)."""
+    schema = schema_for(name)
+    b = BUILDERS[name]
+    header = (f"Workload '{name}': {b.doc}.\n"
+              f"Build: kvrl.workloads.build_workload(cfg.workload, vocab_size=..., max_model_len=...)\n"
+              f"Docs: docs/workloads.md. The keys from 'seed' on are the common transforms;\n"
+              f"{_COMMON_ORDER_NOTE}.")
+    return render_yaml(schema, default_config(name), header=header)
+
+
+def workload_config_path(name: str) -> str:
+    """Path of ``conf/workload/<name>.yaml`` inside the installed ``kvrl.conf`` package."""
+    return str(importlib.resources.files("kvrl.conf").joinpath("workload", f"{name}.yaml"))
+
+
+def load_workload_config(name_or_path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Load a workload YAML by name (``conf/workload/<name>.yaml``) or path, apply dotted
+    ``key=value`` overrides (OmegaConf syntax), and return a plain dict."""
+    from omegaconf import OmegaConf
+
+    path = name_or_path
+    if not os.path.isfile(path):
+        path = workload_config_path(name_or_path)
+        if not os.path.isfile(path):
+            raise ValueError(f"{name_or_path!r} is neither a file nor a workload config "
+                             f"(known: {', '.join(sorted(available_workload_configs()))})")
+    cfg = OmegaConf.load(path)
+    if overrides:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def available_workload_configs() -> list[str]:
+    d = importlib.resources.files("kvrl.conf").joinpath("workload")
+    try:
+        return sorted(p.name[:-5] for p in d.iterdir() if p.name.endswith(".yaml"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
