@@ -111,11 +111,14 @@ class LiveExecutor(Executor):
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         c = self.config
         shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        cpu_shape = (c.num_layers, 2, max(num_cpu_blocks, 0), block_size, c.num_kv_heads, c.head_dim)
+        if self.kv_caches and tuple(self.kv.shape) == shape and tuple(self.cpu_pool.shape) == cpu_shape:
+            return   # a new engine on the same executor reuses the pools (and the captured graphs)
+        self._graphs.clear()
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(c.num_layers)]
-        cpu_shape = (c.num_layers, 2, max(num_cpu_blocks, 0), block_size, c.num_kv_heads, c.head_dim)
         self.cpu_pool = torch.empty(cpu_shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
         self._all_caches = [t for pair in self.kv_caches for t in pair]
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
@@ -380,14 +383,13 @@ def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs
     path.parent.mkdir(parents=True, exist_ok=True)
     if name in PRESETS:
         make_random_checkpoint(path, preset=name, dtype=dtype_name)
-    else:
-        make_random_checkpoint(
-            path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name,
-            num_hidden_layers=model_cfg["num_layers"], hidden_size=model_cfg["hidden_size"],
-            num_attention_heads=model_cfg["num_heads"], num_key_value_heads=model_cfg["num_kv_heads"],
-            head_dim=model_cfg["head_dim"], intermediate_size=model_cfg["intermediate_size"],
-            vocab_size=model_cfg["vocab_size"], tie_word_embeddings=model_cfg["tie_word_embeddings"],
-            max_position_embeddings=model_cfg["max_model_len"])
+        return str(path)
+    shape_keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
+                  "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+                  "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                  "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
+    overrides = {hf: model_cfg[k] for k, hf in shape_keys.items() if k in model_cfg}
+    make_random_checkpoint(path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name, **overrides)
     return str(path)
 
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call over a copy of the repo: make kvrl importable without pip, then run the named
+# stages, writing each stage's log and table under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
+# Stages: env kernels sweep exactness bench_kvrl bench_hf bench_all
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+# the package-dir mapping of pyproject.toml, as links (no install needed)
+for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40; }
+for stage in "$@"; do
+  case $stage in
+    env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
+    kernels) run kernels 300 python3 benchmarks/bench_kernels.py --out "$OUT/kernels.md" ;;
+    sweep) run sweep 400 python3 benchmarks/bench_kernels.py --sweep --out "$OUT/kernels_sweep.md" ;;
+    exactness) run exactness 500 python3 benchmarks/gpu_exactness.py --out "$OUT/exactness.md" ;;
+    bench_kvrl) run bench_kvrl 500 python3 -m kvrl.apps.bench "systems=[kvrl]" "hydra.run.dir=$OUT/bench_kvrl" ;;
+    bench_hf) run bench_hf 580 python3 -m kvrl.apps.bench "systems=[hf_cb,hf_static]" "hydra.run.dir=$OUT/bench_hf" ;;
+    bench_all) run bench_all 580 python3 -m kvrl.apps.bench "hydra.run.dir=$OUT/bench_all" ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
