@@ -102,7 +102,16 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
     engine().run(warm_reqs)
     reqs = [Request(f"b{i}", 0.0, p, o) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
     eng = engine()
+    if cfg.profile:
+        import cProfile
+        import pstats
+        profiler = cProfile.Profile()
+        profiler.enable()
     seconds, _ = timed(lambda: eng.run(reqs)["output_tokens"], executor.device)
+    if cfg.profile:
+        profiler.disable()
+        with open(Path(HydraConfig.get().runtime.output_dir) / "profile.txt", "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
     summary = eng.metrics.summary()
     assert summary["finished"] == len(reqs), summary
     info = {"num_blocks": eng.config.num_blocks, "preemptions": summary["preemptions"],

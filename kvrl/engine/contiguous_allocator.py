@@ -116,6 +116,9 @@ class ContiguousAllocator:
             self._spare[seq.seq_id] = [self._take(per) for _ in range(seq.request.n - 1)]
         return []
 
+    def needs_blocks(self, seq: Sequence, upto: int) -> bool:
+        return upto > len(seq.block_table) * self.block_size
+
     def blocks_to_extend(self, seq: Sequence, upto: int) -> int:
         return 0 if upto <= len(seq.block_table) * self.block_size else 1 << 62
 

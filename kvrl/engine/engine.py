@@ -234,8 +234,14 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            k = min(seq.num_tokens - seq.num_computed, budget)
+            num_tokens = seq.num_tokens
+            k = min(num_tokens - seq.num_computed, budget)
             upto = seq.num_computed + k
+            if not alloc.needs_blocks(seq, upto):    # fast path: most decode steps
+                batch.seqs.append(ScheduledSeq(seq, seq.num_computed, k, self._num_samples(seq, upto)))
+                budget -= k
+                i += 1
+                continue
             while alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
                 candidates = [self.view_of(s) for s in running[i:]]
                 decision = self._call_policy("eviction", self.eviction.select, candidates)
@@ -382,11 +388,11 @@ class Engine:
             if seq.first_token_s < 0:
                 seq.first_token_s = self.now
                 self._groups[seq.request.request_id].record.first_token_s = self.now
-            batch_seqs = [seq]
-            if len(tokens) > 1:
-                batch_seqs += self._fork(seq, tokens[1:])
             seq.output_token_ids.append(tokens[0])
-            done += [s for s in batch_seqs if s.num_output >= s.request.output_len]
+            if len(seq.output_token_ids) >= seq.request.output_len:
+                done.append(seq)
+            if len(tokens) > 1:
+                done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
         for seq in done:
             self._finish(seq)
         if done:

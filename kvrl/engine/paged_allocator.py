@@ -142,6 +142,14 @@ class PagedAllocator:
         return self.match_prefix(seq).num_tokens(self.block_size)
 
     # ----------------------------------------------------------------- growth
+    def needs_blocks(self, seq: Sequence, upto: int) -> bool:
+        """Whether :meth:`extend` to ``upto`` would allocate (a new block or a CoW copy)."""
+        table = seq.block_table
+        if upto > len(table) * self.block_size:
+            return True
+        start = seq.num_computed
+        return bool(start % self.block_size) and start < upto and self.ref_counts[table[start // self.block_size]] > 1
+
     def blocks_to_extend(self, seq: Sequence, upto: int) -> int:
         """Free blocks that :meth:`extend` to ``upto`` tokens would consume (new blocks + CoW copy)."""
         need = -(-upto // self.block_size) - len(seq.block_table)

@@ -104,6 +104,8 @@ class LiveExecutor(Executor):
         if self.device.type != "cuda":
             raise ValueError("engine.num_blocks must be set explicitly for the live backend on CPU")
         free, total = torch.cuda.mem_get_info(self.device)
+        if self.kv_caches:    # memory of this executor's own pool is available to a new engine
+            free += self.kv.numel() * self.kv.element_size()
         activations = 4 * 2**30   # logits, graph pools and activations of the largest step
         budget = total * gpu_memory_utilization - (total - free) - activations
         return max(int(budget // self.kv_block_bytes(block_size)), 0)
