@@ -89,12 +89,17 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
     executor = build_live_executor({"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs},
                                    {"checkpoint": checkpoint})
 
+    num_blocks = cfg.num_blocks
+
     def engine() -> Engine:
-        ecfg = EngineConfig(num_blocks=cfg.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+        nonlocal num_blocks
+        ecfg = EngineConfig(num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                             max_num_batched_tokens=cfg.max_num_batched_tokens,
                             max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
-        return Engine(ecfg, executor, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                      plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "none"), record_steps=False)
+        eng = Engine(ecfg, executor, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
+                     plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "none"), record_steps=False)
+        num_blocks = eng.config.num_blocks     # the timed engine reuses the warm-up's pool and graphs
+        return eng
 
     # warm-up: compile kernels and capture the decode graphs for every batch size on the way down
     warm = make_workload(cfg.max_num_seqs, 8, 64, seed=1, vocab=min(10000, executor.vocab_size))

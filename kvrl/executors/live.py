@@ -117,6 +117,11 @@ class LiveExecutor(Executor):
         if self.kv_caches and tuple(self.kv.shape) == shape and tuple(self.cpu_pool.shape) == cpu_shape:
             return   # a new engine on the same executor reuses the pools (and the captured graphs)
         self._graphs.clear()
+        if self.kv_caches:    # release the previous pool before taking a new one
+            del self.kv, self.cpu_pool, self._all_caches
+            self.kv_caches = []
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv = torch.empty(shape, dtype=self.dtype, device=self.device)
