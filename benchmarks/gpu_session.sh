@@ -17,10 +17,11 @@ for stage in "$@"; do
   case $stage in
     env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
     kernels) run kernels 300 python3 benchmarks/bench_kernels.py --out "$OUT/kernels.md" ;;
+    profile) run profile 500 python3 -m kvrl.apps.bench "systems=[kvrl]" profile=true "hydra.run.dir=$OUT/profile" ;;
     sweep) run sweep 400 python3 benchmarks/bench_kernels.py --sweep --out "$OUT/kernels_sweep.md" ;;
     exactness) run exactness 500 python3 benchmarks/gpu_exactness.py --out "$OUT/exactness.md" ;;
     exactness32) run exactness32 500 python3 benchmarks/gpu_exactness.py --dtype float32 --out "$OUT/exactness_fp32.md" ;;
-    bench_kvrl) run bench_kvrl 500 python3 -m kvrl.apps.bench "systems=[kvrl]" profile=true "hydra.run.dir=$OUT/bench_kvrl" ;;
+    bench_kvrl) run bench_kvrl 500 python3 -m kvrl.apps.bench "systems=[kvrl]" "hydra.run.dir=$OUT/bench_kvrl" ;;
     bench_hf) run bench_hf 580 python3 -m kvrl.apps.bench "systems=[hf_cb,hf_static]" "hydra.run.dir=$OUT/bench_hf" ;;
     bench_all) run bench_all 580 python3 -m kvrl.apps.bench "hydra.run.dir=$OUT/bench_all" ;;
     *) echo "unknown stage $stage"; exit 2 ;;

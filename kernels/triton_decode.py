@@ -23,6 +23,7 @@ from .triton_common import LOG2E, check_paged_inputs, dot_precision, kv_tile_off
 # least _MIN_SPLIT_TOKENS tokens of context so the merge and per-program overhead stay small.
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_TOKENS = 256
+_BALANCE_TOKENS = 512
 _MAX_SPLITS = 64
 
 
@@ -80,10 +81,9 @@ def _decode_split_kernel(
         o = acc / l[:, None]
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
-    else:
-        nonempty = l > 0
-        o = acc / tl.where(nonempty, l, 1.0)[:, None]
-        lse = tl.where(nonempty, m + tl.log2(tl.where(nonempty, l, 1.0)), float("-inf"))
+    elif start < end:   # empty splits write nothing; the merge reads only the used ones
+        o = acc / l[:, None]
+        lse = m + tl.log2(l)
         row = (seq.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=q_mask)
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
@@ -91,16 +91,18 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh,
+    part_o_ptr, part_lse_ptr, out_ptr, context_lens_ptr, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    S_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    S_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program ``(seq, head)``: softmax-weighted merge of the split partials into ``out``."""
+    """Program ``(seq, head)``: softmax-weighted merge of the used split partials into ``out``."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    num_tiles = tl.cdiv(tl.load(context_lens_ptr + seq), BLOCK_N)
+    used = tl.cdiv(num_tiles, tl.cdiv(num_tiles, NUM_SPLITS))   # splits the split kernel filled
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < NUM_SPLITS
+    s_mask = offs_s < used
     d_mask = offs_d < HEAD_DIM
     row = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
     lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))
@@ -112,13 +114,17 @@ def _decode_merge_kernel(
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int) -> int:
-    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, each split >= 256 tokens.
+    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, and short enough
+    (<= ``_BALANCE_TOKENS`` of the longest context) that sequences of very different lengths
+    in one batch do not leave SMs idle behind the longest one; every split >= 256 tokens.
 
-    E.g. on 132 SMs with 8 kv heads: batch 64 -> 3 splits (context >= 768), batch 256 -> 1.
+    E.g. on 132 SMs with 8 kv heads: batch 64, capacity 1024 -> 3 splits; batch 256, capacity
+    2048 -> 4; capacity 4096 -> 8. Splits a shorter sequence does not fill cost one early exit.
     """
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, batch * num_kv_heads))
+    balance = triton.cdiv(max_context_len, _BALANCE_TOKENS)
     by_length = triton.cdiv(max_context_len, _MIN_SPLIT_TOKENS)
-    return max(1, min(wanted, by_length, _MAX_SPLITS))
+    return max(1, min(max(wanted, balance), by_length, _MAX_SPLITS))
 
 
 def paged_decode_attention_triton(
@@ -160,8 +166,8 @@ def paged_decode_attention_triton(
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
-            part_o, part_lse, out, out.stride(0), out.stride(1),
+            part_o, part_lse, out, context_lens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad,
+            S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n,
         )
     return out

@@ -102,8 +102,9 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
         return eng
 
     # warm-up: compile kernels and capture the decode graphs for every batch size on the way down
-    warm = make_workload(cfg.max_num_seqs, 8, 64, seed=1, vocab=min(10000, executor.vocab_size))
-    warm_reqs = [Request(f"w{i}", 0.0, p, max(1, i % 300)) for i, p in enumerate(warm.prompts)]
+    # (prompts as long as the real ones, so no kernel is compiled inside the timed run)
+    warm = make_workload(cfg.max_num_seqs, cfg.min_len, cfg.max_len, seed=1, vocab=min(10000, executor.vocab_size))
+    warm_reqs = [Request(f"w{i}", 0.0, p, 1 + i % 300) for i, p in enumerate(warm.prompts)]
     engine().run(warm_reqs)
     reqs = [Request(f"b{i}", 0.0, p, o) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
     eng = engine()
