@@ -18,6 +18,7 @@ for stage in "$@"; do
     env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
     kernels) run kernels 300 python3 benchmarks/bench_kernels.py --out "$OUT/kernels.md" ;;
     profile) run profile 500 python3 -m kvrl.apps.bench "systems=[kvrl]" profile=true "hydra.run.dir=$OUT/profile" ;;
+    trace) run trace 500 python3 -m kvrl.apps.bench "systems=[kvrl]" trace_steps=20 "hydra.run.dir=$OUT/trace" ;;
     decode_mix) run decode_mix 200 python3 benchmarks/decode_mix.py ;;
     sweep) run sweep 400 python3 benchmarks/bench_kernels.py --sweep --out "$OUT/kernels_sweep.md" ;;
     exactness) run exactness 500 python3 benchmarks/gpu_exactness.py --out "$OUT/exactness.md" ;;

@@ -23,7 +23,6 @@ from .triton_common import LOG2E, check_paged_inputs, dot_precision, kv_tile_off
 # least _MIN_SPLIT_TOKENS tokens of context so the merge and per-program overhead stay small.
 _PROGRAMS_PER_SM = 8
 _MIN_SPLIT_TOKENS = 256
-_BALANCE_TOKENS = 512
 _MAX_SPLITS = 64
 
 
@@ -114,17 +113,16 @@ def _decode_merge_kernel(
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int) -> int:
-    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, and short enough
-    (<= ``_BALANCE_TOKENS`` of the longest context) that sequences of very different lengths
-    in one batch do not leave SMs idle behind the longest one; every split >= 256 tokens.
+    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, each split >= 256 tokens.
 
-    E.g. on 132 SMs with 8 kv heads: batch 64, capacity 1024 -> 3 splits; batch 256, capacity
-    2048 -> 4; capacity 4096 -> 8. Splits a shorter sequence does not fill cost one early exit.
+    E.g. on 132 SMs with 8 kv heads: batch 64 -> 3 splits (context >= 768), batch 256 -> 1.
+    Finer splits to balance mixed context lengths measured slower on an H200
+    (benchmarks/decode_mix.py: batch 256, contexts U[100, 2048]: 1 split 3.82 TB/s, 5 splits 3.67).
+    Splits a shorter sequence does not fill cost one early exit.
     """
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, batch * num_kv_heads))
-    balance = triton.cdiv(max_context_len, _BALANCE_TOKENS)
     by_length = triton.cdiv(max_context_len, _MIN_SPLIT_TOKENS)
-    return max(1, min(max(wanted, balance), by_length, _MAX_SPLITS))
+    return max(1, min(wanted, by_length, _MAX_SPLITS))
 
 
 def paged_decode_attention_triton(

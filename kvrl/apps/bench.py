@@ -120,9 +120,25 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
             pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
     summary = eng.metrics.summary()
     assert summary["finished"] == len(reqs), summary
+    if cfg.trace_steps:
+        trace_decode(engine(), reqs, cfg.trace_steps)
     info = {"num_blocks": eng.config.num_blocks, "preemptions": summary["preemptions"],
             "steps": eng.step_index}
     return seconds, summary["output_tokens"], info
+
+
+def trace_decode(eng, reqs, steps: int) -> None:
+    """Print where GPU time goes in ``steps`` engine steps taken once every request is admitted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for r in reqs:
+        eng.submit(r)
+    while eng.waiting or any(s.num_computed < s.prompt_len for s in eng.running):
+        eng.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
 
 
 # ---------------------------------------------------------------------------------------- HF
