@@ -138,3 +138,12 @@ def test_entry_point_discovery_is_idempotent(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['thirdparty_biggest']"
+
+
+def test_plugin_reference_doc_is_current():
+    from pathlib import Path
+
+    from kvrl.plugins.docs import render
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
+    assert doc.read_text().strip() == render().strip(), "regenerate: python -m kvrl.plugins.docs > docs/plugins.md"

@@ -202,11 +202,13 @@ class LiveExecutor(Executor):
 
     # ----------------------------------------------------------------- sampling
     def _sample(self, logits: torch.Tensor, counts: list[int]) -> tuple[list[list[int]], dict[int, str]]:
-        """Sample ``counts[i]`` tokens from row i; rows with non-finite logits become errors."""
-        finite = torch.isfinite(logits).all(dim=-1)
+        """Sample ``counts[i]`` tokens from row i. A row holding a NaN or a non-finite maximum
+        (torch's max propagates NaN) is an error; the check rides on the one reduction pass."""
+        top, argmax = logits.max(dim=-1)
+        finite = torch.isfinite(top)
         s = self.sampling
         if s.temperature == 0.0:
-            tokens = logits.argmax(dim=-1, keepdim=True).expand(-1, max(counts))
+            tokens = argmax[:, None].expand(-1, max(counts))
         else:
             scaled = torch.nan_to_num(logits / s.temperature, nan=-float("inf"))
             if s.top_k:
@@ -307,11 +309,17 @@ class _DecodeGraph:
     def __init__(self, ex: LiveExecutor, size: int, pool) -> None:
         dev = ex.device
         self.size = size
-        self.ids = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.pos = torch.zeros(size, dtype=torch.int64, device=dev)
-        self.slots = torch.full((size,), -1, dtype=torch.int64, device=dev)
-        self.ctx = torch.ones(size, dtype=torch.int32, device=dev)
-        self.tables = torch.zeros((size, ex.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        width = ex.max_blocks_per_seq
+        # inputs live in two device buffers filled by one host->device copy each per step
+        self.i64 = torch.zeros(3 * size, dtype=torch.int64, device=dev)
+        self.i32 = torch.zeros(size * (1 + width), dtype=torch.int32, device=dev)
+        self.host_i64 = torch.zeros(3 * size, dtype=torch.int64, pin_memory=True)
+        self.host_i32 = torch.zeros(size * (1 + width), dtype=torch.int32, pin_memory=True)
+        self.ids, self.pos, self.slots = self.i64.view(3, size)
+        self.ctx = self.i32[:size]
+        self.tables = self.i32[size:].view(size, width)
+        self.slots.fill_(-1)
+        self.ctx.fill_(1)
         empty_i32 = torch.zeros(0, dtype=torch.int32, device=dev)
         self.meta = AttentionMetadata(
             slot_mapping=self.slots, num_prefill_tokens=0, prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=dev),
@@ -333,29 +341,23 @@ class _DecodeGraph:
         return ex.model.compute_logits(hidden)
 
     def run(self, ex: LiveExecutor, batch: ScheduledBatch):
-        n = len(batch.seqs)
-        bs = ex.block_size
-        ids = np.empty(n, dtype=np.int64)
-        pos = np.empty(n, dtype=np.int64)
-        slots = np.full(self.size, -1, dtype=np.int64)
-        ctx = np.ones(self.size, dtype=np.int32)
-        width = max(len(item.seq.block_table) for item in batch.seqs)
-        tables = np.zeros((n, width), dtype=np.int32)
+        n, size, bs = len(batch.seqs), self.size, ex.block_size
+        i64 = self.host_i64.numpy().reshape(3, size)
+        i32 = self.host_i32.numpy()
+        ctx, tables = i32[:size], i32[size:].reshape(size, -1)
+        i64[2].fill(-1)      # padding rows write no K/V ...
+        ctx.fill(1)          # ... and attend to one (arbitrary) slot
+        tables.fill(0)
         for i, item in enumerate(batch.seqs):
             seq, p = item.seq, item.start
-            ids[i] = seq.output_token_ids[p - seq.prompt_len] if p >= seq.prompt_len else seq.request.prompt_token_ids[p]
-            pos[i] = p
-            slots[i] = seq.block_table[p // bs] * bs + p % bs
+            table = seq.block_table
+            i64[0, i] = seq.output_token_ids[p - seq.prompt_len] if p >= seq.prompt_len else seq.request.prompt_token_ids[p]
+            i64[1, i] = p
+            i64[2, i] = table[p // bs] * bs + p % bs
             ctx[i] = p + 1
-            tables[i, :len(seq.block_table)] = seq.block_table
-        dev = ex.device
-        self.ids[:n].copy_(torch.from_numpy(ids), non_blocking=True)
-        self.pos[:n].copy_(torch.from_numpy(pos), non_blocking=True)
-        self.slots.copy_(torch.from_numpy(slots), non_blocking=True)
-        self.ctx.copy_(torch.from_numpy(ctx), non_blocking=True)
-        self.tables[:n, :width].copy_(torch.from_numpy(tables), non_blocking=True)
-        if width < self.tables.shape[1]:
-            self.tables[:n, width:].zero_()
+            tables[i, :len(table)] = table
+        self.i64.copy_(self.host_i64, non_blocking=True)
+        self.i32.copy_(self.host_i32, non_blocking=True)
         self.graph.replay()
         return self.logits[:n]
 
