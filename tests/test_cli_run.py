@@ -60,3 +60,16 @@ def test_config_mistakes_fail_fast_naming_the_key(tmp_path, override, message):
     assert proc.returncode != 0
     assert message in proc.stderr + proc.stdout
     assert not (tmp_path / "x" / "metrics.json").exists()
+
+
+def test_live_backend_on_cpu_writes_the_same_metrics_as_sim(tmp_path):
+    args = ["progress=false", "plots=false", "workload=synthetic", "workload.num_requests=6",
+            "workload.output_len.mean=12", "engine.num_blocks=256"]
+    live, sim = tmp_path / "live", tmp_path / "sim"
+    kvrl_run(f"hydra.run.dir={live}", "backend=live", "model=tiny", *args, cwd=tmp_path)
+    kvrl_run(f"hydra.run.dir={sim}", "backend=sim", "model=tiny", *args, cwd=tmp_path)
+    live_m = json.loads((live / "metrics.json").read_text())
+    sim_m = json.loads((sim / "metrics.json").read_text())
+    assert set(live_m) == set(sim_m) and METRIC_KEYS <= set(live_m)
+    assert live_m["finished"] == sim_m["finished"] == 6
+    assert live_m["output_tokens"] == sim_m["output_tokens"]
