@@ -1,4 +1,6 @@
-"""Paged KV-cache kernels: cache writes, paged decode/prefill attention, block copy and swap.
+"""Paged KV-cache kernels (cache writes, paged decode/prefill attention, block copy and swap)
+and the fused elementwise ops of a decoder layer (residual-add + RMSNorm, q/k norm + rotary,
+SiLU-and-mul).
 
 Every public function dispatches to a Triton kernel when its tensors are on CUDA, or when the
 environment variable ``KVRL_FORCE_TRITON=1`` is set (used with ``TRITON_INTERPRET=1`` to run
@@ -20,6 +22,9 @@ from .reference import (
     copy_blocks_ref,
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
+    qk_norm_rotary_ref,
+    rms_norm_ref,
+    silu_and_mul_ref,
     store_kv_ref,
 )
 
@@ -30,6 +35,9 @@ __all__ = [
     "copy_blocks",
     "gather_blocks",
     "scatter_blocks",
+    "rms_norm",
+    "qk_norm_rotary",
+    "silu_and_mul",
 ]
 
 
@@ -132,3 +140,58 @@ def gather_blocks(cache, block_ids) -> torch.Tensor:
 def scatter_blocks(cache, block_ids, data) -> None:
     """Write ``data`` (``[n, block_size, num_kv_heads, head_dim]``, any device) into ``cache[block_ids]`` (swap-in)."""
     cache[block_ids] = data.to(device=cache.device, dtype=cache.dtype)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    """RMSNorm over the last dim, optionally fused with the residual add before it.
+
+    ``out = weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)`` with ``x32 = x.float()``;
+    statistics in float32, output dtype ``promote(weight.dtype, x.dtype)``.
+
+    Args:
+        x: ``[..., hidden]``.
+        weight: ``[hidden]``.
+        eps: epsilon added to the mean square.
+        residual: optional, same shape and dtype as ``x``.
+
+    Returns:
+        ``out`` when ``residual`` is None; else ``(out, h)`` where ``h = x + residual`` (in x's
+        dtype) is the normalised input, i.e. the next residual stream. Inputs are not modified.
+    """
+    if use_triton(x):
+        from .triton_fused import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def qk_norm_rotary(q, k, cos, sin, q_weight, k_weight, eps):
+    """Optional per-head RMSNorm of queries and keys (Qwen3 ``q_norm``/``k_norm``), then
+    neox-style (rotate-half) rotary embedding of both.
+
+    Args:
+        q: ``[T, num_heads, head_dim]``; k: ``[T, num_kv_heads, head_dim]`` (any strides with a
+            unit last-dim stride, e.g. views into a fused QKV projection).
+        cos, sin: ``[T, 1, head_dim]`` from :class:`kvrl.model.layers.RotaryEmbedding`.
+        q_weight, k_weight: ``[head_dim]`` norm weights, or both None for no norm.
+        eps: norm epsilon.
+
+    Returns:
+        New contiguous ``(q, k)``; the norm rounds like :func:`rms_norm`, the rotation is
+        ``x * cos + rotate_half(x) * sin`` in ``promote(norm dtype, cos.dtype)``.
+    """
+    if use_triton(q):
+        from .triton_fused import qk_norm_rotary_triton
+
+        return qk_norm_rotary_triton(q, k, cos, sin, q_weight, k_weight, eps)
+    return qk_norm_rotary_ref(q, k, cos, sin, q_weight, k_weight, eps)
+
+
+def silu_and_mul(gate_up):
+    """``gate_up [..., 2 * I]`` -> ``silu(gate) * up`` ``[..., I]`` in gate_up's dtype
+    (``gate, up = gate_up.chunk(2, dim=-1)``)."""
+    if use_triton(gate_up):
+        from .triton_fused import silu_and_mul_triton
+
+        return silu_and_mul_triton(gate_up)
+    return silu_and_mul_ref(gate_up)

@@ -138,3 +138,47 @@ def copy_blocks_ref(caches, src, dst) -> None:
     """
     for cache in caches:
         cache[dst] = cache[src]
+
+
+# --------------------------------------------------------------------------------------------
+# Fused elementwise ops of the decoder layer (the CPU path of rms_norm, qk_norm_rotary,
+# silu_and_mul). Each is the plain torch composition the model used before fusion, op for op,
+# so CPU numerics are bitwise unchanged.
+# --------------------------------------------------------------------------------------------
+
+
+def rms_norm_ref(x, weight, eps, residual=None):
+    """``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)`` over the last dim, x32 = x in fp32.
+
+    With ``residual``: ``h = x + residual`` (in x's dtype) is normalised and ``(out, h)`` returned.
+    The output dtype is ``promote(weight.dtype, x.dtype)``.
+    """
+    if residual is not None:
+        x = x + residual
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * x32.to(x.dtype)
+    return out if residual is None else (out, x)
+
+
+def apply_rotary_ref(x, cos, sin):
+    """Neox (rotate-half) rotary: ``x * cos + cat(-x2, x1) * sin``; x ``[T, heads, head_dim]``,
+    cos/sin ``[T, 1, head_dim]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def qk_norm_rotary_ref(q, k, cos, sin, q_weight, k_weight, eps):
+    """Per-head RMSNorm of ``q``/``k`` (skipped when the weights are None), then rotary on both.
+
+    Returns new ``(q, k)`` tensors.
+    """
+    if q_weight is not None:
+        q, k = rms_norm_ref(q, q_weight, eps), rms_norm_ref(k, k_weight, eps)
+    return apply_rotary_ref(q, cos, sin), apply_rotary_ref(k, cos, sin)
+
+
+def silu_and_mul_ref(gate_up):
+    """``silu(gate) * up`` where ``gate, up = gate_up.chunk(2, dim=-1)``, in gate_up's dtype."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up

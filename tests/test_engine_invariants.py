@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,10 +39,11 @@ def _preempt_one(engine, mode):
     engine.executor.execute(batch)   # the executor performs the swap-out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, prefix_cache=st.sampled_from(PREFIX_CACHES), eviction=st.sampled_from(EVICTIONS),
-       mode=st.sampled_from(["recompute", "swap", "auto"]), seed=st.integers(0, 2**16))
-def test_invariants_hold_under_random_operations(ops, prefix_cache, eviction, mode, seed):
+@pytest.mark.parametrize("prefix_cache", PREFIX_CACHES)
+@pytest.mark.parametrize("eviction", EVICTIONS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, mode=st.sampled_from(["recompute", "swap", "auto"]), seed=st.integers(0, 2**16))
+def test_invariants_hold_under_random_operations(prefix_cache, eviction, ops, mode, seed):
     params = {} if eviction == "cost_aware" else {"mode": mode}
     engine = make_engine(num_blocks=48, block_size=4, num_cpu_blocks=24, prefix_cache=prefix_cache,
                          eviction=eviction, eviction_params=params, max_num_batched_tokens=32)

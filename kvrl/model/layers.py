@@ -10,26 +10,35 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kvrl.kernels import paged_decode_attention, paged_prefill_attention, store_kv
+from kvrl.kernels import (
+    paged_decode_attention,
+    paged_prefill_attention,
+    qk_norm_rotary,
+    rms_norm,
+    silu_and_mul,
+    store_kv,
+)
+from kvrl.kernels.reference import apply_rotary_ref
 from kvrl.model.config import ModelConfig, RopeConfig
 from kvrl.model.metadata import AttentionMetadata
 
 
 class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim; statistics in fp32, output in x's dtype."""
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dim; statistics in fp32, output in x's dtype.
+
+    ``forward(x)`` returns the normalised ``x``; ``forward(x, residual)`` first forms the residual
+    stream ``h = x + residual`` and returns ``(norm(h), h)`` (one fused kernel on Triton).
+    """
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -79,9 +88,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by ``cos``/``sin`` ``[T, 1, head_dim]`` (same dtype as x)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """Rotate ``x [T, heads, head_dim]`` by ``cos``/``sin`` ``[T, 1, head_dim]`` (same dtype as x).
+
+    Unfused torch version; :class:`Attention` uses :func:`kvrl.kernels.qk_norm_rotary`.
+    """
+    return apply_rotary_ref(x, cos, sin)
 
 
 class PackedLinear(nn.Linear):
@@ -133,8 +144,9 @@ class Attention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = qk_norm_rotary(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        else:
+            q, k = qk_norm_rotary(q, k, cos, sin, None, None, 0.0)
 
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
@@ -165,5 +177,4 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

@@ -1,6 +1,8 @@
 """kvrl's causal LM for the Llama / Mistral / Qwen2 / Qwen3 families over a paged KV cache."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,7 +15,12 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
+
+    The residual adds are fused into the following norms: a layer takes and returns the pair
+    ``(delta, residual)`` whose sum is the residual stream (``residual`` None on the first layer,
+    where ``delta`` is the embedding), and returns ``(mlp_out, residual_before_mlp)``.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -23,11 +30,17 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
 
     def forward(
-        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache,
-        attn: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, attn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+        kv_cache: KVCache, attn: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, kv_cache, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class CausalLM(nn.Module):
@@ -78,9 +91,12 @@ class CausalLM(nn.Module):
             raise ValueError(f"expected {len(self.layers)} KV caches (one per layer), got {len(kv_caches)}")
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, cos, sin, kv_cache, attn)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, attn)
+        if residual is None:
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[S, hidden_size]`` -> fp32 logits ``[S, vocab_size]``."""
