@@ -158,3 +158,47 @@ def test_full_azure_trace_simulates():
     assert len(reqs) == 8819
     summary = make_engine(num_blocks=0, block_size=16, prefix_cache="none", max_model_len=16384).run(reqs)
     assert summary["finished"] + summary["rejected"] == 8819 and summary["finished"] > 8700
+
+
+class _Flaky:
+    """Wraps a policy method to raise on selected calls."""
+
+    def __init__(self, fn, fail_on):
+        self.fn, self.fail_on, self.calls = fn, fail_on, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls in self.fail_on:
+            raise RuntimeError("injected plugin crash")
+        return self.fn(*args)
+
+
+def test_eviction_plugin_crash_aborts_only_the_affected_request():
+    engine = make_engine(num_blocks=40, block_size=4, num_cpu_blocks=0, watermark_params={"fraction": 0.0})
+    engine.eviction.select = _Flaky(engine.eviction.select, fail_on={2})
+    reqs = _long_output_requests(seed=3)
+    summary = engine.run(reqs)
+    assert summary["policy_errors"] == 1 and summary["aborted"] == 1
+    assert summary["finished"] == len(reqs) - 1
+    aborted = [r for r in engine.metrics.requests.values() if r.error]
+    assert "eviction policy failed: RuntimeError: injected plugin crash" in aborted[0].error
+    engine.check_invariants()
+    assert engine.allocator.num_used_blocks == 0
+
+
+def test_watermark_and_scheduler_crashes_fall_back_and_lose_nothing():
+    engine = make_engine(num_blocks=60, block_size=4, scheduler="lpm", prefix_cache="hash_lru")
+    engine.watermark.reserved_blocks = _Flaky(engine.watermark.reserved_blocks, fail_on={1, 5, 9})
+    engine.scheduler.order = _Flaky(engine.scheduler.order, fail_on={2, 3})
+    reqs = _long_output_requests(seed=4)
+    summary = engine.run(reqs)
+    assert summary["finished"] == len(reqs) and summary["policy_errors"] == 5
+    engine.check_invariants()
+
+
+def test_policy_errors_raise_mode_stops_the_run():
+    from kvrl.engine.engine import PolicyError
+    engine = make_engine(num_blocks=40, block_size=4, watermark_params={"fraction": 0.0}, policy_errors="raise")
+    engine.eviction.select = _Flaky(engine.eviction.select, fail_on={1})
+    with pytest.raises(PolicyError, match="injected plugin crash"):
+        engine.run(_long_output_requests(seed=3))

@@ -29,6 +29,9 @@ class EngineConfig:
             (prompt + output rounded up to a power of two) or ``oracle`` (exact prompt + output).
         prefix_cache_scope: ``tenant`` (each tenant's blocks match only its own requests; default,
             closes the cross-tenant timing side channel) or ``global`` (explicit opt-in to sharing).
+        policy_errors: ``isolate`` (default: a failing policy call is recorded; an eviction
+            failure aborts only the request that needed the block, a scheduler failure falls back
+            to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
         seed: seed for anything random in the engine and executors.
     """
 
@@ -44,6 +47,7 @@ class EngineConfig:
     allocator: str = "paged"
     contiguous_reserve: str = "max"
     prefix_cache_scope: str = "tenant"
+    policy_errors: str = "isolate"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -60,3 +64,4 @@ class EngineConfig:
         check_choice("engine.allocator", self.allocator, ("paged", "contiguous"))
         check_choice("engine.contiguous_reserve", self.contiguous_reserve, ("max", "pow2", "oracle"))
         check_choice("engine.prefix_cache_scope", self.prefix_cache_scope, ("tenant", "global"))
+        check_choice("engine.policy_errors", self.policy_errors, ("isolate", "raise"))

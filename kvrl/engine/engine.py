@@ -129,9 +129,11 @@ class Engine:
         :class:`RequestRejected` if it can never be served; nothing else is affected."""
         self.check_request(request)
         seq = self._new_seq(request)
-        group = _Group(request, self.metrics.add_request(request), [seq])
-        self._groups[request.request_id] = group
-        self._enqueue_waiting(seq)
+        try:
+            self._enqueue_waiting(seq)
+        except Exception as exc:   # the scheduler's key failed on this request: reject it alone
+            raise RequestRejected(f"request {request.request_id!r}: " + self._policy_failed("scheduler", exc)) from exc
+        self._groups[request.request_id] = _Group(request, self.metrics.add_request(request), [seq])
 
     def _enqueue_waiting(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -182,22 +184,35 @@ class Engine:
         return [*self.running, *self.swapped, *self.preempted, *self.waiting]
 
     # ================================================================== scheduling
-    def _call_policy(self, what: str, fn, *args):
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise PolicyError(f"{what} policy raised {type(exc).__name__}: {exc}") from exc
+    def _policy_failed(self, what: str, error: Exception | str) -> str:
+        """Record a failing policy call; re-raise under ``engine.policy_errors=raise``."""
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        message = f"{what} policy failed: {message}"
+        if self.config.policy_errors == "raise":
+            raise PolicyError(message) from (error if isinstance(error, Exception) else None)
+        self.metrics.policy_errors += 1
+        log.warning("%s (step %d)", message, self.step_index)
+        return message
 
     def _reserved_blocks(self) -> int:
+        """Free blocks the watermark policy holds back; a failing policy falls back to vLLM's 0.01."""
         if not self.running:
             return 0  # an idle engine admits regardless of the watermark, so it cannot stall
-        reserved = self._call_policy("watermark", self.watermark.reserved_blocks)
-        if not isinstance(reserved, (int,)) or isinstance(reserved, bool):
+        try:
+            reserved = self.watermark.reserved_blocks()
+            if isinstance(reserved, bool) or not float(reserved) == float(reserved) or abs(float(reserved)) == float("inf"):
+                raise ValueError(f"returned {reserved!r}, not a block count")
+            return max(int(reserved), 0)
+        except Exception as exc:
+            self._policy_failed("watermark", exc)
+            return int(0.01 * self.config.num_blocks)
+
+    def _run_hooks(self, hooks, *args) -> None:
+        for hook in hooks:
             try:
-                reserved = int(reserved)
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise PolicyError(f"watermark policy returned {reserved!r}, not a block count") from exc
-        return max(reserved, 0)
+                hook(*args)
+            except Exception as exc:
+                self._policy_failed(getattr(hook, "__qualname__", "policy hook"), exc)
 
     def _preempt(self, seq: Sequence, mode: PreemptionMode, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
@@ -217,8 +232,7 @@ class Engine:
             seq.num_computed = 0
             seq.status = SeqStatus.WAITING
             self.preempted.append(seq)
-        for hook in self._on_preempt:
-            hook(self.view_of(seq), mode)
+        self._run_hooks(self._on_preempt, self.view_of(seq), mode)
 
     def _num_samples(self, seq: Sequence, upto: int) -> int:
         if upto < seq.num_tokens:
@@ -243,13 +257,11 @@ class Engine:
                 i += 1
                 continue
             while alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
-                candidates = [self.view_of(s) for s in running[i:]]
-                decision = self._call_policy("eviction", self.eviction.select, candidates)
-                victim = next((s for s in running[i:] if s.seq_id == decision.seq_id), None)
-                if victim is None:
-                    raise PolicyError(f"eviction policy chose seq {decision.seq_id}, which is not a candidate "
-                                      f"(candidates: {[c.seq_id for c in candidates]})")
-                self._preempt(victim, PreemptionMode(decision.mode), batch)
+                victim, mode = self._select_victim(running[i:])
+                if victim is None:   # the policy failed: only the request that needed the block is aborted
+                    self.abort(seq.request.request_id, mode)
+                    break
+                self._preempt(victim, mode, batch)
                 preempted = True
                 if victim is seq:
                     break
@@ -260,6 +272,18 @@ class Engine:
             budget -= k
             i += 1
         return budget, preempted
+
+    def _select_victim(self, candidates: list[Sequence]) -> tuple[Optional[Sequence], object]:
+        """(victim, mode) from the eviction policy, or (None, error message) if it failed."""
+        try:
+            decision = self.eviction.select([self.view_of(s) for s in candidates])
+            victim = next((s for s in candidates if s.seq_id == decision.seq_id), None)
+            if victim is None:
+                raise ValueError(f"chose seq {decision.seq_id}, which is not a candidate "
+                                 f"({[s.seq_id for s in candidates]})")
+            return victim, PreemptionMode(decision.mode)
+        except Exception as exc:
+            return None, self._policy_failed("eviction", exc)
 
     def _schedule_swap_in(self, batch: ScheduledBatch) -> None:
         alloc = self.allocator
@@ -283,8 +307,15 @@ class Engine:
     def _waiting_order(self) -> list[Sequence]:
         if self.scheduler.static_key:
             return list(self.waiting)
-        views = self._call_policy("scheduler", self.scheduler.order, [self.view_of(s) for s in self.waiting])
-        return [v._seq for v in views]
+        try:
+            views = self.scheduler.order([self.view_of(s) for s in self.waiting])
+            order = [v._seq for v in views]
+            if len(order) != len(self.waiting) or set(map(id, order)) != set(map(id, self.waiting)):
+                raise ValueError("order() must return a permutation of the waiting sequences")
+            return order
+        except Exception as exc:
+            self._policy_failed("scheduler", exc)
+            return sorted(self.waiting, key=lambda s: (s.request.arrival_s, s.seq_id))   # FCFS fallback
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         if not (self.waiting or self.preempted):
@@ -342,9 +373,7 @@ class Engine:
         seq.finish_s = self.now
         self.metrics.finished_output_lens.append(seq.num_output)
         if self._on_finish:
-            view = self.view_of(seq)
-            for hook in self._on_finish:
-                hook(view)
+            self._run_hooks(self._on_finish, self.view_of(seq))
         group = self._groups[seq.request.request_id]
         group.num_open -= 1
         rec = group.record
@@ -417,8 +446,7 @@ class Engine:
             self.step_index, self.now, out.elapsed_s, len(self.running), len(self.waiting) + len(self.preempted),
             len(self.swapped), batch.num_tokens - decodes, decodes, self.allocator.num_used_blocks,
             self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
-        for hook in self._on_step_end:
-            hook()
+        self._run_hooks(self._on_step_end)
         return batch
 
     def run(self, requests: Iterable[Request], progress: bool = False, max_steps: Optional[int] = None) -> dict:

@@ -69,6 +69,7 @@ class MetricsCollector:
     rejected: list[tuple[str, str]] = field(default_factory=list)
     finished_output_lens: list[int] = field(default_factory=list)
     preemptions: int = 0
+    policy_errors: int = 0
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     recomputed_tokens: int = 0
@@ -136,6 +137,7 @@ class MetricsCollector:
             "swapped_in_blocks": self.swapped_in_blocks,
             "recomputed_tokens": self.recomputed_tokens,
             "prefix_hit_rate": self.prompt_tokens_hit / looked if looked else 0.0,
+            "policy_errors": self.policy_errors,
             "steps": len(self.steps) if self.record_steps else float("nan"),
         }
 
