@@ -207,6 +207,14 @@ class Engine:
             self._policy_failed("watermark", exc)
             return int(0.01 * self.config.num_blocks)
 
+    def _admit_veto(self, seq: Sequence, blocks_needed: int) -> bool:
+        """The watermark policy's per-request :meth:`~WatermarkPolicy.admit` (True on failure)."""
+        try:
+            return bool(self.watermark.admit(self.view_of(seq), blocks_needed))
+        except Exception as exc:
+            self._policy_failed("watermark", exc)
+            return True
+
     def _run_hooks(self, hooks, *args) -> None:
         for hook in hooks:
             try:
@@ -332,7 +340,10 @@ class Engine:
                 if not cfg.chunked_prefill and remaining > budget:
                     break
                 k = min(remaining, budget)
-                if alloc.num_free_blocks - alloc.admission_blocks(seq, match) < self._reserved_blocks():
+                need = alloc.admission_blocks(seq, match)
+                if self.running and not self._admit_veto(seq, need):
+                    continue
+                if alloc.num_free_blocks - need < self._reserved_blocks():
                     break
                 if not alloc.can_admit(seq, match, start + k):
                     break

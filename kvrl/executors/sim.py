@@ -1,6 +1,11 @@
-"""The simulated executor: a roofline cost model of one engine step on a virtual clock.
+"""The simulated executor: a cost model of one engine step on a virtual clock.
 
-Step time = ``step_overhead_s`` + max(FLOPs / (matmul_flops * matmul_efficiency),
+The cost model is a measured step-time profile of the live executor when one matches the device
+and model shape (:mod:`kvrl.executors.profile`, written by ``kvrl-profile``; ``profile="auto"``
+finds shipped ones), else the roofline below. Which one is used is logged and kept in
+:attr:`SimExecutor.cost_source`.
+
+Roofline step time = ``step_overhead_s`` + max(FLOPs / (matmul_flops * matmul_efficiency),
 bytes / (hbm_bw * bandwidth_efficiency)) + block copies over HBM + swap-outs over PCIe; swap-ins
 overlap the step (they are prefetched for the next one), so they only add time beyond it.
 
@@ -10,21 +15,56 @@ head only for rows that are sampled.
 """
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING, Union
+
 from kvrl.engine.batch import ScheduledBatch, StepOutput
 from kvrl.executors.base import Executor
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 
+if TYPE_CHECKING:
+    from kvrl.executors.profile import StepProfile
+
+log = logging.getLogger(__name__)
+
 
 class SimExecutor(Executor):
-    """Cost-model executor; sampled tokens are deterministic pseudo-random ids (seeded)."""
+    """Cost-model executor; sampled tokens are deterministic pseudo-random ids (seeded).
+
+    Args:
+        profile: ``"auto"`` (a matching profile from the shipped ones and ``$KVRL_PROFILE_PATH``,
+            else the roofline), ``"none"`` (roofline), a profile file path, or a loaded
+            :class:`~kvrl.executors.profile.StepProfile`. A profile for another device or model
+            shape is never used (roofline, with a warning naming the mismatch).
+        cuda_graphs: with a profile, whether the modelled live executor replays decode steps as
+            CUDA graphs (``backend.cuda_graphs`` of the live backend).
+    """
 
     name = "sim"
 
-    def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0) -> None:
+    def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
+                 profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = device
         self.seed = seed
+        self.cuda_graphs = bool(cuda_graphs)
         self._block_bytes = 0
+        self.profile = None
+        self._step_model = None
+        self.cost_source = "roofline"
+        if profile is not None and not (isinstance(profile, str) and profile.lower() in ("none", "roofline", "off", "")):
+            from kvrl.executors.profile import resolve_profile
+            prof, why = resolve_profile(profile, model, device)
+            if prof is not None:
+                self.profile, self._step_model = prof, prof.model
+                self.cost_source = f"profile:{prof.path or '<in memory>'}"
+                log.info("sim cost model: profile %s", prof.describe())
+            elif why != "auto" and not (isinstance(profile, str) and profile.lower() == "auto"):
+                log.warning("sim cost model: roofline; %s", why)
+            else:
+                log.info("sim cost model: roofline; %s", why)
+        else:
+            log.info("sim cost model: roofline (profile=none)")
         m = model
         self._kv_tok = m.kv_bytes_per_token
         self._attn_flops_per_pair = 4 * m.num_layers * m.num_heads * m.head_dim
@@ -63,6 +103,8 @@ class SimExecutor(Executor):
         return self.device.step_overhead_s + max(flops / self._flop_s, bytes_moved / self._byte_s)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
+        if self._step_model is not None:
+            return self._execute_profiled(batch)
         num_tokens = num_sampled = kv_read = pairs = 0
         sampled: list[list[int]] = []
         vocab, seed = self.model.vocab_size, self.seed
@@ -84,10 +126,43 @@ class SimExecutor(Executor):
         elapsed = max(elapsed, swap_in)
         return StepOutput(sampled, elapsed)
 
+    def _execute_profiled(self, batch: ScheduledBatch) -> StepOutput:
+        """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
+        n_pre = pre_tok = pre_pairs = pre_ctx = n_dec = dec_kv = dec_max = rows = 0
+        sampled: list[list[int]] = []
+        vocab, seed = self.model.vocab_size, self.seed
+        for item in batch.seqs:
+            k, start = item.num_tokens, item.start
+            if k == 1:
+                n_dec += 1
+                dec_kv += start + 1
+                if start >= dec_max:
+                    dec_max = start + 1
+            else:
+                n_pre += 1
+                pre_tok += k
+                pre_pairs += k * start + k * (k + 1) // 2
+                pre_ctx += start + k
+            if item.num_samples:
+                rows += 1
+                base = item.seq.seq_id * 2654435761 + (start + k) * 40503 + seed
+                sampled.append([(base + j * 97) % vocab for j in range(item.num_samples)])
+            else:
+                sampled.append([])
+        elapsed = self._step_model.predict(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows,
+                                           len(batch.copies), len(batch.swap_out), len(batch.swap_in),
+                                           self.cuda_graphs)
+        return StepOutput(sampled, elapsed)
+
     def estimate_prefill_s(self, num_tokens: int) -> float:
         if num_tokens <= 0:
             return 0.0
+        if self._step_model is not None:
+            return self._step_model.forward_s(1, num_tokens, num_tokens * (num_tokens + 1) // 2, num_tokens,
+                                              0, 0, 0, 1, self.cuda_graphs)
         return self.step_time(num_tokens, 1, num_tokens, num_tokens * (num_tokens + 1) // 2)
 
     def estimate_swap_s(self, num_blocks: int) -> float:
+        if self._step_model is not None:
+            return self._step_model.swap_s(num_blocks)
         return num_blocks * self._block_bytes / self.device.pcie_bw

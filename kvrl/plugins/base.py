@@ -83,6 +83,15 @@ class WatermarkPolicy(Policy):
     def reserved_blocks(self) -> int:
         raise NotImplementedError
 
+    def admit(self, seq: "SeqView", blocks_needed: int) -> bool:
+        """Per-request admission veto, asked before the reservation rule (default: admit).
+
+        Returning False skips this request for the current step and lets the engine consider the
+        next one (unlike the reservation rule, which stops admission for the step), so a policy
+        can hold back one tenant (quotas, fair shares) without blocking the others.
+        """
+        return True
+
 
 class PreemptionMode(str, enum.Enum):
     SWAP = "swap"            # copy the victim's blocks to the CPU pool, copy back later

@@ -1,0 +1,623 @@
+"""Step-time profiles: live step times measured per (GPU, model shape), and the fitted step-time
+model the sim uses instead of its roofline when a profile matches.
+
+A profile is one JSON file (format ``kvrl-step-profile``, written by ``kvrl-profile``)::
+
+    {"format": "kvrl-step-profile", "version": 1,
+     "key":     {"device": "h200", "gpu_name": "NVIDIA H200", "num_layers": 28, "hidden_size": 1024,
+                 "num_heads": 16, "num_kv_heads": 8, "head_dim": 128, "intermediate_size": 3072,
+                 "vocab_size": 151936, "dtype": "bfloat16", "dtype_bytes": 2},
+     "meta":    {block_size, cuda_graphs, graph_batch_sizes, torch/triton versions, host, created, ...},
+     "samples": [{"group": "decode", "graph": true, <features>, "t": median s, "t_p10", "t_p90", "reps"}, ...],
+     "host_samples": [[num_seqs, num_prefill_seqs, gap_s], ...],
+     "model":   StepModel.to_dict(),            # coefficients fitted from the samples
+     "fit":     {"grid": {...}, "holdout": {...}, "host": {...}}}   # errors of the fit
+
+The sim matches a profile on ``key``: the device name of its :class:`DeviceSpec` (``h200``,
+``h100``, ``a100``, ``cpu`` or the slug of another GPU's name) and the model shape (layers,
+hidden, heads, kv heads, head dim, intermediate, vocab, dtype width). See docs/fidelity.md.
+
+Features of a step (:data:`FEATURES`), all computed from the :class:`ScheduledBatch` alone:
+``n_pre`` prefill items (more than one query token), ``pre_tok`` their query tokens,
+``pre_pairs`` their causal (query, key) pairs, ``pre_ctx`` the KV tokens they attend over,
+``n_dec`` decode items (one query token), ``dec_kv`` the KV tokens they read, ``dec_max`` the
+longest decode context, ``rows`` items that sample (LM-head rows), ``copies``, ``swap_out`` and
+``swap_in`` block counts.
+
+The model (:class:`StepModel`), all terms non-negative, fitted by non-negative least squares on
+relative error::
+
+    t = host(S, n_pre) + fwd + copy(copies) + swap_out(n) + max((1 - ov) * swap_in(n), swap_in(n) - fwd)
+
+    fwd (CUDA-graph decode) = G(Bpad) + a(B) * dec_kv + m(B) * B * dec_max
+    fwd (eager)             = D(N) + a_e(B) * dec_kv + m_e(B) * B * dec_max
+                              + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre
+                              + c_has_pre * [n_pre > 0] + c_has_dec * [B > 0] + c_rows * rows
+
+with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``;
+``G, a, m, D, a_e, m_e`` piecewise linear between measured knots (linear "hat" bases, so the
+fit stays one linear least-squares problem); block operations ``c0 * [n > 0] + c1 * n``; ``ov``
+the measured fraction of a swap-in hidden behind the forward pass; ``host`` the engine's own
+Python time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre``.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from kvrl.executors.hardware import DeviceSpec, ModelShape
+
+log = logging.getLogger(__name__)
+
+FORMAT = "kvrl-step-profile"
+VERSION = 1
+FIT_VERSION = 1
+FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "n_dec", "dec_kv", "dec_max", "rows", "copies",
+            "swap_out", "swap_in")
+#: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
+#: (directories or files, separated by ``os.pathsep``).
+PACKAGED_DIR = Path(__file__).parent / "profiles"
+ENV_PATH = "KVRL_PROFILE_PATH"
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                "vocab_size", "dtype_bytes")
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used (wrong format, missing fields)."""
+
+
+# ============================================================================ keys
+def device_key(name: str) -> str:
+    """Normalised device name: ``h200``/``h100``/``a100`` for those GPUs (as the live executor's
+    :func:`_device_spec` maps them), ``cpu``, or a slug of any other name."""
+    low = name.lower()
+    for key in ("h200", "h100", "a100"):
+        if key in low:
+            return key
+    if low in ("cpu", "") or low.startswith("cpu"):
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", low).strip("-")
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a profile is valid for: a device and a model shape."""
+
+    device: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, shape: ModelShape, device: Union[DeviceSpec, str]) -> "ProfileKey":
+        name = device.name if isinstance(device, DeviceSpec) else device
+        return cls(device_key(name), *(int(getattr(shape, f)) for f in SHAPE_FIELDS))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProfileKey":
+        try:
+            return cls(device_key(str(d["device"])), *(int(d[f]) for f in SHAPE_FIELDS))
+        except KeyError as exc:
+            raise ProfileError(f"profile key lacks {exc.args[0]!r}") from None
+
+    def describe(self) -> str:
+        return (f"device={self.device} layers={self.num_layers} hidden={self.hidden_size} heads={self.num_heads}/"
+                f"{self.num_kv_heads}x{self.head_dim} inter={self.intermediate_size} vocab={self.vocab_size} "
+                f"dtype_bytes={self.dtype_bytes}")
+
+    def mismatch(self, other: "ProfileKey") -> list[str]:
+        """Fields that differ, as ``name: mine != theirs``."""
+        return [f"{k}: {v} != {getattr(other, k)}" for k, v in asdict(self).items() if getattr(other, k) != v]
+
+
+# ============================================================================ features
+def batch_features(batch) -> dict[str, int]:
+    """The :data:`FEATURES` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
+    f = dict.fromkeys(FEATURES, 0)
+    for item in batch.seqs:
+        k, start = item.num_tokens, item.start
+        if k == 1:
+            f["n_dec"] += 1
+            f["dec_kv"] += start + 1
+            f["dec_max"] = max(f["dec_max"], start + 1)
+        else:
+            f["n_pre"] += 1
+            f["pre_tok"] += k
+            f["pre_pairs"] += k * start + k * (k + 1) // 2
+            f["pre_ctx"] += start + k
+        if item.num_samples:
+            f["rows"] += 1
+    f["copies"], f["swap_out"], f["swap_in"] = len(batch.copies), len(batch.swap_out), len(batch.swap_in)
+    return f
+
+
+# ============================================================================ fitting helpers
+def nnls(A: np.ndarray, b: np.ndarray, max_iter: Optional[int] = None) -> np.ndarray:
+    """Non-negative least squares ``argmin ||A x - b||, x >= 0`` (Lawson-Hanson active set).
+
+    Kept here (numpy only) so profiling needs no scipy on the GPU machine."""
+    A = np.asarray(A, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    m, n = A.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = A.T @ (b - A @ x)
+    tol = 10 * np.finfo(float).eps * max(m, n) * max(np.abs(A).sum(axis=0).max(initial=0.0), 1e-300)
+    max_iter = max_iter or 3 * n + 10
+    for _ in range(max_iter):
+        free = ~passive
+        if not free.any() or w[free].max() <= tol:
+            break
+        j = int(np.argmax(np.where(free, w, -np.inf)))
+        passive[j] = True
+        while True:
+            s = np.zeros(n)
+            s[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if s[passive].min() > 0:
+                break
+            neg = passive & (s <= 0)
+            alpha = np.min(x[neg] / np.maximum(x[neg] - s[neg], 1e-300))
+            x = x + alpha * (s - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+            if not passive.any():
+                s = np.zeros(n)
+                break
+        x = s
+        w = A.T @ (b - A @ x)
+    return np.maximum(x, 0.0)
+
+
+def choose_knots(values: Iterable[float], max_knots: int = 12) -> list[float]:
+    """Sorted distinct values, thinned to at most ``max_knots`` spaced evenly on a log scale
+    (always keeping the smallest and the largest)."""
+    vals = sorted({float(v) for v in values if v > 0})
+    if len(vals) <= max_knots:
+        return vals
+    logs = np.log(vals)
+    targets = np.linspace(logs[0], logs[-1], max_knots)
+    picked = sorted({int(np.argmin(np.abs(logs - t))) for t in targets})
+    return [vals[i] for i in picked]
+
+
+def hat_basis(knots: Sequence[float], x: np.ndarray) -> np.ndarray:
+    """``[len(x), len(knots)]`` weights of piecewise-linear interpolation between ``knots``
+    (clamped below the first knot, linear extrapolation beyond the last)."""
+    x = np.asarray(x, dtype=np.float64)
+    k = np.asarray(knots, dtype=np.float64)
+    out = np.zeros((x.shape[0], k.shape[0]))
+    if k.shape[0] == 1:
+        out[:, 0] = 1.0
+        return out
+    for r, v in enumerate(x):
+        if v <= k[0]:
+            out[r, 0] = 1.0
+            continue
+        i = min(int(np.searchsorted(k, v, side="right")) - 1, k.shape[0] - 2)
+        u = (v - k[i]) / (k[i + 1] - k[i])
+        out[r, i], out[r, i + 1] = 1.0 - u, u
+    return out
+
+
+class Linear1D:
+    """Piecewise-linear function through ``(knots, values)``: clamped below the first knot,
+    extrapolated beyond the last with the last segment's slope (floored at 0). Pure Python, for
+    the sim's hot path."""
+
+    __slots__ = ("knots", "values", "_last_slope")
+
+    def __init__(self, knots: Sequence[float], values: Sequence[float]) -> None:
+        if len(knots) != len(values) or not knots:
+            raise ProfileError("piecewise-linear term needs as many values as knots (at least one)")
+        self.knots = [float(k) for k in knots]
+        self.values = [float(v) for v in values]
+        self._last_slope = 0.0
+        if len(knots) > 1:
+            dk = self.knots[-1] - self.knots[-2]
+            self._last_slope = max((self.values[-1] - self.values[-2]) / dk, 0.0) if dk > 0 else 0.0
+
+    def __call__(self, x: float) -> float:
+        k = self.knots
+        if x <= k[0]:
+            return self.values[0]
+        if x >= k[-1]:
+            return self.values[-1] + self._last_slope * (x - k[-1])
+        i = bisect.bisect_right(k, x) - 1
+        u = (x - k[i]) / (k[i + 1] - k[i])
+        return self.values[i] + u * (self.values[i + 1] - self.values[i])
+
+    def to_dict(self) -> dict:
+        return {"knots": self.knots, "values": self.values}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Linear1D":
+        return cls(d["knots"], d["values"])
+
+
+def _rel_errors(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return (pred - t) / np.maximum(t, 1e-12)
+
+
+def error_stats(pred: Sequence[float], t: Sequence[float]) -> dict[str, float]:
+    """Relative-error summary of predictions against measurements."""
+    e = _rel_errors(np.asarray(pred, float), np.asarray(t, float))
+    if e.size == 0:
+        return {"n": 0}
+    a = np.abs(e)
+    return {"n": int(e.size), "median_abs_rel_err": float(np.median(a)), "p90_abs_rel_err": float(np.percentile(a, 90)),
+            "max_abs_rel_err": float(a.max()), "mean_rel_err": float(e.mean()),
+            "total_rel_err": float((np.sum(pred) - np.sum(t)) / max(np.sum(t), 1e-12))}
+
+
+# ============================================================================ the model
+def _col(samples: list[dict], name: str) -> np.ndarray:
+    return np.asarray([float(s.get(name, 0)) for s in samples], dtype=np.float64)
+
+
+def _fit_weighted(columns: list[np.ndarray], t: np.ndarray) -> np.ndarray:
+    """NNLS of ``t ~ sum_j x_j * columns[j]`` on relative error, with column scaling."""
+    A = np.stack(columns, axis=1) / t[:, None]
+    scale = np.linalg.norm(A, axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(A / scale, np.ones_like(t))
+    return x / scale
+
+
+@dataclass
+class _LinearOp:
+    """``c0 * [n > 0] + c1 * n`` seconds for a block operation of ``n`` blocks."""
+
+    c0: float = 0.0
+    c1: float = 0.0
+
+    def __call__(self, n: int) -> float:
+        return self.c0 + self.c1 * n if n > 0 else 0.0
+
+
+class StepModel:
+    """The fitted step-time model (see the module doc). :meth:`predict` is pure Python."""
+
+    def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
+                 swap_in_overlap: float, host: dict) -> None:
+        self.graph_sizes = sorted(int(b) for b in graph_sizes)
+        self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
+        self.graph = graph
+        self.eager = eager
+        self.ops = ops
+        self.swap_in_overlap = float(min(max(swap_in_overlap, 0.0), 1.0))
+        self.host = host
+        self._build()
+
+    def _build(self) -> None:
+        g = self.graph
+        if g is not None:
+            self._g_base, self._g_kv, self._g_kvmax = (Linear1D.from_dict(g[k]) for k in ("base", "kv", "kvmax"))
+        e = self.eager
+        self._e_dense, self._e_kv, self._e_kvmax = (Linear1D.from_dict(e[k]) for k in ("dense", "kv", "kvmax"))
+        c = e["coef"]
+        self._c = (c["pre_pairs"], c["pre_ctx"], c["n_pre"], c["has_pre"], c["has_dec"], c["rows"])
+        self._copy = _LinearOp(*self.ops["copy"])
+        self._swap_out = _LinearOp(*self.ops["swap_out"])
+        self._swap_in = _LinearOp(*self.ops["swap_in"])
+        h = self.host
+        self._h = (h["base"], h["per_seq"], h["per_prefill"])
+
+    # ------------------------------------------------------------------ prediction
+    def pad(self, b: int) -> int:
+        """The captured graph size that serves a decode batch of ``b`` (0 if none)."""
+        sizes = self.graph_sizes
+        i = bisect.bisect_left(sizes, b)
+        return sizes[i] if i < len(sizes) else 0
+
+    def uses_graph(self, n_pre: int, n_dec: int, cuda_graphs: bool = True) -> bool:
+        return cuda_graphs and self.graph is not None and n_pre == 0 and 0 < n_dec <= self.max_graph
+
+    def forward_s(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, n_dec: int, dec_kv: int,
+                  dec_max: int, rows: int, cuda_graphs: bool = True) -> float:
+        """Seconds of the forward pass and sampling (no block operations, no host overhead)."""
+        if n_pre == 0 and n_dec == 0:
+            return 0.0
+        if cuda_graphs and self.graph is not None and n_pre == 0 and n_dec <= self.max_graph:
+            b = n_dec
+            return self._g_base(self.pad(b)) + self._g_kv(b) * dec_kv + self._g_kvmax(b) * b * dec_max
+        b = n_dec
+        c_pairs, c_ctx, c_pre, c_has_pre, c_has_dec, c_rows = self._c
+        t = self._e_dense(pre_tok + b) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_rows * rows
+        if n_pre:
+            t += c_has_pre
+        if b:
+            t += c_has_dec + self._e_kv(b) * dec_kv + self._e_kvmax(b) * b * dec_max
+        return t
+
+    def host_s(self, num_seqs: int, n_pre: int) -> float:
+        h0, h1, h2 = self._h
+        return h0 + h1 * num_seqs + h2 * n_pre
+
+    def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, n_dec: int, dec_kv: int,
+                dec_max: int, rows: int, copies: int = 0, swap_out: int = 0, swap_in: int = 0,
+                cuda_graphs: bool = True, host: bool = True) -> float:
+        """Seconds of one engine step as the live executor reports it (``host`` adds the engine's
+        own time between steps, which live ``elapsed_s`` includes)."""
+        fwd = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, cuda_graphs)
+        t = fwd + self._copy(copies) + self._swap_out(swap_out)
+        if swap_in:
+            si = self._swap_in(swap_in)
+            t += max((1.0 - self.swap_in_overlap) * si, si - fwd)
+        if host and (n_pre or n_dec):
+            t += self.host_s(n_pre + n_dec, n_pre)
+        return t
+
+    def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False) -> float:
+        return self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host)
+
+    def swap_s(self, num_blocks: int) -> float:
+        """One-way seconds to move ``num_blocks`` blocks (mean of swap-out and swap-in)."""
+        return 0.5 * (self._swap_out(num_blocks) + self._swap_in(num_blocks))
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict:
+        return {"fit_version": FIT_VERSION, "graph_sizes": self.graph_sizes, "graph": self.graph,
+                "eager": self.eager, "ops": self.ops, "swap_in_overlap": self.swap_in_overlap, "host": self.host}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepModel":
+        try:
+            return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["swap_in_overlap"], d["host"])
+        except (KeyError, TypeError) as exc:
+            raise ProfileError(f"profile model is incomplete: {exc}") from None
+
+    # ------------------------------------------------------------------ fitting
+    @classmethod
+    def fit(cls, samples: list[dict], graph_sizes: Sequence[int] = (),
+            host_samples: Sequence[Sequence[float]] = (), max_knots: int = 12) -> "StepModel":
+        """Fit every term from measured samples (dicts of :data:`FEATURES` plus ``graph`` (bool,
+        the live executor used a CUDA graph) and ``t`` (median seconds of ``execute``)).
+
+        Samples flagged ``holdout`` are ignored. ``host_samples`` are ``(num_seqs, n_pre, gap_s)``
+        rows from an engine run (the time between two ``execute`` calls)."""
+        use = [s for s in samples if not s.get("holdout")]
+        fwd_only = [s for s in use if not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))
+                    and (s.get("n_pre") or s.get("n_dec"))]
+        graph_s = [s for s in fwd_only if s.get("graph")]
+        eager_s = [s for s in fwd_only if not s.get("graph")]
+        if not eager_s:
+            raise ProfileError("no eager forward samples to fit")
+
+        graph = None
+        if graph_s:
+            b = _col(graph_s, "n_dec")
+            sizes = sorted(graph_sizes) if graph_sizes else sorted(set(b.astype(int)))
+            pad = np.asarray([next((g for g in sizes if g >= v), v) for v in b])
+            knots_pad = choose_knots(pad, max_knots)
+            knots_b = choose_knots(b, max_knots)
+            hb = hat_basis(knots_b, b)
+            kv, kvmax = _col(graph_s, "dec_kv"), b * _col(graph_s, "dec_max")
+            cols = [*hat_basis(knots_pad, pad).T, *(hb * kv[:, None]).T, *(hb * kvmax[:, None]).T]
+            x = _fit_weighted(cols, _col(graph_s, "t"))
+            p, q = len(knots_pad), len(knots_b)
+            graph = {"base": {"knots": knots_pad, "values": x[:p].tolist()},
+                     "kv": {"knots": knots_b, "values": x[p:p + q].tolist()},
+                     "kvmax": {"knots": knots_b, "values": x[p + q:].tolist()}}
+
+        n = _col(eager_s, "pre_tok") + _col(eager_s, "n_dec")
+        b = _col(eager_s, "n_dec")
+        knots_n = choose_knots(n, max_knots)
+        knots_b = choose_knots(b, max_knots) or [1.0]
+        hb = hat_basis(knots_b, np.maximum(b, 1.0))
+        kv, kvmax = _col(eager_s, "dec_kv"), b * _col(eager_s, "dec_max")
+        names = ("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows")
+        extra = [_col(eager_s, "pre_pairs"), _col(eager_s, "pre_ctx"), _col(eager_s, "n_pre"),
+                 (_col(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), _col(eager_s, "rows")]
+        cols = [*hat_basis(knots_n, n).T, *(hb * kv[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
+        x = _fit_weighted(cols, _col(eager_s, "t"))
+        p, q = len(knots_n), len(knots_b)
+        eager = {"dense": {"knots": knots_n, "values": x[:p].tolist()},
+                 "kv": {"knots": knots_b, "values": x[p:p + q].tolist()},
+                 "kvmax": {"knots": knots_b, "values": x[p + q:p + 2 * q].tolist()},
+                 "coef": dict(zip(names, x[p + 2 * q:].tolist()))}
+
+        ops = {}
+        for op in ("copies", "swap_out", "swap_in"):
+            only = [s for s in use if s.get(op) and not (s.get("n_pre") or s.get("n_dec"))
+                    and all(not s.get(o) for o in ("copies", "swap_out", "swap_in") if o != op)]
+            key = "copy" if op == "copies" else op
+            if only:
+                nb = _col(only, op)
+                ops[key] = _fit_weighted([np.ones_like(nb), nb], _col(only, "t")).tolist()
+            else:
+                ops[key] = [0.0, 0.0]
+        model = cls(graph_sizes if graph is not None else [], graph, eager, ops, 0.0,
+                    {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
+
+        # fraction of a swap-in hidden behind the forward pass it is issued with
+        overlaps = []
+        for s in use:
+            if s.get("swap_in") and (s.get("n_pre") or s.get("n_dec")) and not (s.get("copies") or s.get("swap_out")):
+                fwd = model.forward_s(*(int(s.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=bool(s.get("graph")))
+                si = model._swap_in(int(s["swap_in"]))
+                if si > 0:
+                    overlaps.append(1.0 - (float(s["t"]) - fwd) / si)
+        model.swap_in_overlap = float(min(max(np.median(overlaps), 0.0), 1.0)) if overlaps else 0.0
+        model.host = fit_host(host_samples)
+        model._build()
+        return model
+
+
+def fit_host(rows: Sequence[Sequence[float]]) -> dict:
+    """``gap = h0 + h1 * num_seqs + h2 * n_pre`` by NNLS on absolute error, refitted once without
+    gaps more than 5 MADs above the first fit (GC pauses, page faults)."""
+    zero = {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}
+    if len(rows) < 3:
+        return zero
+    a = np.asarray(rows, dtype=np.float64)
+    A = np.stack([np.ones(len(a)), a[:, 0], a[:, 1]], axis=1)
+    y = a[:, 2]
+    x = nnls(A, y)
+    r = y - A @ x
+    mad = np.median(np.abs(r - np.median(r))) + 1e-9
+    keep = r < np.median(r) + 5 * mad
+    if keep.sum() >= 3:
+        x = nnls(A[keep], y[keep])
+    return {"base": float(x[0]), "per_seq": float(x[1]), "per_prefill": float(x[2])}
+
+
+# ============================================================================ profiles
+@dataclass
+class StepProfile:
+    """A loaded profile: its key, metadata, samples and fitted model."""
+
+    key: ProfileKey
+    model: StepModel
+    meta: dict
+    samples: list
+    host_samples: list
+    fit_report: dict
+    raw_key: dict
+    path: Optional[str] = None
+
+    def matches(self, shape: ModelShape, device: Union[DeviceSpec, str]) -> bool:
+        return ProfileKey.of(shape, device) == self.key
+
+    def describe(self) -> str:
+        ho = self.fit_report.get("holdout", {})
+        err = f", held-out median error {ho['median_abs_rel_err']:.1%}" if ho.get("n") else ""
+        return f"{self.path or '<in memory>'} ({self.raw_key.get('gpu_name', self.key.device)}{err})"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "key": self.raw_key, "meta": self.meta,
+                "samples": self.samples, "host_samples": self.host_samples, "model": self.model.to_dict(),
+                "fit": self.fit_report}
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(_round_floats(self.to_dict()), separators=(",", ":")))
+        os.replace(tmp, path)
+        self.path = str(path)
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Optional[str] = None) -> "StepProfile":
+        if d.get("format") != FORMAT:
+            raise ProfileError(f"{path or 'profile'}: not a {FORMAT} file (format={d.get('format')!r})")
+        if int(d.get("version", 0)) > VERSION:
+            raise ProfileError(f"{path or 'profile'}: version {d.get('version')} is newer than this kvrl ({VERSION})")
+        raw_key = dict(d["key"])
+        model_d = d.get("model")
+        if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
+            model = StepModel.fit(d["samples"], d.get("meta", {}).get("graph_batch_sizes", ()),
+                                  d.get("host_samples", ()))
+        else:
+            model = StepModel.from_dict(model_d)
+        return cls(ProfileKey.from_dict(raw_key), model, d.get("meta", {}), d.get("samples", []),
+                   d.get("host_samples", []), d.get("fit", {}), raw_key, path)
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "StepProfile":
+        path = os.fspath(path)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, path)
+
+
+def _round_floats(x: Any, digits: int = 6) -> Any:
+    """Round floats to ``digits`` significant digits (keeps profile files small)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}") if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _round_floats(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round_floats(v, digits) for v in x]
+    return x
+
+
+# ============================================================================ lookup
+_INDEX: Optional[list[tuple[str, ProfileKey, float, int]]] = None
+_LOADED: dict[str, StepProfile] = {}
+
+
+def clear_cache() -> None:
+    """Forget the scanned profile directories and loaded profiles (tests; new files)."""
+    global _INDEX
+    _INDEX = None
+    _LOADED.clear()
+
+
+def search_paths() -> list[Path]:
+    paths = [PACKAGED_DIR]
+    for p in os.environ.get(ENV_PATH, "").split(os.pathsep):
+        if p:
+            paths.append(Path(p).expanduser())
+    return paths
+
+
+def _index() -> list[tuple[str, ProfileKey, float, int]]:
+    """(path, key, created, block_size) of every readable profile on the search paths."""
+    global _INDEX
+    if _INDEX is None:
+        found = []
+        for root in search_paths():
+            files = sorted(root.glob("*.json")) if root.is_dir() else ([root] if root.is_file() else [])
+            for f in files:
+                try:
+                    with open(f) as fh:
+                        d = json.load(fh)
+                    if d.get("format") != FORMAT:
+                        continue
+                    meta = d.get("meta", {})
+                    found.append((str(f), ProfileKey.from_dict(d["key"]), float(meta.get("created", 0.0)),
+                                  int(meta.get("block_size", 16))))
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("ignoring unreadable profile %s: %s", f, exc)
+        _INDEX = found
+    return _INDEX
+
+
+def load_cached(path: str) -> StepProfile:
+    prof = _LOADED.get(path)
+    if prof is None:
+        prof = _LOADED[path] = StepProfile.load(path)
+    return prof
+
+
+def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
+                    block_size: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
+    """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
+    newest matching profile on :func:`search_paths`, preferring ``block_size``), ``"none"``/None
+    (roofline), a file path, or a :class:`StepProfile`. A profile for another device or shape is
+    never used: the reason names the mismatching fields."""
+    want = ProfileKey.of(shape, device)
+    if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
+        return None, "profile disabled (profile=none)"
+    if isinstance(spec, str) and spec.lower() == "auto":
+        hits = [row for row in _index() if row[1] == want]
+        if not hits:
+            return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
+        hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
+        return load_cached(hits[-1][0]), "auto"
+    prof = spec if isinstance(spec, StepProfile) else load_cached(os.fspath(spec))
+    if prof.key != want:
+        return None, f"profile {prof.path or '<in memory>'} is for another device/shape ({'; '.join(want.mismatch(prof.key))})"
+    return prof, "explicit"
+
+
+def now_stamp() -> float:
+    return time.time()
