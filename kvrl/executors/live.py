@@ -241,6 +241,8 @@ class LiveExecutor(Executor):
             self._swap_out(batch.swap_out)
         if batch.copies:
             self._copy(batch.copies)
+        if batch.swap_in:   # for sequences that compute from the next step on: overlaps this forward
+            self._swap_in(batch.swap_in)
         sampled: list[list[int]] = [[] for _ in batch.seqs]
         errors: dict[int, str] = {}
         if batch.seqs:
@@ -255,8 +257,6 @@ class LiveExecutor(Executor):
                     sampled[index[id(items[j])]] = tokens[w]
                     if w in errs:
                         errors[index[id(items[j])]] = errs[w]
-        if batch.swap_in:
-            self._swap_in(batch.swap_in)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
