@@ -2,7 +2,7 @@
 
 * ``rms_norm``: optional residual add, then RMSNorm; one program per row.
 * ``qk_norm_rotary``: optional per-head RMSNorm of q and k (Qwen3), then neox-style rotary;
-  one program per token covering all q and k heads.
+  per token one program for all its q heads and one for all its k heads.
 * ``silu_and_mul``: ``silu(gate) * up``; one program per (row, column chunk).
 
 Math is float32, but every intermediate that the torch composition rounds to a lower-precision
@@ -14,12 +14,22 @@ outputs and launches, so all three can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # Columns handled by one silu_and_mul program.
 _SILU_BLOCK = 1024
+
+
+def _accurate_exp() -> bool:
+    """Use libdevice ``expf`` (what torch's CUDA silu calls) rather than the faster ``ex2.approx``
+    based ``tl.exp``, whose argument scaling costs several ulps for |x| of 10 or more. The Triton
+    interpreter has no libdevice, so it runs ``tl.exp``."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 def _num_warps(elements: int) -> int:
@@ -163,18 +173,20 @@ def _qk_norm_rotary_kernel(
     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     HQ_PAD: tl.constexpr, HK_PAD: tl.constexpr,
 ):
-    """One program per token: all its query heads, then all its key heads."""
+    """Program (token, 0) does all query heads of the token, program (token, 1) all its key heads."""
     token = tl.program_id(0).to(tl.int64)
-    _norm_rotate_heads(
-        q_ptr, q_out_ptr, qw_ptr, cos_ptr, sin_ptr, token,
-        stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, eps,
-        HAS_NORM, NORM_IN_X_DTYPE, HEAD_DIM, HALF, HQ_PAD, HALF_PAD,
-    )
-    _norm_rotate_heads(
-        k_ptr, k_out_ptr, kw_ptr, cos_ptr, sin_ptr, token,
-        stride_kt, stride_kh, stride_kot, stride_koh, num_k_heads, eps,
-        HAS_NORM, NORM_IN_X_DTYPE, HEAD_DIM, HALF, HK_PAD, HALF_PAD,
-    )
+    if tl.program_id(1) == 0:
+        _norm_rotate_heads(
+            q_ptr, q_out_ptr, qw_ptr, cos_ptr, sin_ptr, token,
+            stride_qt, stride_qh, stride_qot, stride_qoh, num_q_heads, eps,
+            HAS_NORM, NORM_IN_X_DTYPE, HEAD_DIM, HALF, HQ_PAD, HALF_PAD,
+        )
+    else:
+        _norm_rotate_heads(
+            k_ptr, k_out_ptr, kw_ptr, cos_ptr, sin_ptr, token,
+            stride_kt, stride_kh, stride_kot, stride_koh, num_k_heads, eps,
+            HAS_NORM, NORM_IN_X_DTYPE, HEAD_DIM, HALF, HK_PAD, HALF_PAD,
+        )
 
 
 def qk_norm_rotary_triton(q, k, cos, sin, q_weight, k_weight, eps):
@@ -208,7 +220,7 @@ def qk_norm_rotary_triton(q, k, cos, sin, q_weight, k_weight, eps):
     half = head_dim // 2
     half_pad = triton.next_power_of_2(half)
     hq_pad, hk_pad = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(num_k_heads)
-    _qk_norm_rotary_kernel[(num_tokens,)](
+    _qk_norm_rotary_kernel[(num_tokens, 2)](
         q, k, q_out, k_out, q_weight, k_weight, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
@@ -228,7 +240,7 @@ def qk_norm_rotary_triton(q, k, cos, sin, q_weight, k_weight, eps):
 @triton.jit
 def _silu_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_o, I,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr,
 ):
     """Program (row, chunk): ``out[row, c] = silu(x[row, c]) * x[row, I + c]`` for its columns."""
     row = tl.program_id(0).to(tl.int64)
@@ -238,7 +250,12 @@ def _silu_and_mul_kernel(
     gate = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(base + I + offs, mask=mask, other=0.0).to(tl.float32)
     o_ty = out_ptr.dtype.element_ty
-    act = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(o_ty).to(tl.float32)
+    if ACCURATE_EXP:
+        e = libdevice.exp(-gate)
+    else:
+        e = tl.exp(-gate)
+    # torch: x / (1 + exp(-x)) with an IEEE division.
+    act = tl.math.div_rn(gate, 1.0 + e).to(o_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (act * up).to(o_ty), mask=mask)
 
 
@@ -255,6 +272,6 @@ def silu_and_mul_triton(gate_up):
         block = min(_SILU_BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](
             x2, out2, x2.stride(0), out2.stride(0), inter,
-            BLOCK=block, num_warps=_num_warps(block), enable_fp_fusion=False,
+            BLOCK=block, ACCURATE_EXP=_accurate_exp(), num_warps=_num_warps(block), enable_fp_fusion=False,
         )
     return out

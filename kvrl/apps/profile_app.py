@@ -523,10 +523,11 @@ def main_impl(cfg: dict, out_dir: Path) -> Any:
     if preset not in GRIDS:
         raise ValueError(f"grid_preset must be auto or one of {sorted(GRIDS)}, got {preset!r}")
     grid = dict(GRIDS[preset])
-    unknown = sorted(set(cfg.get("grid") or {}) - set(grid))
+    overrides = {k: v for k, v in (cfg.get("grid") or {}).items() if v is not None}
+    unknown = sorted(set(overrides) - set(grid))
     if unknown:
         raise ValueError(f"unknown grid key(s) {unknown}; known: {sorted(grid)}")
-    grid.update(cfg.get("grid") or {})
+    grid.update(overrides)
     prof = run_profile(ex, grid, block_size=int(cfg.get("block_size", 16)), num_blocks=int(cfg.get("num_blocks", 0)),
                        gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.9)),
                        seed=int(cfg.get("seed", 0)), model_name=str(cfg["model"].get("name", "")),

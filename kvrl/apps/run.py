@@ -2,7 +2,8 @@
 
 Writes into the Hydra run directory (``runs/run/<date>/<time>`` by default): ``metrics.json``
 (DESIGN.md §5), ``steps.csv`` (one row per engine step), ``requests.csv``, ``kv_usage.png`` and
-``config.yaml`` (the resolved config), then prints a summary table.
+``config.yaml`` (the resolved config), then prints a summary table. With ``logger=csv|wandb`` the
+job's metrics and plot also go to the tracker (kvrl/apps/tracking.py), inside the job.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvrl import plugins
 from kvrl.apps.outputs import atomic_write, plot_steps, summary_table, write_json
-from kvrl.apps.schema import register_schemas
+from kvrl.apps import tracking
+from kvrl.apps.schema import register_schemas, validate_config
 from kvrl.builder import build_engine, to_dict
 from kvrl.workloads import build_workload
 
@@ -52,8 +54,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
 
 @hydra.main(config_path="pkg://kvrl.conf", config_name="run", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    validate_config(cfg)
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    metrics = run(cfg, out_dir)
+    with tracking.start_run(cfg, out_dir, app="run") as tracker:
+        metrics = run(cfg, out_dir)
+        tracker.log(metrics, images={"kv_usage": out_dir / "kv_usage.png"})
     print(summary_table(f"kvrl-run ({cfg.backend.name}) -> {out_dir}", metrics))
     return metrics["goodput_tok_s"]
 

@@ -1,0 +1,408 @@
+"""``kvrl-fidelity``: serve the same workloads with the same policies through the live executor and
+the sim, and report how far the sim's metrics are from live.
+
+For every workload x policy pair: one live run and one sim run of the same requests on the same
+engine configuration (the sim gets the live run's resolved ``num_blocks``/``num_cpu_blocks``), each
+with fresh policy instances; cost-aware policies see the same estimates in both (the live
+executor's ``cost_model`` is replaced by the sim's). Live runs are preceded, once per engine
+configuration, by a warm-up run that captures every CUDA graph and compiles every kernel, so
+no capture lands in a timed step. During the live run each executed batch is also priced by the
+sim's cost model ("replay"): a per-step error on identical batches, independent of how the two
+schedules diverge.
+
+Writes into the run directory: ``fidelity.md`` and ``fidelity.csv`` (per-metric live, sim, error;
+per-metric summary; whether the policy ranking agrees), ``runs/<workload>/<policy>/{live,sim}/``
+(``metrics.json``, ``steps.csv``), ``replay.csv`` per pair, and ``steps_<workload>_<policy>.png``
+(per-step time live vs sim over engine time, and replayed sim vs live step times).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+log = logging.getLogger("kvrl.fidelity")
+
+#: (key, label, better): better = +1 when larger is better, -1 when smaller is, 0 for neither.
+METRICS = (
+    ("throughput_tok_s", "throughput tok/s", +1),
+    ("goodput_tok_s", "goodput tok/s", +1),
+    ("ttft_mean_s", "TTFT mean s", -1),
+    ("ttft_p99_s", "TTFT p99 s", -1),
+    ("tpot_mean_s", "TPOT mean s", -1),
+    ("tpot_p99_s", "TPOT p99 s", -1),
+    ("preemptions", "preemptions", 0),
+    ("kv_utilization", "KV utilization", 0),
+)
+RANK_METRICS = ("goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "tpot_mean_s")
+
+
+class _WallLimit(RuntimeError):
+    pass
+
+
+class _Recorder:
+    """Wraps the live executor: prices every executed batch with the sim's cost model and stops a
+    run that exceeds ``max_wall_s`` of wall time."""
+
+    def __init__(self, inner, pricer, max_wall_s: Optional[float]) -> None:
+        self.inner, self.pricer = inner, pricer
+        self.max_wall_s = max_wall_s
+        self.rows: list[tuple[float, float, int, int, int]] = []
+        self._t0 = time.perf_counter()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+        self.inner.allocate_kv(num_blocks, num_cpu_blocks, block_size)
+        self.pricer.allocate_kv(num_blocks, num_cpu_blocks, block_size)
+        self._t0 = time.perf_counter()
+
+    def execute(self, batch):
+        out = self.inner.execute(batch)
+        pred = self.pricer.execute(batch).elapsed_s
+        n_dec = sum(1 for s in batch.seqs if s.num_tokens == 1)
+        self.rows.append((out.elapsed_s, pred, len(batch.seqs) - n_dec, n_dec, batch.num_tokens))
+        if self.max_wall_s and time.perf_counter() - self._t0 > self.max_wall_s:
+            raise _WallLimit(f"live run exceeded max_live_wall_s={self.max_wall_s}")
+        return out
+
+
+def _policies(pcfg: dict) -> dict:
+    from kvrl import plugins
+
+    missing = [k for k in plugins.KINDS if k not in pcfg]
+    if missing:
+        raise ValueError(f"policy config lacks {missing} (needs {list(plugins.KINDS)})")
+    return {kind: plugins.create_from_config(kind, dict(pcfg[kind])) for kind in plugins.KINDS}
+
+
+def _engine(ecfg: dict, executor, pcfg: dict, slo: dict, record_steps: bool = True):
+    from kvrl.engine.config import EngineConfig
+    from kvrl.engine.engine import Engine
+
+    p = _policies(pcfg)
+    return Engine(EngineConfig(**ecfg), executor, p["scheduler"], p["watermark"], p["eviction"], p["prefix_cache"],
+                  slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"), record_steps=record_steps)
+
+
+def summarize(engine) -> dict:
+    """The engine's summary plus mean TTFT and TPOT over finished requests."""
+    m = engine.metrics.summary()
+    done = [r for r in engine.metrics.requests.values() if r.finish_s is not None and not r.error]
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in done if r.tpot_s is not None]
+    m["ttft_mean_s"] = float(np.mean(ttft)) if ttft else float("nan")
+    m["tpot_mean_s"] = float(np.mean(tpot)) if tpot else float("nan")
+    return m
+
+
+def rel_err(live: float, sim: float) -> float:
+    if live is None or sim is None or not (math.isfinite(live) and math.isfinite(sim)):
+        return float("nan")
+    if live == 0:
+        return 0.0 if sim == 0 else float("inf")
+    return (sim - live) / abs(live)
+
+
+def warmup(live, ecfg: dict, n: int, seed: int) -> None:
+    """Serve ``n`` requests on ``live`` with engine config ``ecfg`` so that every decode batch size
+    from ``n`` down to 1 occurs (graphs captured) and prompts of many lengths are prefilled."""
+    from kvrl.engine.request import Request
+
+    if n <= 0:
+        return
+    rng = np.random.default_rng(seed + 101)
+    bs = ecfg["block_size"]
+    max_prompt = int(max(16, min(2048, live.max_model_len // 4, ecfg["num_blocks"] * bs // max(4 * n // 16, 4))))
+    lens = np.unique(np.geomspace(8, max_prompt, 12).astype(int))
+    reqs = [Request(f"warm{i}", 0.0, rng.integers(0, live.vocab_size, int(lens[i % len(lens)]), dtype=np.int32),
+                    1 + i % n) for i in range(n)]
+    pol = {"scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
+           "prefix_cache": {"name": "none"}}
+    t0 = time.perf_counter()
+    _engine(ecfg, live, pol, {}, record_steps=False).run(reqs)
+    log.info("warm-up: %d requests in %.1f s", n, time.perf_counter() - t0)
+
+
+def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
+             plots: bool, title: str) -> dict:
+    from kvrl.apps.outputs import atomic_write, write_json
+
+    res: dict[str, Any] = {}
+    recorder = _Recorder(live, make_sim(), max_wall_s)
+    eng = _engine(ecfg, recorder, pcfg, slo)
+    wall = time.perf_counter()
+    try:
+        eng.run(requests)
+    except _WallLimit as exc:
+        log.warning("%s: %s; pair skipped", title, exc)
+        res["error"] = str(exc)
+    res["live_wall_s"] = time.perf_counter() - wall
+    resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
+                    max_model_len=eng.config.max_model_len)
+    live_m = summarize(eng)
+    (out / "live").mkdir(parents=True, exist_ok=True)
+    write_json(out / "live" / "metrics.json", live_m)
+    atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
+    with open(out / "replay.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("step", "live_s", "sim_s", "prefill_seqs", "decode_seqs", "tokens"))
+        w.writerows((i + 1, *row) for i, row in enumerate(recorder.rows))
+
+    sim = make_sim()
+    seng = _engine(resolved, sim, pcfg, slo)
+    wall = time.perf_counter()
+    seng.run(requests)
+    res["sim_wall_s"] = time.perf_counter() - wall
+    sim_m = summarize(seng)
+    (out / "sim").mkdir(parents=True, exist_ok=True)
+    write_json(out / "sim" / "metrics.json", sim_m)
+    atomic_write(out / "sim" / "steps.csv", seng.metrics.write_steps_csv)
+
+    live_t = np.asarray([r[0] for r in recorder.rows])
+    sim_t = np.asarray([r[1] for r in recorder.rows])
+    if live_t.size:
+        e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
+        res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
+                         "p90_abs_rel_err": float(np.percentile(e, 90)),
+                         "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12))}
+    res.update(live=live_m, sim=sim_m, engine=resolved)
+    if plots:
+        plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
+                  f"steps_{out.parent.name}_{out.name}.png", title)
+    return res
+
+
+def plot_pair(live_steps, sim_steps, replay_live, replay_sim, path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvrl.apps.outputs import atomic_write
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    ax = axes[0]
+    for steps, label, alpha in ((live_steps, "live", 0.8), (sim_steps, "sim", 0.6)):
+        if steps:
+            a = np.asarray([(s[1], s[2]) for s in steps])
+            ax.plot(a[:, 0], a[:, 1] * 1e3, ".", ms=2, alpha=alpha, label=f"{label} ({len(steps)} steps)")
+    ax.set_xlabel("engine time (s)")
+    ax.set_ylabel("step duration (ms)")
+    ax.set_yscale("log")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("per-step time, each run on its own schedule", fontsize=9)
+    ax = axes[1]
+    if len(replay_live):
+        lo = max(min(replay_live.min(), replay_sim.min()) * 1e3, 1e-3)
+        hi = max(replay_live.max(), replay_sim.max()) * 1e3
+        ax.loglog(replay_live * 1e3, replay_sim * 1e3, ".", ms=3, alpha=0.5)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xlabel("live step time (ms)")
+    ax.set_ylabel("sim prediction for the same batch (ms)")
+    ax.set_title("replay: the live run's batches priced by the sim", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), mode="wb")
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------- report
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _pct(v: float) -> str:
+    return "n/a" if not math.isfinite(v) else f"{v:+.1%}"
+
+
+def ranking(results: dict, workload: str, metric: str, better: int) -> tuple[list[str], list[str]]:
+    pairs = [(p, r) for (w, p), r in results.items() if w == workload and "error" not in r]
+    sign = -1 if better > 0 else 1
+    def order(side):
+        vals = [(sign * r[side].get(metric, float("nan")), p) for p, r in pairs]
+        return [p for _, p in sorted(vals, key=lambda t: (not math.isfinite(t[0]), t[0], t[1]))]
+    return order("live"), order("sim")
+
+
+def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
+    lines = list(header)
+    csv_rows: list[list] = [["workload", "policy", "metric", "live", "sim", "rel_err"]]
+    lines += ["", "## Per-metric error (sim vs live)", "",
+              "| workload | policy | " + " | ".join(label for _, label, _ in METRICS) + " |",
+              "|---|---|" + "---:|" * len(METRICS)]
+    errs: dict[str, list[float]] = {k: [] for k, _, _ in METRICS}
+    for (w, p), r in results.items():
+        if "error" in r:
+            lines.append(f"| {w} | {p} | " + " | ".join("skipped" for _ in METRICS) + " |")
+            continue
+        cells = []
+        for key, _, _ in METRICS:
+            lv, sv = r["live"].get(key, float("nan")), r["sim"].get(key, float("nan"))
+            e = rel_err(lv, sv)
+            if math.isfinite(e):
+                errs[key].append(abs(e))
+            cells.append(f"{_fmt(lv)} / {_fmt(sv)} ({_pct(e)})")
+            csv_rows.append([w, p, key, lv, sv, e])
+        lines.append(f"| {w} | {p} | " + " | ".join(cells) + " |")
+    lines += ["", "Cells: live / sim (relative error of sim).", "", "## Summary over pairs", "",
+              "| metric | pairs | mean abs rel err | max abs rel err |", "|---|---:|---:|---:|"]
+    for key, label, _ in METRICS:
+        v = errs[key]
+        lines.append(f"| {label} | {len(v)} | {np.mean(v):.1%} | {np.max(v):.1%} |" if v else f"| {label} | 0 | n/a | n/a |")
+    tp = errs["throughput_tok_s"]
+    if tp:
+        lines.append("")
+        lines.append(f"Throughput target (DESIGN.md section 7: under 5% on traces the profile was not fitted to): "
+                     f"{'met' if max(tp) < 0.05 else 'NOT met'} (max {max(tp):.1%}).")
+    lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
+    agree = total = 0
+    for w in dict.fromkeys(w for w, _ in results):
+        for key in RANK_METRICS:
+            better = next(b for k, _, b in METRICS if k == key)
+            lo, so = ranking(results, w, key, better)
+            if len(lo) < 2:
+                continue
+            same = lo == so
+            agree += same
+            total += 1
+            lines.append(f"| {w} | {key} | {' > '.join(lo)} | {' > '.join(so)} | {'yes' if same else 'NO'} |")
+            csv_rows.append([w, "ranking", key, " > ".join(lo), " > ".join(so), "same" if same else "differs"])
+    lines.append("")
+    lines.append(f"Ranking agrees in {agree} of {total} (workload, metric) cases.")
+    lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
+              "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (w, p), r in results.items():
+        rp = r.get("replay")
+        if rp:
+            lines.append(f"| {w} | {p} | {rp['steps']} | {rp['median_abs_rel_err']:.1%} | {rp['p90_abs_rel_err']:.1%} | "
+                         f"{_pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} |")
+    return "\n".join(lines), csv_rows
+
+
+# --------------------------------------------------------------------------------- main
+def main_impl(cfg: dict, out_dir: Path) -> dict:
+    import torch
+
+    from kvrl import plugins
+    from kvrl.apps.outputs import atomic_write
+    from kvrl.apps.profile_app import build_live, configure_cpu, device_name
+    from kvrl.executors.sim import SimExecutor
+    from kvrl.workloads import build_workload
+
+    plugins.load_entry_points()
+    seed = int(cfg.get("seed", 0))
+    live = build_live(cfg["model"], cfg["live"], seed=seed, weights=cfg.get("weights", "memory"))
+    configure_cpu(live.device.type, int(cfg.get("cpu_threads", 1)), bool(cfg.get("flush_denormal", True)))
+    shape, dev = live.cost_model.model, live.cost_model.device
+    graphs = bool(live.use_cuda_graphs)
+    first = SimExecutor(shape, dev, seed, profile=cfg.get("profile", "auto"), cuda_graphs=graphs)
+    spec = first.profile if first.profile is not None else "none"
+    make_sim = lambda: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs)
+    live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
+    slo = dict(cfg.get("slo") or {})
+
+    base = dict(cfg["engine"])
+    cpu_blocks = int(base.pop("cpu_device_num_blocks", 2048))
+    if not base.get("num_blocks"):
+        base["num_blocks"] = (live.kv_capacity_blocks(base.get("block_size", 16), base.get("gpu_memory_utilization", 0.9))
+                              if live.device.type == "cuda" else cpu_blocks)
+    workloads = dict(cfg["workloads"])
+    policies = dict(cfg["policies"])
+    only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
+    if only_w:
+        unknown = sorted(set(only_w) - set(workloads))
+        if unknown:
+            raise ValueError(f"unknown workload(s) {unknown}; known: {sorted(workloads)}")
+        workloads = {k: workloads[k] for k in only_w}
+    if only_p:
+        unknown = sorted(set(only_p) - set(policies))
+        if unknown:
+            raise ValueError(f"unknown policy(ies) {unknown}; known: {sorted(policies)}")
+        policies = {k: policies[k] for k in only_p}
+    if len(policies) < 1 or len(workloads) < 1:
+        raise ValueError("need at least one workload and one policy")
+
+    results: dict[tuple[str, str], dict] = {}
+    warmed: Optional[tuple] = None
+    t_all = time.perf_counter()
+    for wname, w in workloads.items():
+        ecfg = {**base, **(w.get("engine") or {})}
+        if ecfg.get("num_blocks", 0) == 0:
+            ecfg["num_blocks"] = base["num_blocks"]
+        wl = dict(w["workload"])
+        if cfg.get("max_requests"):
+            wl["max_requests"] = min(int(cfg["max_requests"]), int(wl.get("max_requests") or 1 << 30))
+        requests = build_workload(wl, vocab_size=live.vocab_size,
+                                  max_model_len=ecfg.get("max_model_len") or live.max_model_len)
+        key = (ecfg["num_blocks"], ecfg.get("num_cpu_blocks"), ecfg.get("swap_space_gb"), ecfg["block_size"])
+        if key != warmed:
+            warmup(live, ecfg, int(cfg.get("warmup_requests", 0)), seed)
+            warmed = key
+        for pname, pcfg in policies.items():
+            title = f"{wname} / {pname}: {len(requests)} requests, {ecfg['num_blocks']} blocks ({device_name(live)})"
+            log.info("running %s", title)
+            out = out_dir / "runs" / wname / pname
+            res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg.get("max_live_wall_s"),
+                           bool(cfg.get("plots", True)), title)
+            results[(wname, pname)] = res
+            if "error" not in res:
+                lm, sm = res["live"], res["sim"]
+                log.info("  live %.0f tok/s, sim %.0f tok/s (%s); replay median err %s", lm["throughput_tok_s"],
+                         sm["throughput_tok_s"], _pct(rel_err(lm["throughput_tok_s"], sm["throughput_tok_s"])),
+                         f"{res.get('replay', {}).get('median_abs_rel_err', float('nan')):.1%}")
+
+    import platform
+    gpu = device_name(live)
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:
+        tv = "n/a"
+    header = [f"# kvrl-fidelity: sim vs live on {gpu}", "",
+              f"model {cfg['model'].get('name')} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
+              f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
+              + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
+              f"torch {torch.__version__}, triton {tv}; host {platform.node()}; total {time.perf_counter() - t_all:.0f} s.",
+              f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
+              + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
+    table, csv_rows = render(results, header)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "fidelity.md", lambda f: f.write(table + "\n"))
+    def write_csv(f):
+        csv.writer(f).writerows(csv_rows)
+    atomic_write(out_dir / "fidelity.csv", write_csv)
+    atomic_write(out_dir / "fidelity.json", lambda f: json.dump(
+        {f"{w}/{p}": r for (w, p), r in results.items()}, f, indent=1, default=lambda x: None))
+    print(table)
+    return results
+
+
+try:
+    import hydra
+    from omegaconf import DictConfig, OmegaConf
+
+    @hydra.main(config_path="pkg://kvrl.conf", config_name="fidelity", version_base="1.3")
+    def main(cfg: DictConfig) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        main_impl(OmegaConf.to_container(cfg, resolve=True), Path(HydraConfig.get().runtime.output_dir))
+except ImportError:       # pragma: no cover
+    def main() -> None:
+        raise SystemExit("kvrl-fidelity needs hydra-core")
+
+
+if __name__ == "__main__":
+    main()
