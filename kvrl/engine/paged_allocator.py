@@ -201,6 +201,12 @@ class PagedAllocator:
         """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks."""
         bs = self.block_size
         table, fill = seq.block_table, self._fill
+        if new - old == 1 and new % bs:    # one decode token inside a block: the common case
+            block = table[old // bs]
+            if fill[block] < new % bs:
+                self._tokens_in_use += new % bs - fill[block]
+                fill[block] = new % bs
+            return
         first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
         added = 0
         for block in table[first_full:last_full]:
