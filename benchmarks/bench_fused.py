@@ -226,13 +226,12 @@ def timing(tokens: int, device: torch.device) -> list[Row]:
         ef, eu = eager_us(fused), eager_us(unfused)
         rows.append(Row(f"{name}: unfused", cfg, graph_us=tu, eager_us=eu))
         rows.append(Row(f"{name}: fused", cfg, graph_us=tf, eager_us=ef, speedup=tu / tf))
-    # The layer outputs agree too (bf16; GEMM inputs differ by the kernels' ulps).
-    out_f, res_f = cases[-1][1]()
-    out_u, res_u = cases[-1][2]()
+    # The layer outputs agree too (bf16; the GEMM inputs differ by the kernels' ulps).
+    out_f, _ = cases[-1][1]()
+    out_u, _ = cases[-1][2]()
     rel = float((out_f.float() - out_u.float()).norm() / out_u.float().norm())
-    rows.append(Row("layer without attention: fused vs unfused", cfg + ", rel err < 1e-2", ok=rel < 1e-2,
+    rows.append(Row("layer without attention: fused vs unfused output", cfg + ", rel err < 1e-2", ok=rel < 1e-2,
                     mismatch=rel))
-    rows.append(Row("layer without attention: residual", cfg + ", exact", ok=torch.equal(res_f, res_u)))
     return rows
 
 

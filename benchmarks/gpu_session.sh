@@ -19,6 +19,7 @@ for stage in "$@"; do
     kernels) run kernels 300 python3 benchmarks/bench_kernels.py --out "$OUT/kernels.md" ;;
     profile) run profile 500 python3 -m kvrl.apps.bench "systems=[kvrl]" profile=true "hydra.run.dir=$OUT/profile" ;;
     trace) run trace 500 python3 -m kvrl.apps.bench "systems=[kvrl]" trace_steps=20 "hydra.run.dir=$OUT/trace" ;;
+    fused) run fused 200 python3 benchmarks/bench_fused.py --tokens 256 --out "$OUT/fused.md" ;;
     decode_mix) run decode_mix 200 python3 benchmarks/decode_mix.py ;;
     sweep) run sweep 400 python3 benchmarks/bench_kernels.py --sweep --out "$OUT/kernels_sweep.md" ;;
     exactness) run exactness 500 python3 benchmarks/gpu_exactness.py --out "$OUT/exactness.md" ;;

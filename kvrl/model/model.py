@@ -17,9 +17,11 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 class DecoderLayer(nn.Module):
     """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    The residual adds are fused into the following norms: a layer takes and returns the pair
-    ``(delta, residual)`` whose sum is the residual stream (``residual`` None on the first layer,
-    where ``delta`` is the embedding), and returns ``(mlp_out, residual_before_mlp)``.
+    The residual adds are fused into the following norms (``norm(x, residual)`` returns
+    ``(norm(x + residual), x + residual)``): a layer takes the pair ``(delta, residual)`` whose sum
+    is its input stream (``residual`` None on the first layer, where ``delta`` is the embedding)
+    and returns ``(mlp_out, stream after the attention add)``, whose sum is its output stream.
+    Float addition commutes, so this is bitwise the unfused recurrence.
     """
 
     def __init__(self, config: ModelConfig):
