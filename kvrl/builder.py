@@ -44,7 +44,8 @@ def build_executor(cfg: Any) -> Executor:
         shape = _dataclass_from(ModelShape, model, "model")
         device = _dataclass_from(DeviceSpec, to_dict(cfg.device), "device")
         from kvrl.executors.sim import SimExecutor
-        return SimExecutor(shape, device, seed=int(cfg.seed))
+        return SimExecutor(shape, device, seed=int(cfg.seed), profile=backend.get("profile", "auto"),
+                           cuda_graphs=bool(backend.get("cuda_graphs", True)))
     if name == "live":
         from kvrl.executors.live import build_live_executor
         return build_live_executor(backend, to_dict(cfg.model), seed=int(cfg.seed))

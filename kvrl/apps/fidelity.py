@@ -48,13 +48,15 @@ class _WallLimit(RuntimeError):
 
 
 class _Recorder:
-    """Wraps the live executor: prices every executed batch with the sim's cost model and stops a
-    run that exceeds ``max_wall_s`` of wall time."""
+    """Wraps the live executor: keeps every executed batch and its live ``elapsed_s`` (priced by
+    the sim's cost model after the run, so nothing but two list appends happens between live
+    steps), and stops a run that exceeds ``max_wall_s`` of wall time."""
 
-    def __init__(self, inner, pricer, max_wall_s: Optional[float]) -> None:
-        self.inner, self.pricer = inner, pricer
+    def __init__(self, inner, max_wall_s: Optional[float]) -> None:
+        self.inner = inner
         self.max_wall_s = max_wall_s
-        self.rows: list[tuple[float, float, int, int, int]] = []
+        self.batches: list = []
+        self.elapsed: list[float] = []
         self._t0 = time.perf_counter()
 
     def __getattr__(self, name):
@@ -62,17 +64,23 @@ class _Recorder:
 
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         self.inner.allocate_kv(num_blocks, num_cpu_blocks, block_size)
-        self.pricer.allocate_kv(num_blocks, num_cpu_blocks, block_size)
         self._t0 = time.perf_counter()
 
     def execute(self, batch):
         out = self.inner.execute(batch)
-        pred = self.pricer.execute(batch).elapsed_s
-        n_dec = sum(1 for s in batch.seqs if s.num_tokens == 1)
-        self.rows.append((out.elapsed_s, pred, len(batch.seqs) - n_dec, n_dec, batch.num_tokens))
+        self.batches.append(batch)
+        self.elapsed.append(out.elapsed_s)
         if self.max_wall_s and time.perf_counter() - self._t0 > self.max_wall_s:
             raise _WallLimit(f"live run exceeded max_live_wall_s={self.max_wall_s}")
         return out
+
+    def replay(self, pricer) -> list[tuple[float, float, int, int, int]]:
+        """(live s, sim s, prefill seqs, decode seqs, tokens) per executed step."""
+        rows = []
+        for batch, live_s in zip(self.batches, self.elapsed):
+            n_dec = sum(1 for s in batch.seqs if s.num_tokens == 1)
+            rows.append((live_s, pricer.execute(batch).elapsed_s, len(batch.seqs) - n_dec, n_dec, batch.num_tokens))
+        return rows
 
 
 def _policies(pcfg: dict) -> dict:
@@ -137,7 +145,7 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     from kvrl.apps.outputs import atomic_write, write_json
 
     res: dict[str, Any] = {}
-    recorder = _Recorder(live, make_sim(), max_wall_s)
+    recorder = _Recorder(live, max_wall_s)
     eng = _engine(ecfg, recorder, pcfg, slo)
     wall = time.perf_counter()
     try:
@@ -152,11 +160,18 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     (out / "live").mkdir(parents=True, exist_ok=True)
     write_json(out / "live" / "metrics.json", live_m)
     atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
+    pricer = make_sim()
+    pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
+    replay = recorder.replay(pricer)
+    recorder.batches.clear()
     with open(out / "replay.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(("step", "live_s", "sim_s", "prefill_seqs", "decode_seqs", "tokens"))
-        w.writerows((i + 1, *row) for i, row in enumerate(recorder.rows))
+        w.writerows((i + 1, *row) for i, row in enumerate(replay))
 
+    if "error" in res:
+        res.update(live=live_m, sim={}, engine=resolved)
+        return res
     sim = make_sim()
     seng = _engine(resolved, sim, pcfg, slo)
     wall = time.perf_counter()
@@ -167,8 +182,8 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     write_json(out / "sim" / "metrics.json", sim_m)
     atomic_write(out / "sim" / "steps.csv", seng.metrics.write_steps_csv)
 
-    live_t = np.asarray([r[0] for r in recorder.rows])
-    sim_t = np.asarray([r[1] for r in recorder.rows])
+    live_t = np.asarray([r[0] for r in replay])
+    sim_t = np.asarray([r[1] for r in replay])
     if live_t.size:
         e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
         res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
@@ -182,7 +197,14 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
 
 
 def plot_pair(live_steps, sim_steps, replay_live, replay_sim, path: Path, title: str) -> None:
-    import matplotlib
+    """Per-step time over engine time (live and sim, each on its own schedule) and the replay
+    scatter. Skipped with a warning when matplotlib is missing (see :func:`replot`)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed: %s not written (re-plot later with kvrl.apps.fidelity.replot)",
+                    path.name)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -214,6 +236,28 @@ def plot_pair(live_steps, sim_steps, replay_live, replay_sim, path: Path, title:
     plt.close(fig)
 
 
+def replot(run_dir: str) -> list[Path]:
+    """Re-draw every ``steps_<workload>_<policy>.png`` of a finished kvrl-fidelity run directory
+    from its ``steps.csv`` and ``replay.csv`` files (e.g. on a machine with matplotlib when the
+    GPU machine had none): ``python -c "from kvrl.apps.fidelity import replot; replot('DIR')"``."""
+    root = Path(run_dir)
+    written = []
+    for pair in sorted(p for p in (root / "runs").glob("*/*") if (p / "replay.csv").exists()):
+        def steps(side):
+            f = pair / side / "steps.csv"
+            if not f.exists():
+                return []
+            with open(f) as fh:
+                rows = list(csv.reader(fh))[1:]
+            return [(int(r[0]), float(r[1]), float(r[2])) for r in rows]
+        with open(pair / "replay.csv") as fh:
+            rep = np.asarray([[float(r[1]), float(r[2])] for r in list(csv.reader(fh))[1:]]).reshape(-1, 2)
+        path = root / f"steps_{pair.parent.name}_{pair.name}.png"
+        plot_pair(steps("live"), steps("sim"), rep[:, 0], rep[:, 1], path, f"{pair.parent.name} / {pair.name}")
+        written.append(path)
+    return written
+
+
 # --------------------------------------------------------------------------------- report
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -227,12 +271,20 @@ def _pct(v: float) -> str:
     return "n/a" if not math.isfinite(v) else f"{v:+.1%}"
 
 
-def ranking(results: dict, workload: str, metric: str, better: int) -> tuple[list[str], list[str]]:
+def ranking(results: dict, workload: str, metric: str, better: int) -> tuple[str, str]:
+    """Policies of ``workload`` best first by ``metric``, live and sim, as ``"a > b"`` (equal
+    values, e.g. when neither policy ever had to decide anything, as ``"a = b"``)."""
     pairs = [(p, r) for (w, p), r in results.items() if w == workload and "error" not in r]
     sign = -1 if better > 0 else 1
-    def order(side):
-        vals = [(sign * r[side].get(metric, float("nan")), p) for p, r in pairs]
-        return [p for _, p in sorted(vals, key=lambda t: (not math.isfinite(t[0]), t[0], t[1]))]
+
+    def order(side: str) -> str:
+        vals = sorted(((sign * r[side].get(metric, float("nan")), p) for p, r in pairs),
+                      key=lambda t: (not math.isfinite(t[0]), t[0], t[1]))
+        text = vals[0][1] if vals else ""
+        for (a, _), (b, name) in zip(vals, vals[1:]):
+            tie = math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-12)
+            text += (" = " if tie else " > ") + name
+        return text
     return order("live"), order("sim")
 
 
@@ -267,20 +319,27 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
         lines.append(f"Throughput target (DESIGN.md section 7: under 5% on traces the profile was not fitted to): "
                      f"{'met' if max(tp) < 0.05 else 'NOT met'} (max {max(tp):.1%}).")
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
-    agree = total = 0
+    agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):
         for key in RANK_METRICS:
             better = next(b for k, _, b in METRICS if k == key)
             lo, so = ranking(results, w, key, better)
-            if len(lo) < 2:
-                continue
-            same = lo == so
-            agree += same
+            if " " not in lo:
+                continue          # fewer than two policies finished
+            if lo == so:
+                verdict = "yes"
+            elif " = " in lo or " = " in so:
+                verdict = "tie"
+            else:
+                verdict = "NO"
+            agree += verdict == "yes"
+            ties += verdict == "tie"
             total += 1
-            lines.append(f"| {w} | {key} | {' > '.join(lo)} | {' > '.join(so)} | {'yes' if same else 'NO'} |")
-            csv_rows.append([w, "ranking", key, " > ".join(lo), " > ".join(so), "same" if same else "differs"])
+            lines.append(f"| {w} | {key} | {lo} | {so} | {verdict} |")
+            csv_rows.append([w, "ranking", key, lo, so, {"yes": "same", "tie": "tie", "NO": "differs"}[verdict]])
     lines.append("")
-    lines.append(f"Ranking agrees in {agree} of {total} (workload, metric) cases.")
+    lines.append(f"Ranking agrees in {agree} of {total} (workload, metric) cases"
+                 + (f"; {ties} with a tie on one side (policies equal there: not a disagreement in order)." if ties else "."))
     lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
               "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -292,12 +351,26 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
     return "\n".join(lines), csv_rows
 
 
+def write_report(results: dict, out_dir: Path, header: list[str], final: bool) -> str:
+    """Write fidelity.md / .csv / .json for the pairs done so far; returns the Markdown."""
+    from kvrl.apps.outputs import atomic_write
+
+    if not final:
+        header = header + ["", "**Partial: the run is still going (or was stopped).**"]
+    table, csv_rows = render(results, header)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(out_dir / "fidelity.md", lambda f: f.write(table + "\n"))
+    atomic_write(out_dir / "fidelity.csv", lambda f: csv.writer(f).writerows(csv_rows))
+    atomic_write(out_dir / "fidelity.json", lambda f: json.dump(
+        {f"{w}/{p}": r for (w, p), r in results.items()}, f, indent=1, default=lambda x: None))
+    return table
+
+
 # --------------------------------------------------------------------------------- main
 def main_impl(cfg: dict, out_dir: Path) -> dict:
     import torch
 
     from kvrl import plugins
-    from kvrl.apps.outputs import atomic_write
     from kvrl.apps.profile_app import build_live, configure_cpu, device_name
     from kvrl.executors.sim import SimExecutor
     from kvrl.workloads import build_workload
@@ -338,6 +411,22 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     results: dict[tuple[str, str], dict] = {}
     warmed: Optional[tuple] = None
     t_all = time.perf_counter()
+    gpu = device_name(live)
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:
+        tv = "n/a"
+
+    def header_lines() -> list[str]:
+        import platform
+        return [f"# kvrl-fidelity: sim vs live on {gpu}", "",
+                f"model {cfg['model'].get('name')} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
+                f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
+                + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
+                f"torch {torch.__version__}, triton {tv}; host {platform.node()}; {time.perf_counter() - t_all:.0f} s so far.",
+                f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
+                + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
     for wname, w in workloads.items():
         ecfg = {**base, **(w.get("engine") or {})}
         if ecfg.get("num_blocks", 0) == 0:
@@ -358,34 +447,14 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg.get("max_live_wall_s"),
                            bool(cfg.get("plots", True)), title)
             results[(wname, pname)] = res
+            write_report(results, out_dir, header_lines(), final=False)   # partial results survive a timeout
             if "error" not in res:
                 lm, sm = res["live"], res["sim"]
                 log.info("  live %.0f tok/s, sim %.0f tok/s (%s); replay median err %s", lm["throughput_tok_s"],
                          sm["throughput_tok_s"], _pct(rel_err(lm["throughput_tok_s"], sm["throughput_tok_s"])),
                          f"{res.get('replay', {}).get('median_abs_rel_err', float('nan')):.1%}")
 
-    import platform
-    gpu = device_name(live)
-    try:
-        import triton
-        tv = triton.__version__
-    except Exception:
-        tv = "n/a"
-    header = [f"# kvrl-fidelity: sim vs live on {gpu}", "",
-              f"model {cfg['model'].get('name')} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
-              f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
-              + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
-              f"torch {torch.__version__}, triton {tv}; host {platform.node()}; total {time.perf_counter() - t_all:.0f} s.",
-              f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
-              + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
-    table, csv_rows = render(results, header)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "fidelity.md", lambda f: f.write(table + "\n"))
-    def write_csv(f):
-        csv.writer(f).writerows(csv_rows)
-    atomic_write(out_dir / "fidelity.csv", write_csv)
-    atomic_write(out_dir / "fidelity.json", lambda f: json.dump(
-        {f"{w}/{p}": r for (w, p), r in results.items()}, f, indent=1, default=lambda x: None))
+    table = write_report(results, out_dir, header_lines(), final=True)
     print(table)
     return results
 

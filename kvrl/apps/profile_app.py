@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import platform
 import time
@@ -44,7 +43,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         prefix_query=[16, 128, 512, 2048], prefix_cached=[1024, 4096, 16384],
         mixed_batch=[16, 64, 256], mixed_ctx=[512, 2048], mixed_prefill=[256, 2048],
         copies=[1, 16, 128, 1024],
-        swaps=[1, 16, 128, 1024],
+        swaps=[1, 16, 128, 512],
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
         holdout=40,
         host_requests=192, host_prompt=[32, 1024], host_output=[16, 256],
@@ -273,8 +272,13 @@ def random_points(g: dict, n: int, graphs: bool, max_len: int, seed: int) -> lis
 
 # --------------------------------------------------------------------------------- timing
 def time_batch(ex, batch, warmup: int, reps: int, budget_s: float) -> list[float]:
-    for _ in range(warmup):
+    """Run ``warmup`` untimed (only one if it alone takes over half the budget), then time up to
+    ``reps`` runs (at least 3, fewer once ``budget_s`` is spent)."""
+    for i in range(warmup):
+        t0 = time.perf_counter()
         ex.execute(batch)
+        if i == 0 and warmup > 1 and time.perf_counter() - t0 > budget_s / 2:
+            break
     times: list[float] = []
     spent = 0.0
     for _ in range(max(reps, 1)):
@@ -337,23 +341,21 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
 
 
 class _Timed:
-    """Executor wrapper that records each step's features, the time inside ``execute`` and the
-    live ``elapsed_s`` (which adds the engine's own time since the previous step)."""
+    """Executor wrapper that keeps each executed batch, the time inside ``execute`` and the live
+    ``elapsed_s`` (which adds the engine's own time since the previous step). It does nothing
+    else between steps, so the gaps it sees are the engine's."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.rows: list[tuple[dict, float, float]] = []
+        self.rows: list[tuple[Any, float, float]] = []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def execute(self, batch):
-        from kvrl.executors.profile import batch_features
-
         t0 = time.perf_counter()
         out = self.inner.execute(batch)
-        inner = time.perf_counter() - t0
-        self.rows.append((batch_features(batch), inner, out.elapsed_s))
+        self.rows.append((batch, time.perf_counter() - t0, out.elapsed_s))
         return out
 
 
@@ -364,6 +366,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     from kvrl.engine.config import EngineConfig
     from kvrl.engine.engine import Engine
     from kvrl.engine.request import Request
+    from kvrl.executors.profile import batch_features
 
     rng = np.random.default_rng(seed + 31)
     n = g["host_requests"]
@@ -380,9 +383,10 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
                        max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
                        max_model_len=max_len)
     eng = Engine(cfg, timed, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                 plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "none"), record_steps=False)
+                 plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "hash_lru"), record_steps=True)
     eng.run(reqs)
-    return timed.rows[2:]   # the first steps follow an idle gap (elapsed_s then counts only execute)
+    # the first steps follow an idle gap (elapsed_s then counts only execute)
+    return [(batch_features(b), inner, el) for b, inner, el in timed.rows[2:]]
 
 
 # --------------------------------------------------------------------------------- the whole profile
@@ -416,7 +420,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     """Measure ``ex`` over ``grid``, fit, and return the :class:`StepProfile` (not yet saved)."""
     import torch
 
-    from kvrl.executors.profile import (FORMAT, VERSION, StepModel, StepProfile, error_stats, fit_host, ProfileKey)
+    from kvrl.executors.profile import ProfileKey, StepModel, StepProfile, error_stats, fit_host
 
     max_len = ex.max_model_len
     nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
@@ -432,13 +436,14 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     holdout = random_points(grid, int(grid["holdout"]), graphs, max_len, seed)
     log.info("profiling %d grid points + %d held-out steps on %s (pool %d blocks of %d)", len(points),
              len(holdout), device_name(ex), nb, block_size)
-    report = None
-    if progress:
-        def report(i, n):
-            if i == n or i % 25 == 0:
-                log.info("  %d/%d points (%.0f s)", i, n, time.perf_counter() - t_start)
-    samples = measure(ex, factory, points, grid, report)
-    held = measure(ex, factory, holdout, grid, report)
+    def report(i: int, n: int) -> None:
+        if progress and (i == n or i % 25 == 0):
+            log.info("  %d/%d points (%.0f s)", i, n, time.perf_counter() - t_start)
+
+    # measured in one pass: with interleaved rounds (CPU) grid and held-out steps then see the
+    # same background load
+    measured = measure(ex, factory, points + holdout, grid, report)
+    samples, held = measured[:len(points)], measured[len(points):]
     t_grid = time.perf_counter() - t_start
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     model = StepModel.fit(samples, graph_sizes)
@@ -448,8 +453,9 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     model.host = fit_host(host_rows)
     model._build()
 
-    fit = {"grid": error_stats([model.predict_features(s, graphs) for s in samples], [s["t"] for s in samples]),
-           "holdout": error_stats([model.predict_features(s, graphs) for s in held], [s["t"] for s in held]),
+    pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
+    fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
+           "holdout": error_stats(pred(held), [s["t"] for s in held]),
            "engine_replay": error_stats([model.predict_features(f, graphs) for f, _, _ in steps],
                                         [inner for _, inner, _ in steps]),
            "engine_replay_with_host": error_stats(
@@ -458,8 +464,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
            "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}}
     for group in sorted({s["group"] for s in samples}):
         sel = [s for s in samples if s["group"] == group]
-        fit.setdefault("by_group", {})[group] = error_stats([model.predict_features(s, graphs) for s in sel],
-                                                           [s["t"] for s in sel])
+        fit.setdefault("by_group", {})[group] = error_stats(pred(sel), [s["t"] for s in sel])
     meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
             "graph_batch_sizes": graph_sizes, "sampling": dataclasses.asdict(ex.sampling),

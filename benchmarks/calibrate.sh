@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Sim calibration on one GPU (about 5-6 minutes on an H200 with the default stages): profile the live
+# executor for Qwen3-0.6B bf16 (and the Llama-3-8B shape), then kvrl-fidelity (3 workloads x 2
+# policies, sim vs live) with the fresh Qwen profile. Everything lands under $OUT:
+#   $OUT/profiles/<device>_<model>_<dtype>.json   profiles to copy into kvrl/executors/profiles/
+#   $OUT/profile_<model>/{profile.json,profile.md} fit report (grid, held-out, engine replay errors)
+#   $OUT/fidelity_qwen3-0.6b/{fidelity.md,fidelity.csv,fidelity.json,steps_*.png,runs/...}
+#   $OUT/<stage>.log                                every stage's output
+# Usage: bash benchmarks/calibrate.sh [STAGE...]   (default: env profile_qwen fidelity_qwen profile_llama summary)
+# Expected ~1-1.5 min per profile and ~2-3 min for fidelity; the stage caps (60+200+300+150 s) add up
+# to more than one 10-minute device call, so on a capped machine split it into two calls:
+#   bash benchmarks/calibrate.sh env profile_qwen fidelity_qwen    # fidelity needs this call's profile
+#   bash benchmarks/calibrate.sh profile_llama summary
+# kvrl-fidelity rewrites its tables after every pair, so a stage cut short keeps the pairs it finished.
+# Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama summary
+# Needs hydra-core/omegaconf/antlr4 (+ xxhash) as wheels in .whl/ when the image lacks them, like
+# benchmarks/gpu_session.sh; matplotlib is optional (without it the PNGs are skipped; re-draw them
+# anywhere with: python -c "from kvrl.apps.fidelity import replot; replot('$OUT/fidelity_qwen3-0.6b')").
+# Knobs (environment): FID_ARGS="..." extra kvrl-fidelity overrides, e.g.
+#   FID_ARGS="workloads.poisson.workload.arrival.rate=200 max_requests=300"
+# PROF_ARGS="..." extra kvrl-profile overrides; QWEN=qwen3-0.6b LLAMA=llama-3-8b DTYPE=bfloat16 DEV=auto
+# (a CPU smoke test of this script: QWEN=tiny DTYPE=float32 DEV=cpu FID_ARGS="max_requests=8 warmup_requests=0").
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT/profiles"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+# the package-dir mapping of pyproject.toml, as links (no install needed)
+for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T), limit ${limit}s)"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  tail -n 30 "$OUT/$name.log"; echo "=== $name rc=$rc in $((SECONDS - t0)) s"; return 0; }
+QWEN=${QWEN:-qwen3-0.6b}; LLAMA=${LLAMA:-llama-3-8b}; DTYPE=${DTYPE:-bfloat16}; DEV=${DEV:-auto}
+QWEN_PROFILE="$OUT/profile_$QWEN/profile.json"; LLAMA_PROFILE="$OUT/profile_$LLAMA/profile.json"
+STAGES=("$@"); [ ${#STAGES[@]} -eq 0 ] && STAGES=(env profile_qwen fidelity_qwen profile_llama summary)
+for stage in "${STAGES[@]}"; do
+  case $stage in
+    env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"; python3 -c "import hydra, omegaconf, xxhash; print(\"hydra\", hydra.__version__)"; python3 -c "import matplotlib; print(\"matplotlib\", matplotlib.__version__)" || echo "no matplotlib: PNGs skipped"' ;;
+    profile_qwen) run profile_qwen 200 python3 -m kvrl.apps.profile_app "model=$QWEN" "backend.dtype=$DTYPE" \
+        "backend.device=$DEV" "hydra.run.dir=$OUT/profile_$QWEN" "install_dir=$OUT/profiles" ${PROF_ARGS:-} ;;
+    fidelity_qwen)
+      prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
+      run fidelity_qwen 300 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
+        "profile=$prof" "hydra.run.dir=$OUT/fidelity_$QWEN" ${FID_ARGS:-} ;;
+    profile_llama) run profile_llama 150 python3 -m kvrl.apps.profile_app "model=$LLAMA" "backend.dtype=$DTYPE" \
+        "backend.device=$DEV" "hydra.run.dir=$OUT/profile_$LLAMA" "install_dir=$OUT/profiles" \
+        "grid.prefix_cached=[1024,4096]" "grid.holdout=30" ${PROF_ARGS:-} ;;
+    fidelity_llama)
+      prof=auto; [ -f "$LLAMA_PROFILE" ] && prof="$LLAMA_PROFILE"
+      run fidelity_llama 400 python3 -m kvrl.apps.fidelity "model=$LLAMA" "live.dtype=$DTYPE" "live.device=$DEV" \
+        "profile=$prof" "hydra.run.dir=$OUT/fidelity_$LLAMA" max_requests=200 ${FID_ARGS:-} ;;
+    summary)
+      echo "=== summary"; ls -la "$OUT/profiles"
+      for f in "$OUT"/profile_*/profile.md "$OUT"/fidelity_*/fidelity.md; do [ -f "$f" ] && { echo; echo "--- $f"; cat "$f"; }; done ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
