@@ -8,10 +8,11 @@ app's defaults) runs it over every job of a basic-sweeper multirun before the fi
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
@@ -21,6 +22,7 @@ from kvrl import plugins
 from kvrl.apps.tracking import TRACKERS
 from kvrl.engine.config import EngineConfig
 from kvrl.executors.hardware import DeviceSpec
+from kvrl.workloads import resolve_config
 
 WANDB_MODES = ("offline", "online", "disabled")
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -97,17 +99,12 @@ def _check_plugin(kind: str) -> Callable[[dict], None]:
     return check
 
 
-def _check_workload(workload: dict) -> None:
-    from kvrl.workloads import resolve_config
-    resolve_config(workload)
-
-
 _SECTION_CHECKS: dict[str, Callable[[dict], Any]] = {
     "engine": lambda node: EngineConfig(**node),
     "device": lambda node: DeviceSpec(**node),
     "slo": _check_slo,
     "logger": _check_logger,
-    "workload": _check_workload,
+    "workload": resolve_config,
     **{kind: _check_plugin(kind) for kind in plugins.KINDS},
 }
 
@@ -131,26 +128,51 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"invalid config: {exc}") from None
 
 
-def sweep_job_overrides(config: DictConfig, loader: Any) -> list[list[str]]:
+def sweep_job_overrides(config: DictConfig, parser: Any) -> list[list[str]]:
     """The override lists of every job of a basic-sweeper multirun (``hydra.sweeper.params`` and
-    the command line, expanded as Hydra's BasicSweeper does, ``glob`` through the config
-    ``loader``); empty for other sweepers, whose trials exist only once they are asked for."""
+    the command line, expanded by Hydra's BasicSweeper; ``parser`` is an ``OverridesParser``);
+    empty for other sweepers, whose trials exist only once they are asked for."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     sweeper = config.hydra.sweeper
     if sweeper.get("_target_") != BASIC_SWEEPER:
         return []
     arguments = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     arguments += list(config.hydra.overrides.task)
-    batches = BasicSweeper.split_arguments(OverridesParser.create(loader).parse_overrides(arguments), None)
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(arguments), None)
     return [list(job) for batch in batches for job in batch]
 
 
+def sweep_job_configs(config: DictConfig, loader: Any) -> Iterator[tuple[list[str], DictConfig]]:
+    """``(overrides, composed config)`` of every job of a basic-sweeper multirun.
+
+    Composing a config costs Hydra about half a second, so jobs are composed once per distinct
+    set of structural overrides (config group choices, ``+``/``~`` edits); each job's plain
+    ``key=value`` overrides are then applied to a copy the way Hydra applies them, with the
+    same type checks.
+    """
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create(loader)
+    groups = set(config.hydra.runtime.choices)
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    for overrides in sweep_job_overrides(config, parser):
+        parsed = parser.parse_overrides(overrides)
+        plain = [o for o in parsed if not (o.key_or_group in groups or o.is_add() or o.is_delete()
+                                           or o.is_force_add() or o.package is not None)]
+        structural = tuple(o.input_line for o in parsed if o not in plain)
+        if structural not in composed:
+            composed[structural] = loader.load_sweep_config(config, list(structural))
+        job_config = copy.deepcopy(composed[structural])
+        ConfigLoaderImpl._apply_overrides_to_config(plain, job_config)
+        yield overrides, job_config
+
+
 class ValidateConfig(Callback):
-    """Hydra callback: before a basic-sweeper multirun launches its first job, compose and check
-    every job's config, so one bad value fails the whole sweep at once, naming the job's
-    overrides and the key. (Each job still checks its own config, with any sweeper.)
+    """Hydra callback: before a basic-sweeper multirun launches its first job, check every job's
+    config, so one bad value fails the whole sweep at once, naming the job's overrides and the
+    key. (Each job still checks its own config, with any sweeper.)
 
     Hydra 1.3 turns a callback's exceptions into warnings, so the failure is a ``SystemExit``
     carrying the message (exit status 1).
@@ -160,9 +182,9 @@ class ValidateConfig(Callback):
         from hydra.core.global_hydra import GlobalHydra
 
         loader = GlobalHydra.instance().config_loader()
-        for num, overrides in enumerate(sweep_job_overrides(config, loader)):
+        for num, (overrides, job_config) in enumerate(sweep_job_configs(config, loader)):
             try:
-                validate_config(loader.load_sweep_config(config, overrides))
+                validate_config(job_config)
             except ConfigError as exc:
                 raise SystemExit(f"sweep job #{num} ({' '.join(overrides)}): {exc}") from None
 

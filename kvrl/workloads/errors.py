@@ -21,6 +21,9 @@ class TraceFormatError(ValueError):
             where += f": field {field!r}"
         super().__init__(f"{where}: {message}")
 
+    def __reduce__(self):   # picklable, so parallel sweep workers report the real error
+        return (TraceFormatError, (self.path, self.line, self.reason, self.field))
+
 
 class WorkloadConfigError(ValueError):
     """A workload config with an unknown key, a missing key or a value of the wrong type."""
