@@ -51,6 +51,13 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
+                     "num_cpu_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"engine.{name} must be an integer, got {value!r}")
+        if not isinstance(self.chunked_prefill, bool):
+            raise ValueError(f"engine.chunked_prefill must be true or false, got {self.chunked_prefill!r}")
         check_range("engine.num_blocks", self.num_blocks, 0)
         check_range("engine.block_size", self.block_size, 1)
         if self.num_cpu_blocks is not None:

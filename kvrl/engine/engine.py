@@ -118,6 +118,11 @@ class Engine:
         if int(request.prompt_token_ids.max()) >= self.executor.vocab_size:
             raise RequestRejected(f"request {rid!r}: token id {int(request.prompt_token_ids.max())} is outside the "
                                   f"model's vocabulary (size {self.executor.vocab_size})")
+        if not cfg.chunked_prefill and total > cfg.max_num_batched_tokens:
+            raise RequestRejected(
+                f"request {rid!r}: {total} tokens cannot be (re)computed in one step of "
+                f"engine.max_num_batched_tokens={cfg.max_num_batched_tokens} with engine.chunked_prefill=false; "
+                f"raise the budget or enable chunked prefill")
         need = request_blocks(cfg, request)
         if need > cfg.num_blocks:
             raise RequestRejected(

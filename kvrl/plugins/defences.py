@@ -48,7 +48,7 @@ def _inner_spec(kind: str, inner: str, inner_params: Optional[Dict[str, Any]], s
         make_params(kind, inner, **params)   # validates now, naming the key
     except UnknownPluginError as exc:
         raise ValueError(f"inner: {exc}") from None
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"inner: {exc}") from None
     return inner, params
 
@@ -96,9 +96,12 @@ class TenantQuota(_Wrapper, WatermarkPolicy):
     blocking by a hog). A tenant holding nothing is always allowed one request, so nobody starves.
     Held blocks = block-table entries of the tenant's running sequences (shared prefix blocks count
     for each holder). Share = ``share`` of the pool when > 0, else the fair share ``1 / (tenants
-    with a running, swapped or waiting request)`` (work-conserving: a tenant alone gets the whole
-    pool), times ``burst``. The reservation rule is the inner watermark's. Parameters: ``share``
-    (0 = fair share, default), ``burst`` (>= 1, default 1.0), ``inner`` (default ``fixed``),
+    with a running, swapped or waiting request)`` (a tenant alone gets the whole pool and is not
+    vetoed at all), times ``burst``. With ``contended_only`` (default) a tenant above its share is
+    vetoed only while another tenant has a request waiting or swapped out (work-conserving: memory
+    nobody else asks for is not held back); ``contended_only=false`` makes the share a hard quota.
+    The reservation rule is the inner watermark's. Parameters: ``share`` (0 = fair share, default),
+    ``burst`` (>= 1, default 1.0), ``contended_only`` (default true), ``inner`` (default ``fixed``),
     ``inner_fraction``, ``inner_params``. Source: per-tenant memory quotas / fair sharing of the KV
     cache (the max-min fairness of "Fairness in Serving Large Language Models", Sheng et al., OSDI
     2024, applied to blocks) against the fill-and-squeeze attack of docs/security.md."""
@@ -107,21 +110,26 @@ class TenantQuota(_Wrapper, WatermarkPolicy):
     class Params(_WatermarkInner):
         share: float = 0.0
         burst: float = 1.0
+        contended_only: bool = True
 
         def __post_init__(self):
             check_range("share", self.share, 0.0, 1.0)
             check_range("burst", self.burst, 1.0)
+            if not isinstance(self.contended_only, bool):
+                raise ValueError(f"contended_only must be true or false, got {self.contended_only!r}")
             self.inner_spec()
 
     def __init__(self, params) -> None:
         super().__init__(params)
         self._key = None
         self._held: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
         self._limit = 0
 
     def _refresh(self) -> None:
+        """Blocks held per tenant and the share limit, once per scheduling pass (step)."""
         eng = self.engine
-        key = (eng.step_index, eng.now)
+        key = eng.step_index
         if key == self._key:
             return
         self._key = key
@@ -129,23 +137,31 @@ class TenantQuota(_Wrapper, WatermarkPolicy):
         for s in eng.running:
             held[s.tenant] = held.get(s.tenant, 0) + s.num_blocks
         self._held = held
+        waiting: dict[str, int] = {}
+        for s in (*eng.waiting, *eng.swapped):
+            waiting[s.tenant] = waiting.get(s.tenant, 0) + 1
+        self._waiting = waiting
         share = self.params.share
         if not share:
-            active = set(held)
-            active.update(s.tenant for s in eng.waiting)
-            active.update(s.tenant for s in eng.swapped)
-            share = 1.0 / max(len(active), 1)
-        self._limit = math.ceil(self.params.burst * share * eng.num_blocks)
+            share = 1.0 / max(len(set(held) | set(waiting)), 1)
+        limit = math.ceil(self.params.burst * share * eng.num_blocks)
+        self._limit = limit if limit < eng.num_blocks else None   # None: no quota (a tenant alone)
 
     def admit(self, seq, blocks_needed: int) -> bool:
         self._refresh()
         tenant = seq.tenant
         held = self._held.get(tenant, 0)
-        if held and held + blocks_needed > self._limit:
-            return False
+        if self._limit is not None and held and held + blocks_needed > self._limit:
+            if not self.params.contended_only or any(t != tenant for t in self._waiting):
+                return False
         if not self.inner.admit(seq, blocks_needed):
             return False
         self._held[tenant] = held + blocks_needed   # admissions later in this step see it
+        left = self._waiting.get(tenant, 0) - 1
+        if left > 0:
+            self._waiting[tenant] = left
+        else:
+            self._waiting.pop(tenant, None)
         return True
 
     def reserved_blocks(self) -> int:
