@@ -1,2 +1,2 @@
 """Imports every built-in plugin module so their ``@register`` decorators run."""
-from kvrl.plugins import defences, evictions, prefix_caches, schedulers, watermarks  # noqa: F401
+from kvrl.plugins import agent, defences, evictions, prefix_caches, schedulers, watermarks  # noqa: F401

@@ -1,0 +1,267 @@
+"""Configuration of the kvrl Gymnasium environments: typed, validated dataclasses.
+
+An environment config has two parts:
+
+* ``run``: the engine and workload, in the shape of a kvrl Hydra app config (``backend``,
+  ``model``, ``device``, ``workload``, ``scheduler``, ``watermark``, ``eviction``,
+  ``prefix_cache``, ``engine``, ``slo``, ``seed``), built by :func:`kvrl.builder.build_engine`;
+* the task: decision epochs, action space, reward, episode windows, observation features.
+
+:func:`load_task` composes the packaged task ``conf/env/<name>.yaml`` through ``conf/train.yaml``
+(the scenario the apps train and evaluate on); :func:`env_config_from_app` does the same from an
+app's already composed config. Mappings become dataclasses through OmegaConf, so an unknown key
+or a wrong type fails naming the key, and ``__post_init__`` checks ranges.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from kvrl.plugins.base import check_choice, check_range
+
+DEFAULT_TTFT_REF_S = 1.0     # feature latency references where run.slo has no objective
+DEFAULT_TPOT_REF_S = 0.05
+RUN_KEYS = ("backend", "model", "device", "workload", "scheduler", "watermark", "eviction", "prefix_cache",
+            "engine", "slo", "seed")
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class DecisionConfig:
+    """When the watermark agent acts: after the engine step that ends an epoch of ``epoch_s``
+    seconds of engine time (idle gaps included) or of ``epoch_steps`` engine steps. Exactly one
+    is set. The first decision follows the first engine step."""
+
+    epoch_s: Optional[float] = 1.0
+    epoch_steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if (self.epoch_s is None) == (self.epoch_steps is None):
+            raise ValueError("decision: set exactly one of epoch_s and epoch_steps")
+        if self.epoch_s is not None:
+            check_range("decision.epoch_s", self.epoch_s, 1e-6)
+        if self.epoch_steps is not None:
+            check_range("decision.epoch_steps", self.epoch_steps, 1)
+
+
+@dataclass
+class RewardConfig:
+    """Reward of one env step, in tokens / ``token_scale``:
+
+    ``kind`` tokens (``goodput``: output tokens of the requests that finished in the step and
+    met their TTFT/TPOT SLOs; ``throughput``: output tokens of every request that finished in the
+    step) minus ``recompute_penalty`` x recomputed tokens minus ``swap_penalty`` x swapped tokens
+    (blocks moved out or in, times the block size). Summed over an episode, the goodput term is
+    the run's goodput (DESIGN.md section 5) times its duration.
+    """
+
+    kind: str = "goodput"
+    token_scale: float = 100.0
+    recompute_penalty: float = 0.0
+    swap_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_choice("reward.kind", self.kind, ("goodput", "throughput"))
+        check_range("reward.token_scale", self.token_scale, 1e-9)
+        check_range("reward.recompute_penalty", self.recompute_penalty, 0.0)
+        check_range("reward.swap_penalty", self.swap_penalty, 0.0)
+
+
+@dataclass
+class EpisodeConfig:
+    """Which arrivals an episode serves.
+
+    ``split`` (train | val | test) replaces ``run.workload.split``. ``window_s`` (engine seconds,
+    after ``rate_scale``): each episode serves the arrivals of one window of that length and is
+    truncated when engine time reaches the window's end (a time limit: requests still in flight
+    earn nothing); null: the whole split, served to completion (truncated at trace end), which
+    reproduces ``kvrl-run`` on the same config exactly. ``start_s``: null = a window start drawn
+    uniformly with the env's seeded RNG at each reset; a number = always the same slice (a
+    replayed arrival sequence). ``reset(options={"start_s": ...})`` or
+    ``reset(options={"workload": requests or workload config})`` override it for one episode.
+    """
+
+    split: Optional[str] = "train"
+    window_s: Optional[float] = 120.0
+    start_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.split is not None:
+            check_choice("episode.split", self.split, SPLITS)
+        if self.window_s is not None:
+            check_range("episode.window_s", self.window_s, 1e-6)
+        if self.start_s is not None:
+            check_range("episode.start_s", self.start_s, 0.0)
+
+
+@dataclass
+class FeatureConfig:
+    """Normalisation of the observation features (see :mod:`kvrl.envs.features`).
+
+    ``tau_s``: time constant (engine seconds) of the rate averages (arrivals, preemptions,
+    recomputation). ``latency_alpha``: weight of each finished request in the TTFT/TPOT/SLO
+    averages. ``count_scale``: a queue of this many sequences maps to 0.5. ``rate_ref``:
+    arrivals per second that map to 0.5. ``ttft_ref_s`` / ``tpot_ref_s``: latencies that map to
+    0.5 and count as meeting the SLO in the attainment average; null = ``run.slo`` (1 s and 50 ms
+    where that is null too). ``top_k``: candidate slots of the preemption
+    observation. ``oracle_lengths``: candidates' remaining output from the trace (oracle; a real
+    server does not know it) instead of a prediction from finished requests.
+    """
+
+    tau_s: float = 10.0
+    latency_alpha: float = 0.05
+    count_scale: float = 16.0
+    rate_ref: float = 1.0
+    ttft_ref_s: Optional[float] = None
+    tpot_ref_s: Optional[float] = None
+    top_k: int = 8
+    oracle_lengths: bool = False
+
+    def __post_init__(self) -> None:
+        check_range("features.tau_s", self.tau_s, 1e-6)
+        check_range("features.latency_alpha", self.latency_alpha, 1e-6, 1.0)
+        for name in ("count_scale", "rate_ref", "ttft_ref_s", "tpot_ref_s"):
+            if getattr(self, name) is not None:
+                check_range(f"features.{name}", getattr(self, name), 1e-9)
+        check_range("features.top_k", self.top_k, 1)
+
+
+@dataclass
+class WatermarkActionConfig:
+    """The watermark action: ``discrete`` picks one of ``bins`` (fractions of the GPU blocks to
+    keep free); ``box`` is one float in [-1, 1] mapped linearly onto [``low``, ``high``]."""
+
+    type: str = "discrete"
+    bins: List[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5])
+    low: float = 0.0
+    high: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_choice("action.type", self.type, ("discrete", "box"))
+        if not self.bins:
+            raise ValueError("action.bins must not be empty")
+        for b in self.bins:
+            check_range("action.bins[*]", b, 0.0, 1.0, hi_inclusive=False)
+        check_range("action.low", self.low, 0.0, 1.0, hi_inclusive=False)
+        check_range("action.high", self.high, self.low, 1.0, hi_inclusive=False)
+
+
+@dataclass
+class PreemptionActionConfig:
+    """The preemption action over ``features.top_k`` candidate slots: ``discrete`` = one of
+    ``2 * top_k`` (slot, mode) pairs, index ``2 * slot + mode``; ``multidiscrete`` = ``[slot,
+    mode]``. Mode 0 = recompute, 1 = swap."""
+
+    type: str = "discrete"
+
+    def __post_init__(self) -> None:
+        check_choice("action.type", self.type, ("discrete", "multidiscrete"))
+
+
+@dataclass
+class EnvConfig:
+    """What both environments share. ``clip_actions``: out-of-range or masked actions are mapped
+    to the nearest valid one (counted in ``info["clipped_actions"]``) instead of raising
+    ``ValueError``; NaN always raises (it has no nearest valid action)."""
+
+    run: Dict[str, Any] = field(default_factory=dict)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    clip_actions: bool = False
+
+    def __post_init__(self) -> None:
+        missing = [k for k in RUN_KEYS if k not in self.run]
+        if self.run and missing:
+            raise ValueError(f"env run config lacks {missing} (expected keys: {list(RUN_KEYS)})")
+
+
+@dataclass
+class WatermarkEnvConfig(EnvConfig):
+    """``kvrl/Watermark-v0``: the agent sets the watermark once per decision epoch."""
+
+    action: WatermarkActionConfig = field(default_factory=WatermarkActionConfig)
+    decision: DecisionConfig = field(default_factory=DecisionConfig)
+
+
+@dataclass
+class PreemptionEnvConfig(EnvConfig):
+    """``kvrl/Preemption-v0``: the agent picks the victim and mode at each block shortage."""
+
+    action: PreemptionActionConfig = field(default_factory=PreemptionActionConfig)
+
+
+TASKS = {"kvrl/Watermark-v0": WatermarkEnvConfig, "kvrl/Preemption-v0": PreemptionEnvConfig,
+         "kvrl/WatermarkLive-v0": WatermarkEnvConfig, "kvrl/PreemptionLive-v0": PreemptionEnvConfig}
+
+
+def resolve_features(config: EnvConfig) -> FeatureConfig:
+    """``config.features`` with null latency references taken from ``run.slo``."""
+    slo = config.run.get("slo") or {}
+    f = config.features
+    return dataclasses.replace(
+        f, ttft_ref_s=f.ttft_ref_s or slo.get("ttft_s") or DEFAULT_TTFT_REF_S,
+        tpot_ref_s=f.tpot_ref_s or slo.get("tpot_s") or DEFAULT_TPOT_REF_S)
+
+
+def make_config(cls: type, values: Mapping[str, Any] | None = None) -> Any:
+    """A validated ``cls`` (an env config dataclass) from a mapping; unknown keys fail by name."""
+    from omegaconf import OmegaConf
+
+    if values is None:
+        return cls()
+    if isinstance(values, cls):
+        return values
+    merged = OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.create(_plain(values)))
+    return OmegaConf.to_object(merged)
+
+
+def _plain(values: Any) -> Any:
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(values, DictConfig):
+        return OmegaConf.to_container(values, resolve=True)
+    if dataclasses.is_dataclass(values):
+        return dataclasses.asdict(values)
+    return dict(values)
+
+
+def to_dict(config: Any) -> dict:
+    """Plain nested dict of an env config (for JSON sidecars and W&B)."""
+    return dataclasses.asdict(config)
+
+
+def env_config_from_app(cfg: Any, split: Optional[str] = None, **episode: Any) -> tuple[str, Any]:
+    """``(env id, typed env config)`` from a composed kvrl-train / kvrl-eval config: its ``env``
+    node (``id`` + task keys) and its run keys. ``split`` and ``episode`` override the episode."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg.env, resolve=True)
+    env_id = node.pop("id")
+    if env_id not in TASKS:
+        raise ValueError(f"env.id must be one of {sorted(TASKS)}, got {env_id!r}")
+    node["run"] = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                   for k in RUN_KEYS}
+    if split is not None:
+        episode["split"] = split
+    node.setdefault("episode", {}).update(episode)
+    return env_id, make_config(TASKS[env_id], node)
+
+
+def load_task(name: str = "watermark", overrides: Sequence[str] = ()) -> tuple[str, Any]:
+    """Compose ``conf/train.yaml`` with ``env=<name>`` and Hydra ``overrides``; returns ``(env id,
+    typed env config)``. Inside a running Hydra app this composes with the app's Hydra instance."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kvrl.apps.rl_schema import register_rl_schemas
+
+    register_rl_schemas()
+    args = [f"env={name}", *overrides]
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose("train", overrides=args)
+    else:
+        with initialize_config_module("kvrl.conf", version_base="1.3"):
+            cfg = compose("train", overrides=args)
+    return env_config_from_app(cfg)

@@ -1,0 +1,220 @@
+"""Observation features, shared by the environments and the ``agent`` plugins.
+
+A :class:`FeatureTracker` is owned by an ``agent`` plugin and fed by its hooks (step end,
+finish); the environment reads its observation from the same tracker, so an agent sees
+identical numbers in training (``kvrl/Watermark-v0``, ``kvrl/Preemption-v0``) and when it runs
+inside ``kvrl-run`` (``watermark=agent watermark.policy_path=...``).
+
+Every feature lies in [0, 1]: fractions as they are, unbounded quantities squashed as
+``x / (x + ref)`` (``ref`` maps to 0.5). Rates are exponential moving averages over engine time
+(time constant ``tau_s``), so they do not depend on how long engine steps are; latencies are
+moving averages over finished requests.
+
+Engine features (:data:`ENGINE_FEATURES`): free-block fraction; running / waiting / swapped
+counts; their tokens (fraction of the KV capacity); arrival rate and arrived prompt tokens per
+second (fraction of the capacity); preemptions per second; recomputed tokens per second
+(fraction of the capacity); recent TTFT and TPOT (against the SLO references); recent SLO
+attainment; the oldest waiting request's age (against the TTFT reference); the current watermark
+(reserved / total blocks).
+
+Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate slot, slot 0 =
+the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
+(fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
+output (predicted from finished requests, or the trace's oracle value); age; priority;
+preemptions so far; fits the CPU swap pool; recompute time over swap-out-and-in time.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from kvrl.envs.config import FeatureConfig
+
+if TYPE_CHECKING:
+    from kvrl.engine.views import EngineView, SeqView
+
+ENGINE_FEATURES = (
+    "free_blocks", "running", "waiting", "swapped", "running_tokens", "waiting_tokens", "swapped_tokens",
+    "arrival_rate", "arrival_tokens", "preemption_rate", "recompute_rate", "ttft", "tpot", "slo_attainment",
+    "oldest_wait", "watermark",
+)
+CANDIDATE_FEATURES = (
+    "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
+    "swap_fits", "recompute_vs_swap",
+)
+GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
+
+
+def squash(x: float, ref: float) -> float:
+    """``x / (x + ref)`` for ``x >= 0``: 0 at 0, 0.5 at ``ref``, below 1."""
+    x = max(x, 0.0)
+    return x / (x + ref)
+
+
+class Counters(NamedTuple):
+    """Cumulative engine counters the rate features difference over time."""
+
+    arrivals: int          # requests submitted (accepted or rejected)
+    accepted: int          # requests accepted (their records, in arrival order)
+    arrived_tokens: int    # prompt tokens of the accepted requests
+    preemptions: int
+    recomputed_tokens: int
+
+
+def reserved_fraction(view: "EngineView") -> float:
+    """The watermark in force: blocks the watermark policy reserves now / total blocks (0 when the
+    engine is idle, as the engine ignores the watermark then). EngineView does not expose it yet
+    (docs/rl.md, "Engine changes requested"); read-only, like :meth:`FeatureTracker._counters`."""
+    return view._engine._reserved_blocks() / view.num_blocks
+
+
+class FeatureTracker:
+    """Running statistics of one engine and the feature vectors built from them.
+
+    Call :meth:`on_step_end` and :meth:`on_finish` from the policy hooks of the same names;
+    :meth:`engine_features` and :meth:`candidate_features` may be called at any time after
+    :meth:`bind`.
+    """
+
+    def __init__(self, config: FeatureConfig) -> None:
+        self.config = config
+        self.view: Optional["EngineView"] = None
+        self._last_t = 0.0
+        self._last = Counters(0, 0, 0, 0, 0)
+        self.arrival_rate = 0.0       # requests / s
+        self.arrival_tokens = 0.0     # prompt tokens / s
+        self.preemption_rate = 0.0    # preemptions / s
+        self.recompute_rate = 0.0     # recomputed tokens / s
+        self.ttft_s = 0.0
+        self.tpot_s = 0.0
+        self.slo_attainment = 1.0
+        self._finished_lens: list[int] = []
+        self._sorted_lens: Optional[np.ndarray] = None
+        self._suffix_sums: Optional[np.ndarray] = None
+
+    def bind(self, view: "EngineView") -> None:
+        self.view = view
+        self._last_t = view.now
+        self._last = self._counters()
+
+    def _counters(self) -> Counters:
+        """Read the counters. EngineView exposes no arrival or recompute counters yet (docs/rl.md,
+        "Engine changes requested"), so this reads the metrics collector behind the view,
+        read-only; new records are the last ones of its insertion-ordered dict (O(new))."""
+        metrics = self.view._engine.metrics
+        records = metrics.requests
+        last = self._last
+        new = len(records) - last.accepted
+        tokens = last.arrived_tokens
+        if new:
+            tokens += sum(r.prompt_len for r in itertools.islice(reversed(records.values()), new))
+        return Counters(len(records) + len(metrics.rejected), len(records), tokens, metrics.preemptions,
+                        metrics.recomputed_tokens)
+
+    # ------------------------------------------------------------------ hooks
+    def on_step_end(self) -> None:
+        """Update the rate averages with the counters' change since the last call."""
+        now = self.view.now
+        dt = now - self._last_t
+        if dt <= 0.0:
+            return
+        counters = self._counters()
+        w = 1.0 - math.exp(-dt / self.config.tau_s)
+        last = self._last
+        self.arrival_rate += w * ((counters.arrivals - last.arrivals) / dt - self.arrival_rate)
+        self.arrival_tokens += w * ((counters.arrived_tokens - last.arrived_tokens) / dt - self.arrival_tokens)
+        self.preemption_rate += w * ((counters.preemptions - last.preemptions) / dt - self.preemption_rate)
+        self.recompute_rate += w * ((counters.recomputed_tokens - last.recomputed_tokens) / dt - self.recompute_rate)
+        self._last, self._last_t = counters, now
+
+    def on_finish(self, seq: "SeqView") -> None:
+        """Fold a finished sequence's TTFT, TPOT and SLO outcome into the latency averages."""
+        cfg = self.config
+        a = cfg.latency_alpha
+        ttft = seq.first_token_s - seq.arrival_s
+        tpot = (self.view.now - seq.first_token_s) / (seq.num_output - 1) if seq.num_output > 1 else 0.0
+        self.ttft_s += a * (ttft - self.ttft_s)
+        self.tpot_s += a * (tpot - self.tpot_s)
+        met = ttft <= cfg.ttft_ref_s and tpot <= cfg.tpot_ref_s
+        self.slo_attainment += a * (float(met) - self.slo_attainment)
+        self._finished_lens.append(seq.num_output)
+        self._sorted_lens = None
+
+    # ------------------------------------------------------------------ features
+    def engine_features(self) -> np.ndarray:
+        """The :data:`ENGINE_FEATURES` vector (float32, in [0, 1])."""
+        cfg, v = self.config, self.view
+        capacity = float(v.num_blocks * v.block_size)
+        now = v.now
+        running, waiting, swapped = v.running, v.waiting, v.swapped
+        oldest = max((now - s.arrival_s for s in waiting), default=0.0)
+        values = (
+            v.num_free_blocks / v.num_blocks,
+            squash(len(running), cfg.count_scale),
+            squash(len(waiting), cfg.count_scale),
+            squash(len(swapped), cfg.count_scale),
+            min(sum(s.num_tokens for s in running) / capacity, 1.0),
+            squash(sum(s.num_tokens for s in waiting) / capacity, 1.0),
+            squash(sum(s.num_tokens for s in swapped) / capacity, 1.0),
+            squash(self.arrival_rate, cfg.rate_ref),
+            squash(self.arrival_tokens / capacity, 1.0),
+            squash(self.preemption_rate, 1.0),
+            squash(self.recompute_rate / capacity, 0.1),
+            squash(self.ttft_s, cfg.ttft_ref_s),
+            squash(self.tpot_s, cfg.tpot_ref_s),
+            self.slo_attainment,
+            squash(oldest, cfg.ttft_ref_s),
+            min(reserved_fraction(v), 1.0),
+        )
+        return np.asarray(values, dtype=np.float32)
+
+    def candidate_slots(self, candidates: Sequence["SeqView"]) -> list["SeqView"]:
+        """The ``top_k`` candidates shown to the agent, newest admission first (slot 0 = LIFO)."""
+        return sorted(candidates, key=lambda s: -s.admit_order)[: self.config.top_k]
+
+    def candidate_features(self, candidates: Sequence["SeqView"], slots: Sequence["SeqView"]) -> np.ndarray:
+        """A ``(top_k, len(CANDIDATE_FEATURES))`` float32 array for ``slots`` (from
+        :meth:`candidate_slots`); rows past the candidates are zero. ``candidates[0]`` is the
+        sequence that needs the block (the engine's contract)."""
+        cfg, v = self.config, self.view
+        out = np.zeros((cfg.top_k, len(CANDIDATE_FEATURES)), dtype=np.float32)
+        capacity = float(v.num_blocks * v.block_size)
+        free_cpu = v.num_free_cpu_blocks
+        needer = candidates[0].seq_id
+        for i, s in enumerate(slots):
+            blocks = s.num_blocks
+            swap_s = 2.0 * v.estimate_swap_s(blocks)
+            recompute_s = v.estimate_recompute_s(s.num_computed)
+            out[i] = (
+                1.0,
+                float(s.seq_id == needer),
+                blocks / v.num_blocks,
+                min(s.num_computed / capacity, 1.0),
+                squash(s.num_output, GENERATED_REF),
+                squash(self._remaining(s), GENERATED_REF),
+                squash(v.now - s.arrival_s, cfg.ttft_ref_s),
+                squash(float(s.priority), 1.0),
+                squash(s.num_preemptions, 1.0),
+                float(0 < blocks <= free_cpu),
+                squash(recompute_s / swap_s, 1.0) if swap_s > 0 else 0.0,
+            )
+        return out
+
+    def _remaining(self, s: "SeqView") -> float:
+        """Remaining output tokens: the trace's value with ``oracle_lengths``, else the mean length
+        of the finished requests that outlived ``s``'s output so far, minus it (with no such
+        request: as many as it generated so far)."""
+        g = s.num_output
+        if self.config.oracle_lengths:
+            return float(s.output_len - g)
+        if self._sorted_lens is None:
+            self._sorted_lens = np.sort(np.asarray(self._finished_lens, dtype=np.float64))
+            self._suffix_sums = np.concatenate([np.cumsum(self._sorted_lens[::-1])[::-1], [0.0]])
+        lens = self._sorted_lens
+        i = int(np.searchsorted(lens, g, side="right"))
+        if i == len(lens):
+            return float(max(g, 1))
+        return float(self._suffix_sums[i] / (len(lens) - i) - g)

@@ -1,0 +1,103 @@
+"""What an environment keeps across episodes: the run config with the ``agent`` plugin in place,
+one executor (a live model loads once), the split's requests, and the choice of each episode's
+arrivals."""
+from __future__ import annotations
+
+import bisect
+import copy
+import functools
+import json
+from typing import Any, Mapping, Optional
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from kvrl.builder import build_engine, build_executor
+from kvrl.engine.request import Request
+from kvrl.envs.config import EnvConfig, resolve_features
+from kvrl.envs.driver import EngineDriver
+from kvrl.workloads import build_workload
+
+MAX_WINDOW_DRAWS = 100
+
+
+def cached_workload(workload: Mapping[str, Any], vocab_size: int, max_model_len: int) -> tuple[Request, ...]:
+    """:func:`build_workload`, memoised per process on the config's content (building a trace
+    with its token ids takes seconds; requests are immutable, so engines may share them)."""
+    return _cached(json.dumps(OmegaConf.to_container(OmegaConf.create(dict(workload)), resolve=True), sort_keys=True),
+                   vocab_size, max_model_len)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached(workload_json: str, vocab_size: int, max_model_len: int) -> tuple[Request, ...]:
+    return tuple(build_workload(json.loads(workload_json), vocab_size=vocab_size, max_model_len=max_model_len))
+
+
+class EngineSession:
+    """Engines for successive episodes of one environment.
+
+    ``role`` (``watermark`` or ``eviction``) is the plugin kind replaced by ``agent``.
+    """
+
+    def __init__(self, config: EnvConfig, role: str) -> None:
+        run = copy.deepcopy(config.run)
+        run["workload"]["split"] = config.episode.split
+        run[role] = {"name": "agent"}
+        self.config = config
+        self.role = role
+        self.run = OmegaConf.create(run)
+        self.features = resolve_features(config)
+        self.executor = build_executor(self.run)
+        max_model_len = run["engine"].get("max_model_len") or self.executor.max_model_len
+        self.requests = self._build(run["workload"], max_model_len)
+        self._arrivals = [r.arrival_s for r in self.requests]
+        self._max_model_len = max_model_len
+
+    def _build(self, workload: Mapping[str, Any], max_model_len: int) -> list[Request]:
+        return list(cached_workload(workload, self.executor.vocab_size, max_model_len))
+
+    def episode(self, rng: np.random.Generator, options: Optional[Mapping[str, Any]]) -> tuple[list[Request], Optional[float]]:
+        """``(requests, end_s)`` of the next episode (see :class:`~kvrl.envs.config.EpisodeConfig`).
+
+        ``options["workload"]``: a list of requests or a workload config, served to completion;
+        ``options["start_s"]``: the window start for this episode.
+        """
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"workload", "start_s"})
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {unknown}; known: ['start_s', 'workload']")
+        if "workload" in options:
+            workload = options["workload"]
+            if isinstance(workload, Mapping) or OmegaConf.is_config(workload):
+                workload = self._build(workload, self._max_model_len)
+            requests = sorted(workload, key=lambda r: r.arrival_s)
+            if not requests:
+                raise ValueError("reset(options={'workload': ...}) got no requests")
+            return requests, None
+        ep = self.config.episode
+        if ep.window_s is None:
+            return self.requests, None
+        start = options.get("start_s", ep.start_s)
+        if start is not None:
+            requests = self._window(float(start), ep.window_s)
+            if not requests:
+                raise ValueError(f"the window [{start}, {start + ep.window_s}) s of split {ep.split!r} holds no "
+                                 f"arrivals (its arrivals span [{self._arrivals[0]}, {self._arrivals[-1]}] s)")
+            return requests, float(start) + ep.window_s
+        lo, hi = self._arrivals[0], max(self._arrivals[0], self._arrivals[-1] - ep.window_s)
+        for _ in range(MAX_WINDOW_DRAWS):
+            start = float(rng.uniform(lo, hi)) if hi > lo else lo
+            requests = self._window(start, ep.window_s)
+            if requests:
+                return requests, start + ep.window_s
+        raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
+
+    def _window(self, start: float, length: float) -> list[Request]:
+        i = bisect.bisect_left(self._arrivals, start)
+        j = bisect.bisect_left(self._arrivals, start + length)
+        return self.requests[i:j]
+
+    def start(self, requests: list[Request], end_s: Optional[float]) -> EngineDriver:
+        """A fresh engine (same executor) and its driver for one episode."""
+        engine = build_engine(self.run, executor=self.executor, record_steps=False)
+        return EngineDriver(engine, requests, end_s)

@@ -1,0 +1,266 @@
+"""``kvrl-eval``: saved agents against heuristic baselines on the ``test`` split (``conf/eval.yaml``).
+
+For the task's plugin kind (``env=watermark``: watermark; ``env=preemption``: eviction) it runs,
+for every seed, each baseline of ``baselines.<kind>``, the fixed watermark of ``sweep`` that has
+the best mean goodput on the ``val`` split (watermark task), and each agent of ``agents`` (run
+through the ``agent`` plugin with ``policy_path``, exactly as ``kvrl-run`` would). Every run
+serves the whole split with ``Engine.run``; with ``resample`` each seed serves a seeded random
+share of the split's requests at the same request rate (``subsample = resample``, ``rate_scale``
+divided by it), which is what makes the confidence intervals.
+
+Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
+``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
+included), ``goodput.png`` (bars with CIs), ``traces.png`` (watermark and KV usage over time,
+first seed), ``config.yaml``; prints the leaderboard. ``logger=wandb`` also logs the table and
+the plots.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import logging
+import os
+import shlex
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from kvrl.apps import tracking
+from kvrl.apps.leaderboard import build_rows, markdown, plot_bars, plot_traces, text_table, write_csv
+from kvrl.apps.outputs import atomic_write
+from kvrl.apps.rl_schema import register_rl_schemas
+from kvrl.apps.schema import validate_config
+from kvrl.envs.agent_io import META_NAME, ROLES, model_path, read_meta
+from kvrl.envs.config import env_config_from_app
+
+log = logging.getLogger("kvrl.eval")
+
+register_rl_schemas()
+
+IGNORED_SCENARIO_KEYS = ("seed", "workload.split", "workload.seed", "watermark", "eviction")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A leaderboard entry: ``label``, ``kind`` (heuristic | val-best | agent) and the plugin
+    config (``name`` + parameters) put in the task's plugin slot."""
+
+    label: str
+    kind: str
+    plugin: dict
+
+
+@dataclass(frozen=True)
+class Job:
+    """One engine run: a policy on a split with a seed; ``trace`` keeps its per-step record."""
+
+    policy: Policy
+    split: str
+    seed: int
+    trace: bool = False
+
+
+def label_of(plugin: dict) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in plugin.items() if k != "name")
+    return f"{plugin['name']}({params})" if params else plugin["name"]
+
+
+def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
+    """The run config of ``job``: the scenario with the policy in the ``role`` slot, the job's
+    split and seed, and the seeded resample."""
+    cfg = copy.deepcopy(run)
+    cfg[role] = dict(job.policy.plugin)
+    cfg["seed"] = job.seed
+    wl = cfg["workload"]
+    wl.update(split=job.split, seed=job.seed)
+    if resample is not None:        # a share of the requests over a share of the time: the same request rate
+        wl["subsample"] = resample
+        wl["rate_scale"] = wl["rate_scale"] / resample
+    return cfg
+
+
+def run_job(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
+    """Serve the job's workload; its §5 metrics (and, with ``job.trace``, the per-step trace)."""
+    from kvrl.builder import build_engine
+    from kvrl.engine.metrics import STEP_COLUMNS
+    from kvrl.envs.session import cached_workload
+
+    cfg = job_config(run, role, job, resample)
+    engine = build_engine(OmegaConf.create(cfg), record_steps=job.trace)
+    metrics = engine.run(cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len))
+    out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed, **metrics}
+    if job.trace and engine.metrics.steps:
+        steps = np.asarray(engine.metrics.steps, dtype=np.float64)
+        col = {name: i for i, name in enumerate(STEP_COLUMNS)}
+        out["trace"] = {"time_s": steps[:, col["time_s"]], "kv_occupancy": steps[:, col["kv_occupancy"]],
+                        "watermark": steps[:, col["reserved_blocks"]] / engine.config.num_blocks,
+                        "preemptions": steps[:, col["preemptions"]]}
+    return out
+
+
+def _init_worker() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"        # before torch is imported by an agent plugin
+    os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def run_jobs(run: dict, role: str, jobs: Sequence[Job], resample: Optional[float], workers: int,
+             chunk: int = 1) -> list[dict]:
+    """Every job, in order; ``workers`` > 1 spreads them over fresh (spawned) processes in chunks
+    of ``chunk`` consecutive jobs (jobs of one split and seed share their workload in a chunk)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [run_job(run, role, job, resample) for job in jobs]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+        return list(pool.map(run_job, [run] * len(jobs), [role] * len(jobs), jobs, [resample] * len(jobs),
+                             chunksize=chunk))
+
+
+def find_agents(specs: Sequence[str], env_id: str, train_dir: Path) -> list[Path]:
+    """Model zips for ``specs`` (paths, or ``latest``: the newest run under ``train_dir`` trained
+    on ``env_id``). A missing path raises naming it."""
+    out = []
+    for spec in specs:
+        if spec == "latest":
+            metas = sorted((p for p in train_dir.rglob(META_NAME) if json.loads(p.read_text())["env_id"] == env_id),
+                           key=lambda p: p.stat().st_mtime)
+            if not metas:
+                raise FileNotFoundError(f"agents=[latest]: no agent trained on {env_id} under {train_dir} "
+                                        f"(run kvrl-train first, set train_dir, or list agents=[<run dir>, ...])")
+            out.append(model_path(metas[-1].parent))
+        else:
+            out.append(model_path(spec))
+    return out
+
+
+def scenario_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested run configs (ignoring the policy slots,
+    seeds and split)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys if f"{prefix}{k}" not in IGNORED_SCENARIO_KEYS
+                for d in scenario_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[Policy], list[str]]:
+    """A policy per agent, and notes on agents trained on another scenario than ``run``."""
+    role = ROLES[env_id]
+    policies, notes = [], []
+    for path in paths:
+        meta = read_meta(path)
+        if ROLES[meta["env_id"]] != role:
+            raise ValueError(f"{path} is a {ROLES[meta['env_id']]} agent ({meta['env_id']}); this evaluation "
+                             f"(env={role}) needs a {role} agent")
+        label = f"agent {meta['algo']} ({path.parent.parent.name}/{path.parent.name}/{path.name})"
+        diff = scenario_diff(meta["env"]["run"], run)
+        if diff:
+            notes.append(f"{label} was trained on another scenario (differs in: {', '.join(diff)})")
+            log.warning(notes[-1])
+        policies.append(Policy(label, "agent", {"name": "agent", "policy_path": str(path)}))
+    return policies, notes
+
+
+def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resample: Optional[float],
+                workers: int) -> tuple[Policy, list[dict]]:
+    """The fixed watermark of ``sweep`` with the best mean goodput on ``val``, and the sweep's runs."""
+    plugins = [{"name": "fixed", "fraction": float(f)} for f in sweep]
+    jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
+    results = run_jobs(run, "watermark", jobs, resample, workers, chunk=len(plugins))
+    goodput = {label_of(p): np.mean([r["goodput_tok_s"] for r in results if r["policy"] == label_of(p)])
+               for p in plugins}
+    best = max(plugins, key=lambda p: goodput[label_of(p)])     # the first of equals
+    return Policy(f"{label_of(best)} [val-best]", "val-best", best), results
+
+
+def write_results(results: Sequence[dict], path: Path) -> None:
+    keys = [k for k in results[0] if k != "trace"]
+    def write(f):
+        w = csv.DictWriter(f, keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(results)
+    atomic_write(path, write)
+
+
+def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
+    """Run the evaluation ``cfg`` describes into ``out_dir``; returns the leaderboard rows."""
+    env_id, env_cfg = env_config_from_app(cfg, split="test")
+    role = ROLES[env_id]
+    run = env_cfg.run
+    seeds = list(cfg.seeds)
+    resample = cfg.resample
+    baselines = OmegaConf.to_container(cfg.baselines, resolve=True).get(role, [])
+    policies = [Policy(label_of(p), "heuristic", p) for p in baselines]
+    agent_paths = find_agents(list(cfg.agents), env_id, Path(cfg.train_dir))
+    agents, notes = agent_policies(agent_paths, env_id, run)
+    results: list[dict] = []
+    if role == "watermark" and cfg.sweep:
+        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers)
+        results += sweep_results
+        policies.append(best)
+    policies += agents
+    jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
+    test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies))
+    results += test_results
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_results(results, out_dir / "results.csv")
+    references = [policies[0].label] if baselines else []
+    references += [p.label for p in policies if p.kind == "val-best"]
+    rows = build_rows(test_results, references)
+    write_csv(rows, out_dir / "leaderboard.csv")
+    command = "kvrl-eval " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    notes = [f"Command: `{command}`",
+             f"Task {env_id} on split=test; {len(seeds)} seeds {seeds}; resample={resample}; "
+             f"backend={run['backend']['name']}, model={run['model']['name']}, device={run['device']['name']}, "
+             f"engine.num_blocks={run['engine']['num_blocks']}, workload={run['workload']['name']} "
+             f"rate_scale={run['workload']['rate_scale']}, slo={run['slo']}",
+             "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
+             "difference to the reference policy (same requests), mean ± 95% CI.", *notes]
+    atomic_write(out_dir / "leaderboard.md", lambda f: f.write(markdown(rows, f"Leaderboard: {env_id}", notes)))
+    atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
+    images = {}
+    if cfg.plots:
+        plot_bars(rows, out_dir / "goodput.png")
+        traces = {r["policy"]: r["trace"] for r in test_results if "trace" in r}
+        shown = {p: t for p, t in traces.items()
+                 if role == "eviction" or p.startswith(("fixed(fraction=0.01)", "agent")) or "[val-best]" in p}
+        plot_traces(shown, out_dir / "traces.png")
+        images = {"goodput": out_dir / "goodput.png", "traces": out_dir / "traces.png"}
+    best = rows[0]
+    tracker.log({"best_goodput_tok_s": best.stats["goodput_tok_s"][0]}, images=images)
+    if cfg.logger.name == "wandb":
+        _log_wandb_table(tracker, rows)
+    print(text_table(rows, f"kvrl-eval: {env_id} on split=test ({len(seeds)} seeds) -> {out_dir}"))
+    return rows
+
+
+def _log_wandb_table(tracker, rows) -> None:
+    import wandb
+
+    from kvrl.apps.leaderboard import METRICS
+
+    columns = ["policy", "kind", "runs"] + [f"{m}_{s}" for m in METRICS for s in ("mean", "ci95")]
+    columns += [f"delta_goodput_vs_{ref}_{s}" for ref in rows[0].deltas for s in ("mean", "ci95")]
+    data = [[r.policy, r.kind, r.runs] + [v for m in METRICS for v in r.stats[m]]
+            + [v for d in r.deltas.values() for v in d] for r in rows]
+    tracker.run.log({"leaderboard": wandb.Table(columns=columns, data=data)})
+
+
+@hydra.main(config_path="pkg://kvrl.conf", config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    validate_config(cfg)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    with tracking.start_run(cfg, out_dir, app="eval") as tracker:
+        rows = evaluate(cfg, out_dir, tracker)
+    return rows[0].stats["goodput_tok_s"][0]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Structured configs of ``kvrl-train`` and ``kvrl-eval`` (Hydra ConfigStore ``train_schema`` and
+``eval_schema``): the run keys of ``kvrl-run`` plus the task (``env``), the agent and the app's
+own settings. The ``env`` and ``agent`` nodes are checked when the apps build them
+(:func:`kvrl.envs.config.env_config_from_app`, :func:`kvrl.envs.agent_io.algo_class`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from kvrl import plugins
+from kvrl.apps.schema import LoggerConfig, SLOConfig, register_schemas
+from kvrl.engine.config import EngineConfig
+from kvrl.executors.hardware import DeviceSpec
+
+
+@dataclass
+class TrainSettings:
+    """``train.*``: how long and how ``kvrl-train`` trains.
+
+    Attributes:
+        total_timesteps: agent decisions over all vectorised envs.
+        n_envs: parallel environments (episodes from different windows of the train split).
+        vec_env: ``subproc`` (one process per env) or ``dummy`` (all in this process).
+        eval_every: timesteps between evaluations on the whole ``val`` split (EvalCallback; the
+            best model is kept as ``best_model.zip``); 0 = no evaluation.
+        checkpoint_every: timesteps between checkpoints in ``checkpoints/`` (for ``resume``).
+        torch_threads: intra-op threads of torch in each process (1 = no oversubscription).
+    """
+
+    total_timesteps: int = 16384
+    n_envs: int = 2
+    vec_env: str = "subproc"
+    eval_every: int = 8192
+    checkpoint_every: int = 4096
+    torch_threads: int = 1
+
+
+@dataclass
+class AgentConfig:
+    """``conf/agent/<name>.yaml``: the SB3 algorithm, its policy class and keyword arguments."""
+
+    name: str = MISSING
+    policy: str = "MlpPolicy"
+    kwargs: Any = field(default_factory=dict)
+
+
+@dataclass
+class _RunKeys:
+    backend: Any = MISSING
+    model: Any = MISSING
+    device: DeviceSpec = field(default_factory=DeviceSpec)
+    workload: Any = MISSING
+    scheduler: Any = MISSING
+    watermark: Any = MISSING
+    eviction: Any = MISSING
+    prefix_cache: Any = MISSING
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    env: Any = MISSING
+    seed: int = 0
+
+
+@dataclass
+class TrainSchema(_RunKeys):
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    resume: bool = False       # continue from the latest checkpoint in the run directory
+    progress: bool = True      # progress bar over timesteps
+
+
+@dataclass
+class EvalSchema(_RunKeys):
+    """``kvrl-eval``: see ``conf/eval.yaml`` for the meaning of each key."""
+
+    agents: List[str] = field(default_factory=lambda: ["latest"])
+    train_dir: str = "runs/train"
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    resample: Optional[float] = 0.8
+    sweep: List[float] = field(default_factory=list)
+    baselines: Any = field(default_factory=dict)
+    workers: int = 2
+    plots: bool = True
+
+
+def register_rl_schemas() -> None:
+    """Store ``train_schema`` and ``eval_schema``, the kvrl-run schemas they build on, and every
+    plugin's config option (built-ins and entry points), so Hydra can compose the apps."""
+    plugins.load_entry_points()
+    plugins.available("scheduler")
+    register_schemas()
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainSchema)
+    store.store(name="eval_schema", node=EvalSchema)

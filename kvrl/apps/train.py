@@ -1,0 +1,205 @@
+"""``kvrl-train``: train a stable-baselines3 agent on a kvrl environment (``conf/train.yaml``).
+
+Trains on windows of the workload's ``train`` split in ``train.n_envs`` vectorised environments,
+evaluates on the whole ``val`` split every ``train.eval_every`` timesteps (EvalCallback; the best
+model is kept), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
+run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_model.zip``,
+``checkpoints/``, ``agent.json`` (what :func:`kvrl.envs.agent_io.load_agent` needs),
+``progress.csv`` (SB3's log), ``evaluations.npz``, ``config.yaml``, ``summary.json``.
+
+``resume=true hydra.run.dir=<that run directory>`` continues from its latest checkpoint up to
+``train.total_timesteps``. ``logger=csv|wandb`` also sends SB3's log to the tracker (W&B: plus
+``WandbCallback``), inside the job, always finished.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from kvrl.apps import tracking
+from kvrl.apps.leaderboard import key_value_table
+from kvrl.apps.outputs import atomic_write, write_json
+from kvrl.apps.rl_schema import register_rl_schemas
+from kvrl.apps.schema import validate_config
+from kvrl.envs.agent_io import algo_class, write_meta
+from kvrl.envs.config import env_config_from_app
+
+log = logging.getLogger("kvrl.train")
+
+register_rl_schemas()
+
+OFF_POLICY = ("sac", "dqn")
+CHECKPOINT_PREFIX = "agent"
+
+
+def check_compatible(algo: str, env_id: str, env_cfg: Any) -> None:
+    """Fail early, saying what to change, when the agent cannot act in the environment."""
+    box = getattr(getattr(env_cfg, "action", None), "type", None) == "box"
+    if algo == "sac" and not box:
+        raise ValueError(f"agent=sac needs continuous actions: {env_id} here has discrete ones "
+                         f"(the watermark task takes env.action.type=box)")
+    if algo == "dqn" and box:
+        raise ValueError("agent=dqn needs discrete actions: set env.action.type=discrete")
+    if "Preemption" in env_id and algo != "maskable_ppo" and not env_cfg.clip_actions:
+        log.warning("%s has state-dependent action masks; agent=%s ignores them (masked actions fall back "
+                    "to the LIFO victim); agent=maskable_ppo uses them", env_id, algo)
+    if algo == "maskable_ppo" and "Preemption" not in env_id:
+        raise ValueError(f"agent=maskable_ppo needs action masks, which only kvrl/Preemption-v0 has; "
+                         f"use agent=ppo for {env_id}")
+
+
+def latest_checkpoint(run_dir: Path) -> Optional[tuple[Path, int]]:
+    """``(zip, timesteps)`` of the checkpoint with the most timesteps in ``run_dir/checkpoints``
+    (CheckpointCallback's names), or None."""
+    found = []
+    for path in (run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}_*_steps.zip"):
+        m = re.fullmatch(rf"{CHECKPOINT_PREFIX}_(\d+)_steps\.zip", path.name)
+        if m:
+            found.append((int(m.group(1)), path))
+    if not found:
+        return None
+    steps, path = max(found)
+    return path, steps
+
+
+def make_envs(env_id: str, env_cfg: Any, n_envs: int, seed: int, subproc: bool):
+    """A monitored VecEnv of ``n_envs`` copies (seeded ``seed``, ``seed + 1``, ...)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    import kvrl.envs  # noqa: F401  (registers the ids, also in SubprocVecEnv workers)
+
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs={"config": env_cfg, "render_mode": None},
+                        vec_env_cls=SubprocVecEnv if subproc and n_envs > 1 else DummyVecEnv)
+
+
+def _tracker_writer(tracker):
+    """An SB3 log writer that forwards every numeric record to the kvrl tracker."""
+    from stable_baselines3.common.logger import KVWriter
+
+    class TrackerWriter(KVWriter):
+        def write(self, key_values, key_excluded, step=0):
+            row = {k: float(v) for k, v in key_values.items()
+                   if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)}
+            if row:
+                tracker.log(row, step=step)
+
+    return TrackerWriter()
+
+
+def _episode_metrics_callback():
+    """Logs the DESIGN.md section 5 metrics of every finished training episode (goodput, ...)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class EpisodeMetrics(BaseCallback):
+        KEYS = ("goodput_tok_s", "throughput_tok_s", "slo_attainment", "ttft_p99_s", "tpot_p99_s", "preemptions")
+
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", ()):
+                metrics = info.get("metrics")
+                if metrics:
+                    for key in self.KEYS:
+                        value = metrics.get(key)
+                        if value is not None and np.isfinite(value):
+                            self.logger.record_mean(f"episode/{key}", float(value))
+            return True
+
+    return EpisodeMetrics()
+
+
+def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg: Any):
+    from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
+
+    t = cfg.train
+    n = t.n_envs
+    callbacks = [_episode_metrics_callback(),
+                 CheckpointCallback(save_freq=max(t.checkpoint_every // n, 1), save_path=str(out_dir / "checkpoints"),
+                                    name_prefix=CHECKPOINT_PREFIX, save_replay_buffer=algo in OFF_POLICY)]
+    if t.eval_every > 0:
+        eval_env = make_envs(env_id, eval_cfg, 1, int(cfg.seed) + 10_000, subproc=False)
+        cls = EvalCallback
+        if algo == "maskable_ppo":
+            from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as cls
+        evaluator = cls(eval_env, n_eval_episodes=1, eval_freq=max(t.eval_every // n, 1), deterministic=True,
+                        best_model_save_path=str(out_dir), log_path=str(out_dir), verbose=0)
+        previous = out_dir / "evaluations.npz"
+        if previous.is_file():       # resumed: the best model so far stays the one to beat
+            evaluator.best_mean_reward = float(np.load(previous)["results"].mean(axis=1).max())
+        callbacks.append(evaluator)
+    if cfg.logger.name == "wandb":
+        from wandb.integration.sb3 import WandbCallback
+        callbacks.append(WandbCallback(verbose=0))
+    return callbacks
+
+
+def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
+    """Train as ``cfg`` says, writing into ``out_dir``; returns the summary."""
+    import torch
+    from stable_baselines3.common.logger import CSVOutputFormat, Logger
+
+    torch.set_num_threads(cfg.train.torch_threads)
+    env_id, env_cfg = env_config_from_app(cfg)
+    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None)
+    algo = cfg.agent.name
+    check_compatible(algo, env_id, env_cfg)
+    cls = algo_class(algo)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_meta(out_dir, algo, env_id, env_cfg)
+    atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
+
+    t = cfg.train
+    env = make_envs(env_id, env_cfg, t.n_envs, int(cfg.seed), subproc=t.vec_env == "subproc")
+    try:
+        found = latest_checkpoint(out_dir) if cfg.resume else None
+        checkpoint = found[0] if found else None
+        if found is not None:
+            log.info("resuming from %s", checkpoint)
+            model = cls.load(str(checkpoint), env=env, device="cpu")
+            buffer = checkpoint.with_name(f"{CHECKPOINT_PREFIX}_replay_buffer_{found[1]}_steps.pkl")
+            if algo in OFF_POLICY and buffer.is_file():
+                model.load_replay_buffer(str(buffer))
+        else:
+            if cfg.resume:
+                log.warning("resume=true but %s holds no checkpoint: starting from scratch", out_dir / "checkpoints")
+            kwargs = OmegaConf.to_container(cfg.agent.kwargs, resolve=True)
+            model = cls(cfg.agent.policy, env, seed=int(cfg.seed), device="cpu", verbose=0, **kwargs)
+        model.set_logger(Logger(str(out_dir), [CSVOutputFormat(str(out_dir / "progress.csv")),
+                                               _tracker_writer(tracker)]))
+        remaining = max(t.total_timesteps - model.num_timesteps, 0)
+        wall = time.perf_counter()
+        model.learn(total_timesteps=remaining, callback=_callbacks(cfg, out_dir, algo, env_id, eval_cfg),
+                    reset_num_timesteps=False, progress_bar=cfg.progress)
+        model.save(str(out_dir / "model.zip"))
+    finally:
+        env.close()
+    summary = {"algo": algo, "env_id": env_id, "timesteps": int(model.num_timesteps),
+               "wall_s": time.perf_counter() - wall, "resumed_from": str(checkpoint) if checkpoint else None}
+    evaluations = out_dir / "evaluations.npz"
+    if evaluations.is_file():
+        data = np.load(evaluations)
+        summary["best_val_reward"] = float(data["results"].mean(axis=1).max())
+        summary["last_val_reward"] = float(data["results"].mean(axis=1)[-1])
+    write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+@hydra.main(config_path="pkg://kvrl.conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> Optional[float]:
+    validate_config(cfg)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    with tracking.start_run(cfg, out_dir, app="train") as tracker:
+        summary = train(cfg, out_dir, tracker)
+    print(key_value_table(f"kvrl-train ({summary['algo']} on {summary['env_id']}) -> {out_dir}", summary))
+    return summary.get("best_val_reward")
+
+
+if __name__ == "__main__":
+    main()

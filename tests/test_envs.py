@@ -1,0 +1,244 @@
+"""The Gymnasium environments and the ``agent`` plugins: API conformance, determinism, truncation,
+bad actions, replay, and the same decisions inside and outside the environment."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import kvrl.envs  # noqa: F401  (registers the ids)
+from kvrl.envs.agent_io import AgentNotFound, load_agent, write_meta
+from kvrl.envs.config import load_task
+from kvrl.workloads import build_workload
+
+# A small, fast scenario with memory pressure: 80 synthetic requests on a 256-block pool.
+SMALL = ["workload=synthetic", "workload.num_requests=80", "workload.arrival.rate=30", "workload.output_len.mean=150",
+         "engine.num_blocks=256", "env.episode.split=null", "env.episode.window_s=null"]
+TASKS = ("watermark", "preemption")
+
+
+def make(task, *overrides):
+    env_id, cfg = load_task(task, [*SMALL, *overrides])
+    return gym.make(env_id, config=cfg)
+
+
+def same(a: dict, b: dict) -> bool:
+    """Equal metric dicts, NaN equal to NaN (bit for bit otherwise)."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+
+def rollout(env, seed=None, action=0, options=None):
+    """(observations, rewards, last info) of one episode with a constant action."""
+    obs, _ = env.reset(seed=seed, options=options)
+    observations, rewards = [obs], []
+    while True:
+        obs, reward, terminated, truncated, info = env.step(action)
+        observations.append(obs)
+        rewards.append(reward)
+        if terminated or truncated:
+            return observations, rewards, info
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_check_env_passes(task):
+    env = make(task)
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_seeded_windows_are_reproducible_bit_for_bit(task):
+    env = make(task, "env.episode.window_s=0.5")
+    a_obs, a_rew, a_info = rollout(env, seed=7)
+    b_obs, b_rew, b_info = rollout(env, seed=7)
+    assert [o.tobytes() for o in a_obs] == [o.tobytes() for o in b_obs]
+    assert a_rew == b_rew and same(a_info["metrics"], b_info["metrics"])
+    c_obs, _, _ = rollout(env, seed=8)                       # another seed: another window
+    assert [o.tobytes() for o in c_obs] != [o.tobytes() for o in a_obs]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_truncated_at_trace_end_with_every_request_served(task):
+    env = make(task)
+    _, rewards, info = rollout(env, seed=0)
+    assert info["trace_end"] and info["metrics"]["finished"] == 80
+    assert all(np.isfinite(rewards))
+
+
+def test_truncated_at_the_window_time_limit():
+    env = make("watermark", "env.episode.window_s=0.5", "env.episode.start_s=0.5")
+    _, _, info = rollout(env, seed=0)
+    assert not info["trace_end"] and info["engine_time_s"] >= 1.0
+
+
+def test_reward_components_are_in_info_and_sum_to_the_reward():
+    env = make("preemption", "env.reward.recompute_penalty=0.5")
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(0)
+    parts = [v for k, v in info.items() if k.startswith("reward_")]
+    assert len(parts) == 3 and reward == pytest.approx(sum(parts))
+    assert info["reward_recompute_penalty"] == pytest.approx(-0.5 * info["recomputed_tokens"] / 100.0)
+
+
+def _engine_run(task, plugin_kind, plugin, *overrides):
+    """Metrics of Engine.run on the SMALL scenario with ``plugin`` in the ``plugin_kind`` slot."""
+    from omegaconf import OmegaConf
+
+    from kvrl.builder import build_engine, to_dict
+
+    _, cfg = load_task(task, [*SMALL, *overrides])
+    run = OmegaConf.create({**cfg.run, plugin_kind: plugin})
+    engine = build_engine(run, record_steps=False)
+    requests = build_workload(to_dict(run.workload), vocab_size=engine.executor.vocab_size,
+                              max_model_len=engine.config.max_model_len)
+    return engine.run(requests)
+
+
+@pytest.mark.parametrize("task,kind,plugin,action", [
+    ("watermark", "watermark", {"name": "fixed", "fraction": 0.01}, 1),          # bins[1] = 0.01
+    ("preemption", "eviction", {"name": "lifo", "mode": "recompute"}, 0),        # slot 0 = LIFO victim
+])
+def test_constant_action_episode_equals_engine_run_of_the_heuristic(task, kind, plugin, action):
+    _, _, info = rollout(make(task), seed=0, action=action)
+    assert same(info["metrics"], _engine_run(task, kind, plugin))
+
+
+@pytest.mark.parametrize("action", [np.nan, np.array([np.nan]), 99, -1, 1.5, "x"])
+def test_bad_discrete_watermark_action_raises(action):
+    env = make("watermark")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="watermark"):
+        env.step(action)
+
+
+@pytest.mark.parametrize("action", [np.array([2.0], np.float32), np.array([np.inf], np.float32)])
+def test_bad_box_action_raises_or_is_clipped_and_counted(action):
+    env = make("watermark", "env.action.type=box")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="outside the Box"):
+        env.step(action)
+    env = make("watermark", "env.action.type=box", "env.clip_actions=true")
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(action)
+    assert info["clipped_actions"] == 1 and info["watermark"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="NaN"):                  # NaN has no nearest action
+        env.step(np.array([np.nan], np.float32))
+
+
+def test_out_of_range_preemption_action_raises_or_clips_and_masked_action_falls_back():
+    env = make("preemption")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="not an integer in"):
+        env.step(16)
+    env = make("preemption", "env.clip_actions=true")
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(16)
+    assert info["clipped_actions"] == 1
+    before = info["masked_actions"]
+    mask = env.unwrapped.action_masks()
+    masked = int(np.flatnonzero(~mask)[0])
+    _, _, _, _, info = env.step(masked)
+    assert info["masked_actions"] == before + 1 and info["victim_slot"] == 0
+
+
+@pytest.mark.parametrize("kind", ["discrete", "multidiscrete"])
+def test_action_masks_match_the_action_space(kind):
+    env = make("preemption", f"env.action.type={kind}")
+    env.reset(seed=0)
+    mask = env.unwrapped.action_masks()
+    space = env.action_space
+    size = space.n if kind == "discrete" else int(space.nvec.sum())
+    assert mask.shape == (size,) and mask.dtype == bool and mask[0]
+
+
+def test_replay_of_a_fixed_slice_and_of_a_given_workload():
+    env = make("watermark", "env.episode.window_s=1.0")
+    a = rollout(env, seed=1, options={"start_s": 0.5})
+    b = rollout(env, seed=2, options={"start_s": 0.5})
+    assert a[1] == b[1]
+    env_id, cfg = load_task("watermark", SMALL)
+    requests = build_workload(cfg.run["workload"], vocab_size=env.unwrapped.session.executor.vocab_size)[:20]
+    _, _, info = rollout(env, options={"workload": requests})
+    assert info["trace_end"] and info["metrics"]["requests"] == 20
+    with pytest.raises(ValueError, match="unknown reset option"):
+        env.reset(options={"start": 1.0})
+
+
+def test_step_before_reset_and_after_the_end_raise():
+    env = make("watermark").unwrapped
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
+    rollout(env, seed=0)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
+
+
+def _save_untrained(tmp_path, task, algo):
+    """An untrained SB3 agent saved as kvrl-train would (model.zip + agent.json)."""
+    from kvrl.envs.agent_io import algo_class
+
+    env = make(task)
+    model = algo_class(algo)("MlpPolicy", env, seed=0, device="cpu", n_steps=32, batch_size=32)
+    model.save(str(tmp_path / "model.zip"))
+    write_meta(tmp_path, algo, env.spec.id, env.unwrapped.config)
+    return env, load_agent(tmp_path)
+
+
+@pytest.mark.parametrize("task,kind,algo", [("watermark", "watermark", "ppo"),
+                                            ("preemption", "eviction", "maskable_ppo")])
+def test_saved_agent_decides_the_same_inside_and_outside_the_env(tmp_path, task, kind, algo):
+    env, agent = _save_untrained(tmp_path, task, algo)
+    obs, _ = env.reset(seed=0)
+    while True:
+        mask = env.unwrapped.action_masks() if kind == "eviction" else None
+        obs, _, terminated, truncated, info = env.step(agent.act(obs, mask))
+        if terminated or truncated:
+            break
+    outside = _engine_run(task, kind, {"name": "agent", "policy_path": str(tmp_path)})
+    assert same(outside, info["metrics"])
+
+
+def test_missing_checkpoint_path_is_named(tmp_path):
+    missing = tmp_path / "nope" / "model.zip"
+    with pytest.raises(AgentNotFound, match=str(missing)):
+        load_agent(missing)
+    with pytest.raises(AgentNotFound, match="best_model.zip or model.zip"):
+        load_agent(tmp_path)
+
+
+def test_kvrl_run_with_a_missing_policy_path_fails_naming_it(tmp_path):
+    missing = tmp_path / "gone.zip"
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.run", f"hydra.run.dir={tmp_path / 'r'}", "progress=false",
+                           "workload=synthetic", "workload.num_requests=5", "watermark=agent",
+                           f"watermark.policy_path={missing}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and str(missing) in proc.stderr + proc.stdout
+
+
+def test_eviction_agent_without_policy_says_what_to_set():
+    from kvrl.engine.engine import PolicyError
+
+    with pytest.raises(PolicyError, match="eviction.policy_path"):
+        _engine_run("preemption", "eviction", {"name": "agent"}, "engine.policy_errors=raise")
+
+
+def test_importing_the_envs_is_cheap():
+    code = ("import sys, kvrl.envs, gymnasium; assert 'kvrl/Watermark-v0' in gymnasium.registry; "
+            "heavy = [m for m in ('torch', 'stable_baselines3', 'kvrl.engine.engine') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_live_backend_episode_runs_on_cpu():
+    env_id, cfg = load_task("watermark", ["backend=live", "model=tiny", "workload=synthetic", "workload.num_requests=6",
+                                          "workload.prompt_len.dist=constant", "workload.prompt_len.mean=24",
+                                          "workload.output_len.dist=constant", "workload.output_len.mean=6",
+                                          "engine.num_blocks=64", "engine.block_size=4", "env.episode.split=null",
+                                          "env.episode.window_s=null", "env.decision.epoch_steps=2",
+                                          "env.decision.epoch_s=null"])
+    env = gym.make("kvrl/WatermarkLive-v0", config=cfg)
+    assert env.spec.nondeterministic
+    _, _, info = rollout(env, seed=0)
+    assert info["trace_end"] and info["metrics"]["finished"] == 6
