@@ -21,15 +21,8 @@
 # PROF_ARGS="..." extra kvrl-profile overrides; QWEN=qwen3-0.6b LLAMA=llama-3-8b DTYPE=bfloat16 DEV=auto
 # (a CPU smoke test of this script: QWEN=tiny DTYPE=float32 DEV=cpu FID_ARGS="max_requests=8 warmup_requests=0").
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT/profiles"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-# the package-dir mapping of pyproject.toml, as links (no install needed)
-for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+. "$(dirname "$0")/device_env.sh"
 run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T), limit ${limit}s)"; local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   tail -n 30 "$OUT/$name.log"; echo "=== $name rc=$rc in $((SECONDS - t0)) s"; return 0; }

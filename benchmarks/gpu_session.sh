@@ -3,15 +3,8 @@
 # stages, writing each stage's log and table under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
 # Stages: env kernels sweep exactness bench_kvrl bench_hf bench_all
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-# the package-dir mapping of pyproject.toml, as links (no install needed)
-for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+. "$(dirname "$0")/device_env.sh"
 run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40; }
 for stage in "$@"; do
   case $stage in

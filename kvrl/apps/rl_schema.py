@@ -11,9 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from kvrl import plugins
-from kvrl.apps.schema import LoggerConfig, SLOConfig, register_schemas
-from kvrl.engine.config import EngineConfig
-from kvrl.executors.hardware import DeviceSpec
+from kvrl.apps.schema import EngineKeys, register_schemas
 
 
 @dataclass
@@ -48,20 +46,8 @@ class AgentConfig:
 
 
 @dataclass
-class _RunKeys:
-    backend: Any = MISSING
-    model: Any = MISSING
-    device: DeviceSpec = field(default_factory=DeviceSpec)
-    workload: Any = MISSING
-    scheduler: Any = MISSING
-    watermark: Any = MISSING
-    eviction: Any = MISSING
-    prefix_cache: Any = MISSING
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    slo: SLOConfig = field(default_factory=SLOConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+class _RunKeys(EngineKeys):
     env: Any = MISSING
-    seed: int = 0
 
 
 @dataclass

@@ -59,7 +59,10 @@ class LoggerConfig:
 
 
 @dataclass
-class RunSchema:
+class EngineKeys:
+    """What every app that builds an engine composes: backend, model, device, workload, the four
+    plugin groups, engine limits, SLOs, logger and seed."""
+
     backend: Any = MISSING
     model: Any = MISSING
     device: DeviceSpec = field(default_factory=DeviceSpec)
@@ -72,6 +75,10 @@ class RunSchema:
     slo: SLOConfig = field(default_factory=SLOConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
+
+
+@dataclass
+class RunSchema(EngineKeys):
     progress: bool = True      # progress bar over finished requests
     plots: bool = True         # write kv_usage.png
     max_steps: Optional[int] = None

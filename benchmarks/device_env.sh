@@ -1,0 +1,10 @@
+# Sourced by the GPU driver scripts: install carried wheels (.whl/) into /tmp/site, link the
+# package-dir mapping of pyproject.toml (kernels/, envs/, conf/ -> kvrl/*) so the checkout imports
+# as the installed package would, and set PYTHONPATH. No pip access is needed on the device.
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
