@@ -25,7 +25,6 @@ preemptions so far; fits the CPU swap pool; recompute time over swap-out-and-in 
 """
 from __future__ import annotations
 
-import itertools
 import math
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
@@ -66,9 +65,8 @@ class Counters(NamedTuple):
 
 def reserved_fraction(view: "EngineView") -> float:
     """The watermark in force: blocks the watermark policy reserves now / total blocks (0 when the
-    engine is idle, as the engine ignores the watermark then). EngineView does not expose it yet
-    (docs/rl.md, "Engine changes requested"); read-only, like :meth:`FeatureTracker._counters`."""
-    return view._engine._reserved_blocks() / view.num_blocks
+    engine is idle, as the engine ignores the watermark then)."""
+    return view.reserved_blocks / view.num_blocks
 
 
 class FeatureTracker:
@@ -101,18 +99,10 @@ class FeatureTracker:
         self._last = self._counters()
 
     def _counters(self) -> Counters:
-        """Read the counters. EngineView exposes no arrival or recompute counters yet (docs/rl.md,
-        "Engine changes requested"), so this reads the metrics collector behind the view,
-        read-only; new records are the last ones of its insertion-ordered dict (O(new))."""
-        metrics = self.view._engine.metrics
-        records = metrics.requests
-        last = self._last
-        new = len(records) - last.accepted
-        tokens = last.arrived_tokens
-        if new:
-            tokens += sum(r.prompt_len for r in itertools.islice(reversed(records.values()), new))
-        return Counters(len(records) + len(metrics.rejected), len(records), tokens, metrics.preemptions,
-                        metrics.recomputed_tokens)
+        """Read the engine's cumulative counters through its view."""
+        view = self.view
+        return Counters(view.num_arrived, view.num_accepted, view.arrived_prompt_tokens, view.num_preemptions,
+                        view.recomputed_tokens)
 
     # ------------------------------------------------------------------ hooks
     def on_step_end(self) -> None:

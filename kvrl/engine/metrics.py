@@ -73,6 +73,7 @@ class MetricsCollector:
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     recomputed_tokens: int = 0
+    arrived_prompt_tokens: int = 0     # prompt tokens of accepted requests
     prompt_tokens_looked_up: int = 0
     prompt_tokens_hit: int = 0
     busy_time_s: float = 0.0
@@ -89,6 +90,7 @@ class MetricsCollector:
             slo_ttft_s=request.slo_ttft_s if request.slo_ttft_s is not None else self.default_slo_ttft_s,
             slo_tpot_s=request.slo_tpot_s if request.slo_tpot_s is not None else self.default_slo_tpot_s)
         self.requests[request.request_id] = rec
+        self.arrived_prompt_tokens += request.prompt_len
         return rec
 
     def record_step(self, step: int, now: float, duration_s: float, num_running: int, num_waiting: int,

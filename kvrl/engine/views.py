@@ -80,6 +80,17 @@ class EngineView:
     num_swapped = property(lambda self: len(self._engine.swapped))
     num_preemptions = property(lambda self: self._engine.metrics.preemptions)
     finished_output_lens = property(lambda self: tuple(self._engine.metrics.finished_output_lens))
+    num_arrived = property(lambda self: len(self._engine.metrics.requests) + len(self._engine.metrics.rejected))
+    num_accepted = property(lambda self: len(self._engine.metrics.requests))
+    arrived_prompt_tokens = property(lambda self: self._engine.metrics.arrived_prompt_tokens)
+    recomputed_tokens = property(lambda self: self._engine.metrics.recomputed_tokens)
+    swapped_out_blocks = property(lambda self: self._engine.metrics.swapped_out_blocks)
+    swapped_in_blocks = property(lambda self: self._engine.metrics.swapped_in_blocks)
+
+    @property
+    def reserved_blocks(self) -> int:
+        """Blocks the watermark policy holds back now (0 while nothing runs)."""
+        return self._engine._reserved_blocks()
 
     @property
     def running(self) -> tuple[SeqView, ...]:
