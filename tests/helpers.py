@@ -26,3 +26,18 @@ def make_request(rid, prompt_len=None, output_len=4, arrival_s=0.0, tokens=None,
         rng = np.random.default_rng(seed if seed is not None else hash(rid) % 2**32)
         tokens = rng.integers(0, 1000, prompt_len, dtype=np.int32)
     return Request(rid, arrival_s, np.asarray(tokens, dtype=np.int32), output_len, **kw)
+
+
+def run_triton_checks(test_file: str, timeout: int) -> dict:
+    """Run ``test_file --triton-checks`` in a subprocess with Triton's CPU interpreter forced on
+    (TRITON_INTERPRET must be set before triton is imported) and return its JSON results."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "KVRL_FORCE_TRITON": "1"}
+    proc = subprocess.run([sys.executable, os.path.abspath(test_file), "--triton-checks"],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"triton checker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -212,13 +211,9 @@ def triton_checks_main() -> None:
 
 @pytest.fixture(scope="module")
 def triton_results() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "KVRL_FORCE_TRITON": "1"}
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--triton-checks"],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, f"triton checker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    from tests.helpers import run_triton_checks
+
+    return run_triton_checks(__file__, timeout=900)
 
 
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: c.name)
