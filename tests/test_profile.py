@@ -127,7 +127,8 @@ def test_fit_recovers_a_known_step_model():
          "kvmax": {"knots": [1, 4, 16, 64], "values": [1e-9, 1e-9, 1e-9, 1e-9]},
          "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "n_pre": 5e-5, "has_pre": 3e-4, "has_dec": 2e-4,
                   "rows": 1e-6, "n_dec": 1e-5}},
-        {"copy": [1e-4, 2e-6], "swap_out": [2e-4, 5e-5], "swap_in": [2e-4, 4e-5]}, 0.5,
+        {"copy": [1e-4, 2e-6], "swap_out": [5e-5, 2e-6], "swap_in": [4e-5, 1e-6],
+         "swap_out_xfer": [2e-4, 5e-5], "swap_in_xfer": [2e-4, 4e-5]},
         {"base": 1e-4, "per_seq": 2e-6, "per_prefill": 1e-5})
 
     def sample(graph, dec=(), pre=(), copies=0, swap_out=0, swap_in=0, **extra):
@@ -163,7 +164,8 @@ def test_fit_recovers_a_known_step_model():
         for n in (64, 256):
             samples.append(sample(False, [512] * b, pre=[(n, 0)]))
     for n in (1, 16, 128):
-        samples += [sample(False, copies=n), sample(False, swap_out=n), sample(False, swap_in=n)]
+        samples += [sample(False, copies=n), sample(False, swap_out=n, t_xfer=truth.swap_out_xfer(n)),
+                    sample(False, swap_in=n, t_xfer=truth.swap_in_xfer(n))]
     samples.append(sample(True, [256] * 16, swap_in=64))
     host = [(s, p, truth.host_s(s, p)) for s in range(1, 40) for p in (0, 1, 2)]
     fit = P.StepModel.fit(samples, sizes, host)
@@ -180,7 +182,9 @@ def test_fit_recovers_a_known_step_model():
         got = fit.predict_features(f, cuda_graphs=graph, host=True)
         want = truth.predict_features(f, cuda_graphs=graph, host=True)
         assert got == pytest.approx(want, rel=0.02), (f, got, want)
-    assert fit.swap_in_overlap == pytest.approx(0.5, abs=0.02)
+    for n in (1, 50, 500):
+        assert fit.swap_out_xfer(n) == pytest.approx(truth.swap_out_xfer(n), rel=0.02)
+        assert fit.swap_in_xfer(n) == pytest.approx(truth.swap_in_xfer(n), rel=0.02)
 
 
 def test_fit_generalizes_on_a_gpu_like_step_law_outside_its_class():
@@ -308,6 +312,37 @@ def test_profile_for_another_gpu_or_shape_is_not_used(cpu_profile, caplog, monke
     assert any("no profile matches device=h100" in r.message for r in caplog.records)
 
 
+def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in():
+    """Swap transfers run on a modelled side stream: a swap-out costs the step only its gather,
+    a swap-in delays the next step's forward pass until it has landed, transfers queue in order,
+    and the old fit-version-4 profiles load with their swap terms as transfer times."""
+    from kvrl.apps.profile_app import BatchFactory
+
+    m, dev = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
+    sim = SimExecutor(m, dev, profile="none")
+    sim.allocate_kv(4096, 1024, 16)
+    f = BatchFactory(4096, 16, m.vocab_size, 8192, 0)
+    xfer = 256 * sim.kv_block_bytes(16) / dev.pcie_bw
+    decode = sim.execute(f.batch(decode_lens=[512] * 8)).elapsed_s
+    out_only = sim.execute(f.batch(swap_out=256)).elapsed_s
+    assert 0 < out_only < 0.1 * xfer                                  # the gather, not the PCIe transfer
+    issued = sim.execute(f.batch(decode_lens=[512] * 8, swap_in=256)).elapsed_s
+    assert issued == pytest.approx(decode)                             # issued, overlapped ...
+    waited = sim.execute(f.batch(decode_lens=[512] * 8)).elapsed_s
+    # ... and the next step waits for the swap-out queued before it, then the swap-in
+    assert waited == pytest.approx(2 * xfer - out_only - issued + decode, rel=1e-6)
+    assert sim.execute(f.batch(decode_lens=[512] * 8)).elapsed_s == pytest.approx(decode)
+
+    eager = {"dense": {"knots": [1.0], "values": [1e-3]}, "kv": {"knots": [1.0], "values": [0.0]},
+             "kvmax": {"knots": [1.0], "values": [0.0]},
+             "coef": dict.fromkeys(("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec"), 0.0)}
+    old = P.StepModel.from_dict({"graph_sizes": [], "graph": None, "eager": eager, "swap_in_overlap": 0.5,
+                                 "ops": {"copy": [0, 1e-6], "swap_out": [1e-4, 2e-5], "swap_in": [1e-4, 3e-5]},
+                                 "host": {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}})
+    assert old.swap_out_xfer(10) == pytest.approx(3e-4) and old.swap_in_xfer(10) == pytest.approx(4e-4)
+    assert old.predict(0, 0, 0, 0, 0, 0, 0, 0, swap_out=10, swap_in=10) == 0.0
+
+
 def test_profiled_cost_model_is_a_few_microseconds(cpu_profile):
     model = P.StepProfile.load(cpu_profile).model
     cases = [(0, 0, 0, 0, 64, 6400, 120, 64, 0, 0, 0), (1, 200, 30000, 400, 30, 3000, 300, 31, 2, 0, 4)]
@@ -334,8 +369,9 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
     assert f"profile:{cpu_profile}" in table
     rows = list(__import__("csv").reader((out / "fidelity.csv").open()))
     metrics = {r[2] for r in rows[1:] if r[1] != "ranking"}
-    assert {"throughput_tok_s", "goodput_tok_s", "ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s",
-            "preemptions", "kv_utilization"} <= metrics
+    assert {"throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s", "tpot_p50_s",
+            "tpot_mean_s", "tpot_p99_s", "preemptions", "kv_utilization"} <= metrics
+    assert "Target TTFT p50 s: under 10%" in table and "### Replay by step kind" in table
     assert {r[1] for r in rows[1:] if r[1] != "ranking"} == {"vllm", "sjf_swap"}
     assert any(r[1] == "ranking" for r in rows[1:])
     for pol in ("vllm", "sjf_swap"):

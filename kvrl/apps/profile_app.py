@@ -43,7 +43,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         prefix_query=[16, 128, 512, 2048], prefix_cached=[1024, 4096, 16384],
         mixed_batch=[16, 64, 256], mixed_ctx=[512, 2048], mixed_prefill=[256, 2048],
         copies=[1, 16, 128, 1024],
-        swaps=[1, 16, 128, 512],
+        swaps=[1, 4, 16, 64, 128, 256, 512, 1024],
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
         holdout=40,
         host_requests=192, host_prompt=[32, 1024], host_output=[16, 256],
@@ -271,25 +271,38 @@ def random_points(g: dict, n: int, graphs: bool, max_len: int, seed: int) -> lis
 
 
 # --------------------------------------------------------------------------------- timing
-def time_batch(ex, batch, warmup: int, reps: int, budget_s: float) -> list[float]:
+def time_batch(ex, batch, warmup: int, reps: int, budget_s: float, transfer: bool = False) -> tuple[list[float], list[float]]:
     """Run ``warmup`` untimed (only one if it alone takes over half the budget), then time up to
-    ``reps`` runs (at least 3, fewer once ``budget_s`` is spent)."""
+    ``reps`` runs (at least 3, fewer once ``budget_s`` is spent). Returns the times of ``execute``
+    and, with ``transfer``, the times from its start until the swap stream has finished too
+    (every run then starts on an idle swap stream)."""
     for i in range(warmup):
         t0 = time.perf_counter()
         ex.execute(batch)
         if i == 0 and warmup > 1 and time.perf_counter() - t0 > budget_s / 2:
             break
+    ex.sync_swaps()
     times: list[float] = []
+    transfers: list[float] = []
     spent = 0.0
     for _ in range(max(reps, 1)):
         t0 = time.perf_counter()
         ex.execute(batch)
         dt = time.perf_counter() - t0
+        if transfer:
+            ex.sync_swaps()
+            transfers.append(time.perf_counter() - t0)
         times.append(dt)
-        spent += dt
+        spent += transfers[-1] if transfer else dt
         if len(times) >= 3 and spent > budget_s:
             break
-    return times
+    ex.sync_swaps()
+    return times, transfers
+
+
+def group_transfers(group: str) -> bool:
+    """Whether a grid group's points also time their swap stream (``t_xfer``)."""
+    return group in ("swap_out", "swap_in")
 
 
 def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Callable[[int, int], None]] = None) -> list[dict]:
@@ -301,6 +314,7 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
     graphs_default = ex.use_cuda_graphs
     batches = [factory.batch(**kw) for _, _, kw in points] if g.get("interleave") else None
     times: list[list[float]] = [[] for _ in points]
+    transfers: list[list[float]] = [[] for _ in points]
     try:
         if batches is not None:
             for i, (_, graph, _) in enumerate(points):
@@ -313,6 +327,9 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
                     t0 = time.perf_counter()
                     ex.execute(batches[i])
                     times[i].append(time.perf_counter() - t0)
+                    if group_transfers(points[i][0]):
+                        ex.sync_swaps()
+                        transfers[i].append(time.perf_counter() - t0)
                 if progress:
                     progress((r + 1) * len(points) // max(g["reps"], 1), len(points))
         else:
@@ -320,20 +337,23 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
             for i, (_, graph, kw) in enumerate(points):
                 batch = factory.batch(**kw)
                 ex.use_cuda_graphs = bool(graph) and graphs_default
-                times[i] = time_batch(ex, batch, g["warmup"], g["reps"], g["point_budget_s"])
+                times[i], transfers[i] = time_batch(ex, batch, g["warmup"], g["reps"], g["point_budget_s"],
+                                                    group_transfers(points[i][0]))
                 batches.append(batch)
                 if progress:
                     progress(i + 1, len(points))
     finally:
         ex.use_cuda_graphs = graphs_default
     out = []
-    for (group, graph, _), batch, ts in zip(points, batches, times):
+    for (group, graph, _), batch, ts, xs in zip(points, batches, times, transfers):
         f = batch_features(batch)
         used_graph = bool(graph and graphs_default and batch.seqs and all(s.is_decode for s in batch.seqs)
                           and len(batch.seqs) <= max(ex.GRAPH_BATCH_SIZES))
         t = float(np.min(ts)) if g.get("fit_stat", "median") == "min" else float(np.median(ts))
         row = {"group": group, "graph": used_graph, **f, "t": t, "t_median": float(np.median(ts)),
                "t_min": float(np.min(ts)), "t_p90": float(np.percentile(ts, 90)), "reps": len(ts)}
+        if xs:
+            row["t_xfer"] = float(np.min(xs)) if g.get("fit_stat", "median") == "min" else float(np.median(xs))
         if group == "holdout":
             row["holdout"] = True
         out.append(row)
@@ -462,6 +482,11 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                [model.predict_features(f, graphs, host=True) for f, _, _ in steps], [el for _, _, el in steps]),
            "host": {"steps": len(host_rows), "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
            "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}}
+    xfer = [s for s in samples if s.get("t_xfer")]
+    if xfer:
+        fit["transfers"] = error_stats(
+            [model.swap_out_xfer(s["swap_out"]) + model.swap_in_xfer(s["swap_in"]) for s in xfer],
+            [s["t_xfer"] for s in xfer])
     for group in sorted({s["group"] for s in samples}):
         sel = [s for s in samples if s["group"] == group]
         fit.setdefault("by_group", {})[group] = error_stats(pred(sel), [s["t"] for s in sel])
@@ -500,14 +525,18 @@ def render_report(prof) -> str:
             ("engine replay (execute only)", f.get("engine_replay", {})),
             ("engine replay (elapsed, with host)", f.get("engine_replay_with_host", {}))]
     rows += [(f"grid: {g}", st) for g, st in sorted(f.get("by_group", {}).items())]
+    rows.append(("swap-stream transfers (swap_out, swap_in)", f.get("transfers", {})))
     for name, st in rows:
         if st.get("n"):
             lines.append(f"| {name} | {st['n']} | {st['median_abs_rel_err']:.1%} | {st['p90_abs_rel_err']:.1%} | "
                          f"{st['max_abs_rel_err']:.1%} | {st['total_rel_err']:+.1%} |")
     h = prof.model.host
+    m = prof.model
+    xfer = "; ".join(f"{name} {op.c0 * 1e6:.0f} us + {op.c1 * 1e6:.1f} us/block"
+                     for name, op in (("swap-out", m.swap_out_xfer), ("swap-in", m.swap_in_xfer)))
     lines += ["", f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
                   f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us)",
-              f"swap-in hidden behind the forward pass: {prof.model.swap_in_overlap:.0%}"]
+              f"swap-stream transfers: {xfer}"]
     return "\n".join(lines)
 
 

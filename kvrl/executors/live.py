@@ -1,10 +1,19 @@
 """The live executor: a real transformer over a paged KV cache (Triton kernels on CUDA, the torch
-reference on CPU), with batched block copies, swapping to a CPU pool on a side stream, CUDA-graph
+reference on CPU), with batched block copies, asynchronous swapping to a pinned CPU pool, CUDA-graph
 decode, and greedy or seeded sampling.
 
+Swapping (CUDA): one side stream carries every host transfer, so transfers run in issue order
+(a block swapped out and later swapped in needs no other synchronisation). Swap-out gathers the
+blocks into a contiguous device buffer on the compute stream (before this step's forward pass may
+reuse them), then copies it to the pinned, block-major CPU pool on the side stream, overlapping
+this and later steps. Swap-in copies pinned CPU blocks to the device on the side stream and
+scatters them into the pool; the next step's compute waits for it (prefetch for sequences that
+compute from the next step on).
+
 Timing: a step's ``elapsed_s`` is the wall time from the end of the previous step to the end of
-this one (synchronised), so the engine's own scheduling overhead is part of the measured time;
-after an idle gap longer than ``max_gap_s`` only this step's execution is counted.
+this one's compute stream (synchronised), so the engine's own scheduling overhead is part of the
+measured time and side-stream transfers are not, unless a later step waits for them; after an
+idle gap longer than ``max_gap_s`` only this step's execution is counted.
 """
 from __future__ import annotations
 
@@ -84,7 +93,6 @@ class LiveExecutor(Executor):
         self._swap_done: Optional[torch.cuda.Event] = None
         self._swap_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._graphs: dict[int, "_DecodeGraph"] = {}
-        self._pinned_in_flight: Optional[torch.Tensor] = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # ----------------------------------------------------------------- sizes
@@ -113,18 +121,21 @@ class LiveExecutor(Executor):
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         c = self.config
         shape = (c.num_layers, 2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        cpu_shape = (c.num_layers, 2, max(num_cpu_blocks, 0), block_size, c.num_kv_heads, c.head_dim)
+        # block-major on the host: one CPU block is one contiguous range (a single DMA)
+        cpu_shape = (max(num_cpu_blocks, 0), c.num_layers, 2, block_size, c.num_kv_heads, c.head_dim)
+        self.sync_swaps()
         if self.kv_caches and tuple(self.kv.shape) == shape and tuple(self.cpu_pool.shape) == cpu_shape:
             return   # a new engine on the same executor reuses the pools (and the captured graphs)
         self._graphs.clear()
         if self.kv_caches:    # release the previous pool before taking a new one
-            del self.kv, self.cpu_pool, self._all_caches
+            del self.kv, self.kv_by_block, self.cpu_pool, self._all_caches
             self.kv_caches = []
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.kv_by_block = self.kv.permute(2, 0, 1, 3, 4, 5)   # a view: (block, layer, k/v, token, head, dim)
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(c.num_layers)]
         self.cpu_pool = torch.empty(cpu_shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
         self._all_caches = [t for pair in self.kv_caches for t in pair]
@@ -132,26 +143,41 @@ class LiveExecutor(Executor):
 
     # ----------------------------------------------------------------- block operations
     def _swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        """GPU -> CPU, completed before this step's forward pass may overwrite the blocks."""
+        """GPU -> CPU: gathered on the compute stream before this step's forward pass may reuse
+        the blocks, copied to the host on the swap stream (see the module doc)."""
+        pairs = sorted(pairs, key=lambda p: p[1])   # consecutive CPU blocks become one copy
         gpu = torch.tensor([g for g, _ in pairs], device=self.device)
-        cpu = torch.tensor([c for _, c in pairs])
-        self.cpu_pool[:, :, cpu] = self.kv[:, :, gpu].to("cpu")
-
-    def _swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        """CPU -> GPU on the side stream; the next step waits for it (prefetch)."""
-        cpu = torch.tensor([c for c, _ in pairs])
-        staged = self.cpu_pool[:, :, cpu]
+        staged = self.kv_by_block.index_select(0, gpu)   # (n, layer, k/v, token, head, dim), contiguous
         if self._swap_stream is None:
-            self.kv[:, :, torch.tensor([g for _, g in pairs])] = staged
+            self.cpu_pool[torch.tensor([c for _, c in pairs])] = staged
             return
-        staged = staged.pin_memory()
         self._swap_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._swap_stream):
-            gpu = torch.tensor([g for _, g in pairs], device=self.device)
-            self.kv[:, :, gpu] = staged.to(self.device, non_blocking=True)
+            for first, cpu_first, n in _runs([c for _, c in pairs]):
+                self.cpu_pool[cpu_first:cpu_first + n].copy_(staged[first:first + n], non_blocking=True)
+        staged.record_stream(self._swap_stream)   # not reused before the copies are done
+
+    def _swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """CPU -> GPU on the swap stream; the next step's compute waits for it (prefetch)."""
+        pairs = sorted(pairs)
+        gpu = torch.tensor([g for _, g in pairs], device=self.device)
+        if self._swap_stream is None:
+            self.kv_by_block.index_copy_(0, gpu, self.cpu_pool[torch.tensor([c for c, _ in pairs])])
+            return
+        self._swap_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._swap_stream):
+            staged = torch.empty((len(pairs), *self.cpu_pool.shape[1:]), dtype=self.dtype, device=self.device)
+            for first, cpu_first, n in _runs([c for c, _ in pairs]):
+                staged[first:first + n].copy_(self.cpu_pool[cpu_first:cpu_first + n], non_blocking=True)
+            self.kv_by_block.index_copy_(0, gpu, staged)
             self._swap_done = torch.cuda.Event()
             self._swap_done.record(self._swap_stream)
-        self._pinned_in_flight = staged   # keep the host buffer alive until the copy is done
+        gpu.record_stream(self._swap_stream)
+
+    def sync_swaps(self) -> None:
+        """Block until every issued swap transfer has finished (for profiling and pool changes)."""
+        if self._swap_stream is not None:
+            self._swap_stream.synchronize()
 
     def _copy(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
@@ -257,8 +283,8 @@ class LiveExecutor(Executor):
                     sampled[index[id(items[j])]] = tokens[w]
                     if w in errs:
                         errors[index[id(items[j])]] = errs[w]
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":   # the compute stream only: swap-outs may still be in flight
+            torch.cuda.current_stream(self.device).synchronize()
         end = time.perf_counter()
         if self._last_end is not None and start - self._last_end < self.max_gap_s:
             elapsed = end - self._last_end
@@ -360,6 +386,18 @@ class _DecodeGraph:
         self.i32.copy_(self.host_i32, non_blocking=True)
         self.graph.replay()
         return self.logits[:n]
+
+
+def _runs(cpu_blocks: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of consecutive ids in ``cpu_blocks``: ``(first index, first id, length)``."""
+    runs: list[tuple[int, int, int]] = []
+    for i, c in enumerate(cpu_blocks):
+        if runs and runs[-1][1] + runs[-1][2] == c:
+            first, cpu_first, n = runs[-1]
+            runs[-1] = (first, cpu_first, n + 1)
+        else:
+            runs.append((i, c, 1))
+    return runs
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -25,9 +25,9 @@ longest decode context, ``rows`` items that sample (LM-head rows), ``copies``, `
 ``swap_in`` block counts.
 
 The model (:class:`StepModel`), all terms non-negative, fitted by non-negative least squares on
-relative error::
+relative error, prices the compute stream of a step::
 
-    t = host(S, n_pre) + fwd + copy(copies) + swap_out(n) + max((1 - ov) * swap_in(n), swap_in(n) - fwd)
+    t = host(S, n_pre) + fwd + copy(copies) + swap_out(n) + swap_in(n)
 
     fwd (CUDA-graph decode) = G(Bpad) + a(B) * dec_kv + m(B) * B * dec_max
     fwd (eager)             = D(N) + a_e(B) * dec_kv + m_e(B) * B * dec_max
@@ -36,9 +36,15 @@ relative error::
 
 with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``;
 ``G, a, m, D, a_e, m_e`` piecewise linear between measured knots (linear "hat" bases, so the
-fit stays one linear least-squares problem); block operations ``c0 * [n > 0] + c1 * n``; ``ov``
-the measured fraction of a swap-in hidden behind the forward pass; ``host`` the engine's own
-Python time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre``.
+fit stays one linear least-squares problem); block operations ``c0 * [n > 0] + c1 * n``, for swaps
+the part on the compute stream (gather / launching the copies); ``host`` the engine's own Python
+time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre``.
+
+Swap transfers run on the live executor's swap stream, overlapping compute: their durations
+``swap_out_xfer(n)`` and ``swap_in_xfer(n)`` (same linear form) drive the sim's
+:class:`~kvrl.executors.sim.SwapStream`, which makes a step wait for the swap-ins issued before it.
+Profiles of fit version 4 (synchronous swaps, before the swap stream) load with their swap terms
+as transfer times and no compute-stream part.
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "kvrl-step-profile"
 VERSION = 1
-FIT_VERSION = 4
+FIT_VERSION = 5
 FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "n_dec", "dec_kv", "dec_max", "rows", "copies",
             "swap_out", "swap_in")
 #: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
@@ -358,14 +364,17 @@ class _LinearOp:
 class StepModel:
     """The fitted step-time model (see the module doc). :meth:`predict` is pure Python."""
 
+    #: block operations: ``copy``, the compute-stream parts of ``swap_out`` / ``swap_in``, and the
+    #: swap-stream transfers ``swap_out_xfer`` / ``swap_in_xfer``; each ``[c0, c1]`` seconds
+    OPS = ("copy", "swap_out", "swap_in", "swap_out_xfer", "swap_in_xfer")
+
     def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
-                 swap_in_overlap: float, host: dict) -> None:
+                 host: dict) -> None:
         self.graph_sizes = sorted(int(b) for b in graph_sizes)
         self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
         self.graph = graph
         self.eager = eager
         self.ops = ops
-        self.swap_in_overlap = float(min(max(swap_in_overlap, 0.0), 1.0))
         self.host = host
         self._build()
 
@@ -384,9 +393,8 @@ class StepModel:
         f = e.get("floor") or dict.fromkeys(FLOOR_TERMS, 0.0)
         self._floor = tuple(float(f[k]) for k in FLOOR_TERMS)
         self._has_floor = any(self._floor)
-        self._copy = _LinearOp(*self.ops["copy"])
-        self._swap_out = _LinearOp(*self.ops["swap_out"])
-        self._swap_in = _LinearOp(*self.ops["swap_in"])
+        self._copy, self._swap_out, self._swap_in, self.swap_out_xfer, self.swap_in_xfer = (
+            _LinearOp(*self.ops[k]) for k in self.OPS)
         h = self.host
         self._h = (h["base"], h["per_seq"], h["per_prefill"])
 
@@ -435,13 +443,14 @@ class StepModel:
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, n_dec: int, dec_kv: int,
                 dec_max: int, rows: int, copies: int = 0, swap_out: int = 0, swap_in: int = 0,
                 cuda_graphs: bool = True, host: bool = True) -> float:
-        """Seconds of one engine step as the live executor reports it (``host`` adds the engine's
-        own time between steps, which live ``elapsed_s`` includes). The sim's hot path: a few
-        microseconds, block-operation terms inlined."""
+        """Seconds of one engine step's compute stream as the live executor reports it when no
+        swap-in delays it (``host`` adds the engine's own time between steps, which live
+        ``elapsed_s`` includes). The sim's hot path: a few microseconds, block-operation terms
+        inlined."""
         if n_pre == 0 and n_dec == 0:
-            fwd = t = 0.0
+            t = 0.0
         else:
-            fwd = t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, cuda_graphs)
+            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, cuda_graphs)
             if host:
                 h0, h1, h2 = self._h
                 t += h0 + h1 * (n_pre + n_dec) + h2 * n_pre
@@ -450,26 +459,29 @@ class StepModel:
         if swap_out:
             t += self._swap_out.c0 + self._swap_out.c1 * swap_out
         if swap_in:
-            si = self._swap_in.c0 + self._swap_in.c1 * swap_in
-            t += max((1.0 - self.swap_in_overlap) * si, si - fwd)
+            t += self._swap_in.c0 + self._swap_in.c1 * swap_in
         return t
 
     def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False) -> float:
         return self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host)
 
     def swap_s(self, num_blocks: int) -> float:
-        """One-way seconds to move ``num_blocks`` blocks (mean of swap-out and swap-in)."""
-        return 0.5 * (self._swap_out(num_blocks) + self._swap_in(num_blocks))
+        """One-way transfer seconds for ``num_blocks`` blocks (mean of swap-out and swap-in)."""
+        return 0.5 * (self.swap_out_xfer(num_blocks) + self.swap_in_xfer(num_blocks))
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
         return {"fit_version": FIT_VERSION, "graph_sizes": self.graph_sizes, "graph": self.graph,
-                "eager": self.eager, "ops": self.ops, "swap_in_overlap": self.swap_in_overlap, "host": self.host}
+                "eager": self.eager, "ops": self.ops, "host": self.host}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepModel":
         try:
-            return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["swap_in_overlap"], d["host"])
+            ops = dict(d["ops"])
+            if "swap_out_xfer" not in ops:   # fit version 4: swaps were synchronous transfers
+                ops["swap_out_xfer"], ops["swap_in_xfer"] = ops["swap_out"], ops["swap_in"]
+                ops["swap_out"] = ops["swap_in"] = [0.0, 0.0]
+            return cls(d["graph_sizes"], d["graph"], d["eager"], ops, d["host"])
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
@@ -531,23 +543,15 @@ class StepModel:
             only = [s for s in use if s.get(op) and not (s.get("n_pre") or s.get("n_dec"))
                     and all(not s.get(o) for o in ("copies", "swap_out", "swap_in") if o != op)]
             key = "copy" if op == "copies" else op
-            if only:
-                nb = _col(only, op)
-                ops[key] = _fit_weighted([np.ones_like(nb), nb], _col(only, "t")).tolist()
-            else:
-                ops[key] = [0.0, 0.0]
-        model = cls(graph_sizes if graph is not None else [], graph, eager, ops, 0.0,
+            nb = _col(only, op)
+            ops[key] = _fit_weighted([np.ones_like(nb), nb], _col(only, "t")).tolist() if only else [0.0, 0.0]
+            if op != "copies":   # the swap stream's transfer time, measured up to its completion
+                xfer = [s for s in only if s.get("t_xfer")]
+                nb = _col(xfer, op)
+                ops[op + "_xfer"] = (_fit_weighted([np.ones_like(nb), nb], _col(xfer, "t_xfer")).tolist()
+                                     if xfer else list(ops[key]))
+        model = cls(graph_sizes if graph is not None else [], graph, eager, ops,
                     {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
-
-        # fraction of a swap-in hidden behind the forward pass it is issued with
-        overlaps = []
-        for s in use:
-            if s.get("swap_in") and (s.get("n_pre") or s.get("n_dec")) and not (s.get("copies") or s.get("swap_out")):
-                fwd = model.forward_s(*(int(s.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=bool(s.get("graph")))
-                si = model._swap_in(int(s["swap_in"]))
-                if si > 0:
-                    overlaps.append(1.0 - (float(s["t"]) - fwd) / si)
-        model.swap_in_overlap = float(min(max(np.median(overlaps), 0.0), 1.0)) if overlaps else 0.0
         model.host = fit_host(host_samples)
         model._build()
         return model

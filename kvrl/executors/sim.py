@@ -6,8 +6,11 @@ finds shipped ones), else the roofline below. Which one is used is logged and ke
 :attr:`SimExecutor.cost_source`.
 
 Roofline step time = ``step_overhead_s`` + max(FLOPs / (matmul_flops * matmul_efficiency),
-bytes / (hbm_bw * bandwidth_efficiency)) + block copies over HBM + swap-outs over PCIe; swap-ins
-overlap the step (they are prefetched for the next one), so they only add time beyond it.
+bytes / (hbm_bw * bandwidth_efficiency)) + block copies and the swap-out gather over HBM.
+
+Swap transfers (PCIe time in the roofline, measured transfer times with a profile) run on a
+modelled swap stream as they do live (:class:`SwapStream`): one after another in issue order,
+overlapping compute; a step's forward pass waits for the swap-ins issued by the step before it.
 
 Counted per step: weights read once; K/V of every scheduled sequence's context read once and
 its new tokens written once; 2 FLOPs per weight per token, causal attention FLOPs, and the LM
@@ -16,6 +19,7 @@ head only for rows that are sampled.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from kvrl.engine.batch import ScheduledBatch, StepOutput
@@ -26,6 +30,30 @@ if TYPE_CHECKING:
     from kvrl.executors.profile import StepProfile
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class SwapStream:
+    """The live executor's swap stream on the sim's clock (seconds since the executor's pool was
+    allocated): transfers run one at a time in issue order."""
+
+    busy_until: float = 0.0      # when the last issued transfer ends
+    swap_in_ready: float = 0.0   # when the last issued swap-in has landed
+
+    def issue(self, now: float, swap_out_s: float, swap_in_s: float) -> None:
+        """Queue this step's swap-out, then its swap-in, at ``now``."""
+        if swap_out_s:
+            self.busy_until = max(self.busy_until, now) + swap_out_s
+        if swap_in_s:
+            self.busy_until = max(self.busy_until, now) + swap_in_s
+            self.swap_in_ready = self.busy_until
+
+    def step_s(self, now: float, compute_s: float, forward_s: float) -> float:
+        """A step starting at ``now`` whose compute stream takes ``compute_s`` (``forward_s`` of
+        it the forward pass, which cannot start before the pending swap-ins have landed)."""
+        if self.swap_in_ready <= now:
+            return compute_s
+        return max(compute_s, self.swap_in_ready - now + forward_s)
 
 
 class SimExecutor(Executor):
@@ -49,6 +77,8 @@ class SimExecutor(Executor):
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
         self._block_bytes = 0
+        self._clock = 0.0
+        self._swaps = SwapStream()
         self.profile = None
         self._step_model = None
         self.cost_source = "roofline"
@@ -92,6 +122,15 @@ class SimExecutor(Executor):
 
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         self._block_bytes = self.kv_block_bytes(block_size)
+        self._clock, self._swaps = 0.0, SwapStream()
+
+    def _timed(self, compute_s: float, forward_s: float, swap_out_s: float, swap_in_s: float) -> float:
+        """The step's duration on the swap-stream timeline; advances the clock."""
+        now = self._clock
+        elapsed = self._swaps.step_s(now, compute_s, forward_s)
+        self._swaps.issue(now, swap_out_s, swap_in_s)
+        self._clock = now + elapsed
+        return elapsed
 
     def step_time(self, num_tokens: int, num_sampled: int, kv_read_tokens: int, attn_pairs: int) -> float:
         """Roofline seconds of a forward pass over ``num_tokens`` tokens with ``num_sampled``
@@ -119,12 +158,11 @@ class SimExecutor(Executor):
                 sampled.append([(base + j * 97) % vocab for j in range(item.num_samples)])
             else:
                 sampled.append([])
-        elapsed = self.step_time(num_tokens, num_sampled, kv_read, pairs) if batch.seqs else 0.0
-        elapsed += 2 * len(batch.copies) * self._block_bytes / self.device.hbm_bw
-        elapsed += len(batch.swap_out) * self._block_bytes / self.device.pcie_bw
-        swap_in = len(batch.swap_in) * self._block_bytes / self.device.pcie_bw
-        elapsed = max(elapsed, swap_in)
-        return StepOutput(sampled, elapsed)
+        forward = self.step_time(num_tokens, num_sampled, kv_read, pairs) if batch.seqs else 0.0
+        compute = forward + 2 * (len(batch.copies) + len(batch.swap_out)) * self._block_bytes / self.device.hbm_bw
+        pcie = self._block_bytes / self.device.pcie_bw
+        return StepOutput(sampled, self._timed(compute, forward, len(batch.swap_out) * pcie,
+                                               len(batch.swap_in) * pcie))
 
     def _execute_profiled(self, batch: ScheduledBatch) -> StepOutput:
         """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
@@ -149,10 +187,15 @@ class SimExecutor(Executor):
                 sampled.append([(base + j * 97) % vocab for j in range(item.num_samples)])
             else:
                 sampled.append([])
-        elapsed = self._step_model.predict(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows,
-                                           len(batch.copies), len(batch.swap_out), len(batch.swap_in),
-                                           self.cuda_graphs)
-        return StepOutput(sampled, elapsed)
+        m = self._step_model
+        n_out, n_in = len(batch.swap_out), len(batch.swap_in)
+        compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, len(batch.copies),
+                            n_out, n_in, self.cuda_graphs)
+        if not (n_out or n_in or self._swaps.swap_in_ready > self._clock):
+            self._clock += compute     # the common step: no swap stream involved
+            return StepOutput(sampled, compute)
+        forward = m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, self.cuda_graphs)
+        return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)))
 
     def estimate_prefill_s(self, num_tokens: int) -> float:
         if num_tokens <= 0:
