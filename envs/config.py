@@ -80,11 +80,15 @@ class EpisodeConfig:
     uniformly with the env's seeded RNG at each reset; a number = always the same slice (a
     replayed arrival sequence). ``reset(options={"start_s": ...})`` or
     ``reset(options={"workload": requests or workload config})`` override it for one episode.
+    ``rate_scales``: null = every episode at the scenario's ``workload.rate_scale``; a list = each
+    episode's rate scale drawn uniformly from it at reset (training over a range of loads; the
+    window is cut from the split at the drawn rate).
     """
 
     split: Optional[str] = "train"
     window_s: Optional[float] = 120.0
     start_s: Optional[float] = None
+    rate_scales: Optional[list] = None
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -93,6 +97,12 @@ class EpisodeConfig:
             check_range("episode.window_s", self.window_s, 1e-6)
         if self.start_s is not None:
             check_range("episode.start_s", self.start_s, 0.0)
+        if self.rate_scales is not None:
+            if len(self.rate_scales) == 0:
+                raise ValueError("episode.rate_scales: give at least one rate scale (or null)")
+            self.rate_scales = [float(x) for x in self.rate_scales]
+            for x in self.rate_scales:
+                check_range("episode.rate_scales[]", x, 1e-9)
 
 
 @dataclass

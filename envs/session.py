@@ -49,9 +49,10 @@ class EngineSession:
         self.features = resolve_features(config)
         self.executor = build_executor(self.run)
         max_model_len = run["engine"].get("max_model_len") or self.executor.max_model_len
+        self._max_model_len = max_model_len
+        self._by_rate: dict[float, tuple[list[Request], list[float]]] = {}
         self.requests = self._build(run["workload"], max_model_len)
         self._arrivals = [r.arrival_s for r in self.requests]
-        self._max_model_len = max_model_len
 
     def _build(self, workload: Mapping[str, Any], max_model_len: int) -> list[Request]:
         return list(cached_workload(workload, self.executor.vocab_size, max_model_len))
@@ -75,27 +76,40 @@ class EngineSession:
                 raise ValueError("reset(options={'workload': ...}) got no requests")
             return requests, None
         ep = self.config.episode
+        everything, arrivals = self.requests, self._arrivals
+        if ep.rate_scales is not None:
+            everything, arrivals = self._at_rate(ep.rate_scales[int(rng.integers(len(ep.rate_scales)))])
         if ep.window_s is None:
-            return self.requests, None
+            return everything, None
         start = options.get("start_s", ep.start_s)
         if start is not None:
-            requests = self._window(float(start), ep.window_s)
+            requests = self._window(everything, arrivals, float(start), ep.window_s)
             if not requests:
                 raise ValueError(f"the window [{start}, {start + ep.window_s}) s of split {ep.split!r} holds no "
-                                 f"arrivals (its arrivals span [{self._arrivals[0]}, {self._arrivals[-1]}] s)")
+                                 f"arrivals (its arrivals span [{arrivals[0]}, {arrivals[-1]}] s)")
             return requests, float(start) + ep.window_s
-        lo, hi = self._arrivals[0], max(self._arrivals[0], self._arrivals[-1] - ep.window_s)
+        lo, hi = arrivals[0], max(arrivals[0], arrivals[-1] - ep.window_s)
         for _ in range(MAX_WINDOW_DRAWS):
             start = float(rng.uniform(lo, hi)) if hi > lo else lo
-            requests = self._window(start, ep.window_s)
+            requests = self._window(everything, arrivals, start, ep.window_s)
             if requests:
                 return requests, start + ep.window_s
         raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
 
-    def _window(self, start: float, length: float) -> list[Request]:
-        i = bisect.bisect_left(self._arrivals, start)
-        j = bisect.bisect_left(self._arrivals, start + length)
-        return self.requests[i:j]
+    def _at_rate(self, rate_scale: float) -> tuple[list[Request], list[float]]:
+        """The split's requests (and arrival times) at ``rate_scale`` instead of the scenario's."""
+        if rate_scale not in self._by_rate:
+            workload = OmegaConf.to_container(self.run.workload, resolve=True)
+            workload["rate_scale"] = rate_scale
+            requests = self._build(workload, self._max_model_len)
+            self._by_rate[rate_scale] = (requests, [r.arrival_s for r in requests])
+        return self._by_rate[rate_scale]
+
+    @staticmethod
+    def _window(requests: list[Request], arrivals: list[float], start: float, length: float) -> list[Request]:
+        i = bisect.bisect_left(arrivals, start)
+        j = bisect.bisect_left(arrivals, start + length)
+        return requests[i:j]
 
     def start(self, requests: list[Request], end_s: Optional[float]) -> EngineDriver:
         """A fresh engine (same executor) and its driver for one episode."""

@@ -17,6 +17,7 @@ from kvrl.workloads import build_workload
 
 # A small, fast scenario with memory pressure: 80 synthetic requests on a 256-block pool.
 SMALL = ["workload=synthetic", "workload.num_requests=80", "workload.arrival.rate=30", "workload.output_len.mean=150",
+         "workload.rate_scale=1.0",
          "engine.num_blocks=256", "env.episode.split=null", "env.episode.window_s=null"]
 TASKS = ("watermark", "preemption")
 
@@ -165,6 +166,21 @@ def test_replay_of_a_fixed_slice_and_of_a_given_workload():
     assert info["trace_end"] and info["metrics"]["requests"] == 20
     with pytest.raises(ValueError, match="unknown reset option"):
         env.reset(options={"start": 1.0})
+
+
+def test_rate_scales_draw_each_episodes_load_from_the_list():
+    env = make("watermark", "env.episode.window_s=null", "env.episode.rate_scales=[1.0,4.0]").unwrapped
+    whole = env.session.requests                     # the scenario's rate scale (1.0 in SMALL)
+    span = whole[-1].arrival_s - whole[0].arrival_s
+    spans = []
+    for seed in range(8):
+        env.reset(seed=seed)
+        served = env.driver.pending
+        assert len(served) == len(whole)
+        spans.append(served[-1].arrival_s - served[0].arrival_s)
+    assert set(np.round(spans, 9)) == {round(span, 9), round(span / 4.0, 9)}
+    with pytest.raises(ValueError, match="rate_scales"):
+        make("watermark", "env.episode.rate_scales=[]")
 
 
 def test_step_before_reset_and_after_the_end_raise():

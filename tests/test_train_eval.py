@@ -88,3 +88,32 @@ def test_maskable_ppo_trains_on_the_preemption_task(tmp_path):
         *small, "env.episode.split=null", "train.total_timesteps=64", "train.n_envs=1", "train.eval_every=0",
         "train.checkpoint_every=64", "agent.kwargs.n_steps=32", "agent.kwargs.batch_size=32")
     assert json.loads((tmp_path / "p" / "agent.json").read_text())["algo"] == "maskable_ppo"
+
+
+# Live backend on CPU (the tiny random model): six requests of the test split, one seed.
+LIVE = ["backend=live", "model=tiny", "backend.device=cpu", "engine.num_blocks=256", "workload.max_requests=6",
+        "seeds=[0]", "baselines.watermark=[{name: fixed, fraction: 0.01}]", "live_warmup=2", "plots=false",
+        "workers=1", "seed=0"]
+
+
+def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
+    run_dir, _ = trained
+    proc = app("eval", f"hydra.run.dir={tmp_path / 'live'}", f"agents=[{run_dir}]", *LIVE, "val_pick=sim",
+               "sweep=[0.0,0.3]")
+    rows = list(csv.DictReader((tmp_path / "live" / "results.csv").read_text().splitlines()))
+    val = [r for r in rows if r["split"] == "val"]
+    test = [r for r in rows if r["split"] == "test"]
+    assert len(val) == 2 and {r["backend"] for r in val} == {"sim"}
+    assert len(test) == 3 and {r["backend"] for r in test} == {"live"}
+    assert {r["kind"] for r in test} == {"heuristic", "val-best", "agent"}
+    assert all(int(r["requests"]) == 6 for r in test)
+    assert "[val-best in sim]" in (tmp_path / "live" / "leaderboard.md").read_text()
+    assert "goodput_tok_s" in proc.stdout
+
+
+def test_eval_with_a_given_best_fixed_watermark_runs_no_val_sweep(trained, tmp_path):
+    run_dir, _ = trained
+    app("eval", f"hydra.run.dir={tmp_path / 'given'}", f"agents=[{run_dir}]", *EVAL, "fixed_best=0.2", "plots=false")
+    rows = list(csv.DictReader((tmp_path / "given" / "results.csv").read_text().splitlines()))
+    assert {r["split"] for r in rows} == {"test"}
+    assert "fixed(fraction=0.2) [val-best, given]" in {r["policy"] for r in rows}

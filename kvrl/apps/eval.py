@@ -88,16 +88,50 @@ def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dic
     return cfg
 
 
-def run_job(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
-    """Serve the job's workload; its §5 metrics (and, with ``job.trace``, the per-step trace)."""
+_LIVE: dict[str, Any] = {}      # this process's live executor: (key, executor)
+
+
+def live_executor(cfg: dict, warmup_requests: int):
+    """The live executor of ``cfg`` (backend + model), built once per process and reused by
+    every job (the engine reuses its KV pool and captured CUDA graphs when the pool's shape is
+    unchanged); at its first use it serves ``warmup_requests`` synthetic requests so that graph
+    capture and kernel compilation are not charged to the first measured run."""
+    from kvrl.builder import build_engine, build_executor
+    from kvrl.engine.request import Request
+
+    key = json.dumps([cfg["backend"], cfg["model"], cfg["engine"]], sort_keys=True, default=str)
+    if _LIVE.get("key") == key:
+        return _LIVE["executor"]
+    _LIVE.clear()
+    executor = build_executor(OmegaConf.create(cfg))
+    if warmup_requests > 0:
+        warm = copy.deepcopy(cfg)
+        warm.update(watermark={"name": "fixed", "fraction": 0.01}, eviction={"name": "lifo"})
+        engine = build_engine(OmegaConf.create(warm), executor=executor, record_steps=False)
+        rng = np.random.default_rng(12345)
+        tokens = max(16, min(2048, engine.config.num_blocks * engine.config.block_size // 8))
+        lens = np.unique(np.geomspace(8, tokens, 8).astype(int))
+        reqs = [Request(f"warm{i}", 0.0, rng.integers(0, executor.vocab_size, int(lens[i % len(lens)]),
+                                                      dtype=np.int32), 1 + i)
+                for i in range(warmup_requests)]
+        engine.run(reqs)
+    _LIVE.update(key=key, executor=executor)
+    return executor
+
+
+def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warmup: int = 0) -> dict:
+    """Serve the job's workload; its §5 metrics (and, with ``job.trace``, the per-step trace).
+    On the live backend, every job of a process shares one executor (:func:`live_executor`)."""
     from kvrl.builder import build_engine
     from kvrl.engine.metrics import STEP_COLUMNS
     from kvrl.envs.session import cached_workload
 
     cfg = job_config(run, role, job, resample)
-    engine = build_engine(OmegaConf.create(cfg), record_steps=job.trace)
+    executor = live_executor(cfg, live_warmup) if cfg["backend"]["name"] == "live" else None
+    engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace)
     metrics = engine.run(cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len))
-    out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed, **metrics}
+    out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
+           "backend": cfg["backend"]["name"], **metrics}
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}
@@ -113,11 +147,19 @@ def _init_worker() -> None:
 
 
 def run_jobs(run: dict, role: str, jobs: Sequence[Job], resample: Optional[float], workers: int,
-             chunk: int = 1) -> list[dict]:
+             chunk: int = 1, live_warmup: int = 0) -> list[dict]:
     """Every job, in order; ``workers`` > 1 spreads them over fresh (spawned) processes in chunks
-    of ``chunk`` consecutive jobs (jobs of one split and seed share their workload in a chunk)."""
+    of ``chunk`` consecutive jobs (jobs of one split and seed share their workload in a chunk).
+    The live backend runs every job in this process, one after another (one accelerator)."""
+    if run["backend"]["name"] == "live":
+        workers = 1
     if workers <= 1 or len(jobs) <= 1:
-        return [run_job(run, role, job, resample) for job in jobs]
+        results = []
+        for job in jobs:
+            results.append(run_job(run, role, job, resample, live_warmup))
+            log.info("%s on %s, seed %d: goodput %.1f tok/s", job.policy.label, job.split, job.seed,
+                     results[-1]["goodput_tok_s"])
+        return results
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
         return list(pool.map(run_job, [run] * len(jobs), [role] * len(jobs), jobs, [resample] * len(jobs),
                              chunksize=chunk))
@@ -168,20 +210,37 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
     return policies, notes
 
 
+def sim_backend() -> dict:
+    """The sim backend's config (``conf/backend/sim.yaml``)."""
+    from kvrl import conf
+    return OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "backend" / "sim.yaml"))
+
+
 def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resample: Optional[float],
-                workers: int) -> tuple[Policy, list[dict]]:
-    """The fixed watermark of ``sweep`` with the best mean goodput on ``val``, and the sweep's runs."""
+                workers: int, val_pick: str = "same") -> tuple[Policy, list[dict]]:
+    """The fixed watermark of ``sweep`` with the best mean goodput on ``val``, and the sweep's runs.
+    ``val_pick=sim`` runs the sweep on the sim backend (same model, device and scenario; its
+    step-time profile when one matches) whatever the evaluation's backend, so that a live
+    evaluation spends no accelerator time on it."""
+    if val_pick not in ("same", "sim"):
+        raise ValueError(f"val_pick={val_pick!r}: expected same or sim")
+    tag = "val-best"
+    if val_pick == "sim" and run["backend"]["name"] != "sim":
+        run = {**run, "backend": sim_backend()}
+        tag = "val-best in sim"
     plugins = [{"name": "fixed", "fraction": float(f)} for f in sweep]
     jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
     results = run_jobs(run, "watermark", jobs, resample, workers, chunk=len(plugins))
     goodput = {label_of(p): np.mean([r["goodput_tok_s"] for r in results if r["policy"] == label_of(p)])
                for p in plugins}
     best = max(plugins, key=lambda p: goodput[label_of(p)])     # the first of equals
-    return Policy(f"{label_of(best)} [val-best]", "val-best", best), results
+    log.info("val sweep (%s backend): %s -> %s", run["backend"]["name"],
+             ", ".join(f"{k} {v:.2f}" for k, v in goodput.items()), label_of(best))
+    return Policy(f"{label_of(best)} [{tag}]", "val-best", best), results
 
 
 def write_results(results: Sequence[dict], path: Path) -> None:
-    keys = [k for k in results[0] if k != "trace"]
+    keys = list(dict.fromkeys(k for r in results for k in r if k != "trace"))
     def write(f):
         w = csv.DictWriter(f, keys, extrasaction="ignore")
         w.writeheader()
@@ -201,13 +260,17 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     agent_paths = find_agents(list(cfg.agents), env_id, Path(cfg.train_dir))
     agents, notes = agent_policies(agent_paths, env_id, run)
     results: list[dict] = []
-    if role == "watermark" and cfg.sweep:
-        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers)
+    if role == "watermark" and cfg.fixed_best is not None:
+        best = {"name": "fixed", "fraction": float(cfg.fixed_best)}
+        policies.append(Policy(f"{label_of(best)} [val-best, given]", "val-best", best))
+    elif role == "watermark" and cfg.sweep:
+        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick)
         results += sweep_results
         policies.append(best)
     policies += agents
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
-    test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies))
+    test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies),
+                            live_warmup=cfg.live_warmup)
     results += test_results
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(results, out_dir / "results.csv")

@@ -67,6 +67,9 @@ class EvalSchema(_RunKeys):
     seeds: List[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     resample: Optional[float] = 0.8
     sweep: List[float] = field(default_factory=list)
+    val_pick: str = "same"
+    fixed_best: Optional[float] = None
+    live_warmup: int = 32
     baselines: Any = field(default_factory=dict)
     workers: int = 2
     plots: bool = True
