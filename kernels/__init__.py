@@ -87,6 +87,27 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
     return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
+def precompile_attention(k_cache, v_cache, num_heads: int, scale: float) -> int:
+    """Compile, before serving, every variant of the Triton attention kernels that a step can
+    ask for (decode split counts; block-table strides Triton specialises on), so no step stalls
+    on a JIT compilation. Reads the caches, writes nothing. Returns the number of launches
+    (0 when the caches are not served by Triton)."""
+    if not use_triton(k_cache):
+        return 0
+    from .triton_decode import TABLE_WIDTHS, precompile_decode
+
+    launches = precompile_decode(k_cache, v_cache, num_heads, scale)
+    dev = k_cache.device
+    q = torch.zeros(2, num_heads, k_cache.shape[-1], dtype=k_cache.dtype, device=dev)
+    cu = torch.tensor([0, 2], dtype=torch.int32, device=dev)
+    lens = torch.full((1,), 2, dtype=torch.int32, device=dev)
+    for width in TABLE_WIDTHS:
+        tables = torch.zeros(1, width, dtype=torch.int32, device=dev)
+        paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale, 2)
+        launches += 1
+    return launches
+
+
 def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len):
     """Causal attention of packed query chunks over a paged KV cache.
 

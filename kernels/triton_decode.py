@@ -13,6 +13,8 @@ covers tiles ``[s * ceil(T / S), (s + 1) * ceil(T / S))``; trailing splits may b
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -113,16 +115,27 @@ def _decode_merge_kernel(
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: int) -> int:
-    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, each split >= 256 tokens.
+    """Splits per (sequence, kv head): enough programs to fill ``sms`` SMs, each split about 256
+    tokens or more, rounded to the nearest power of two.
 
-    E.g. on 132 SMs with 8 kv heads: batch 64 -> 3 splits (context >= 768), batch 256 -> 1.
+    E.g. on 132 SMs with 8 kv heads: batch 64 -> 4 splits (context >= 768), batch 256 -> 1.
     Finer splits to balance mixed context lengths measured slower on an H200
     (benchmarks/decode_mix.py: batch 256, contexts U[100, 2048]: 1 split 3.82 TB/s, 5 splits 3.67).
-    Splits a shorter sequence does not fill cost one early exit.
+    Splits a shorter sequence does not fill cost one early exit. The split count is a compile-time
+    constant of the kernels: powers of two keep the variants to :data:`SPLIT_CHOICES`, which
+    :func:`precompile_decode` builds before serving (each new variant otherwise stalls the first
+    step that needs it for a JIT compilation).
     """
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, max(1, batch * num_kv_heads))
     by_length = triton.cdiv(max_context_len, _MIN_SPLIT_TOKENS)
-    return max(1, min(wanted, by_length, _MAX_SPLITS))
+    n = max(1, min(wanted, by_length, _MAX_SPLITS))
+    return min(1 << round(math.log2(n)), _MAX_SPLITS)
+
+
+#: block-table widths that cover Triton's integer specialisations of the table stride (1, 16k, other)
+TABLE_WIDTHS = (1, 16, 17)
+#: every split count :func:`pick_num_splits` returns
+SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()) if 1 << i <= _MAX_SPLITS)
 
 
 def paged_decode_attention_triton(
@@ -169,3 +182,21 @@ def paged_decode_attention_triton(
             S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n,
         )
     return out
+
+
+def precompile_decode(k_cache, v_cache, num_heads: int, scale: float) -> int:
+    """Compile every variant of the decode kernels that :func:`pick_num_splits` can ask for
+    (each split count; block-table widths of 1, a multiple of 16 and neither, which Triton
+    specialises on), by running them on one sequence of one token. Reads the caches, writes
+    nothing in them. Returns the number of launches."""
+    dev, dtype = k_cache.device, k_cache.dtype
+    head_dim = k_cache.shape[-1]
+    q = torch.zeros(1, num_heads, head_dim, dtype=dtype, device=dev)
+    lens = torch.ones(1, dtype=torch.int32, device=dev)
+    launches = 0
+    for width in TABLE_WIDTHS:
+        tables = torch.zeros(1, width, dtype=torch.int32, device=dev)
+        for splits in SPLIT_CHOICES:
+            paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, scale, num_splits=splits)
+            launches += 1
+    return launches

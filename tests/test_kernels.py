@@ -150,7 +150,7 @@ TRITON_CASES = [
     Case("prefill_gqa2_fp16_bs16", 4, 2, 64, 16, [45, 20], q_lens=[20, 20], dtype="float16", tol=2e-3,
          triton_kwargs={"block_m": 16, "block_n": 16}),
 ]
-CACHE_CHECKS = ["store_kv_fp32_strided", "store_kv_fp16", "copy_blocks_multi_layer"]
+CACHE_CHECKS = ["store_kv_fp32_strided", "store_kv_fp16", "copy_blocks_multi_layer", "precompile"]
 
 
 def _check_store_kv(dtype: torch.dtype) -> dict:
@@ -181,6 +181,19 @@ def _check_copy_blocks() -> dict:
     return {"exact": all(torch.equal(c, r) for c, r in zip(caches, refs))}
 
 
+def _check_precompile() -> dict:
+    """``precompile_attention`` launches every decode split count x table width and the prefill
+    kernel per width, and leaves the caches as they were."""
+    from kvrl.kernels.triton_decode import SPLIT_CHOICES, TABLE_WIDTHS
+
+    g = torch.Generator().manual_seed(3)
+    k_cache, v_cache = torch.randn(4, 8, 2, 16, generator=g), torch.randn(4, 8, 2, 16, generator=g)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    n = K.precompile_attention(k_cache, v_cache, 4, 0.25)
+    return {"exact": n == len(TABLE_WIDTHS) * (len(SPLIT_CHOICES) + 1)
+            and torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)}
+
+
 def triton_checks_main() -> None:
     """Subprocess entry point: run every Triton check, print ``{name: result}`` as JSON."""
     from kvrl.kernels.triton_decode import paged_decode_attention_triton
@@ -202,6 +215,7 @@ def triton_checks_main() -> None:
     results["store_kv_fp32_strided"] = _check_store_kv(torch.float32)
     results["store_kv_fp16"] = _check_store_kv(torch.float16)
     results["copy_blocks_multi_layer"] = _check_copy_blocks()
+    results["precompile"] = _check_precompile()
     # The public API must really have dispatched to the Triton modules.
     results["dispatch"] = {
         "exact": all(f"kvrl.kernels.{m}" in sys.modules for m in ("triton_cache", "triton_decode", "triton_prefill"))
@@ -312,6 +326,19 @@ def test_gather_scatter_roundtrip():
     other = torch.zeros_like(cache)
     K.scatter_blocks(other, ids, data)
     assert torch.equal(other[ids], cache[ids]) and other[[0, 2, 4, 5, 7]].eq(0).all()
+
+
+def test_decode_split_counts_are_few_powers_of_two():
+    """Every (batch, context) picks a split count among SPLIT_CHOICES, the kernel variants that
+    precompile_attention builds before serving; more programs are wanted for small batches."""
+    pytest.importorskip("triton")
+    from kvrl.kernels.triton_decode import SPLIT_CHOICES, pick_num_splits
+
+    picks = {pick_num_splits(b, 8, ctx, 132) for b in range(1, 513) for ctx in (1, 16, 100, 700, 2048, 40960)}
+    assert picks <= set(SPLIT_CHOICES) and len(picks) > 3
+    assert pick_num_splits(1, 8, 40960, 132) == max(SPLIT_CHOICES)
+    assert pick_num_splits(256, 8, 4096, 132) == 1
+    assert pick_num_splits(1, 8, 10, 132) == 1
 
 
 def test_cpu_dispatches_to_reference(monkeypatch):

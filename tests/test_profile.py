@@ -223,7 +223,8 @@ def test_fit_generalizes_on_a_gpu_like_step_law_outside_its_class():
             out.append({**f, "graph": graph, "t": law(f, graph) * rng.lognormal(0, 0.02)})
         return out
 
-    grid = measure(grid_points(GRIDS["gpu"], True, m.max_model_len))
+    grid = measure(grid_points(GRIDS["gpu"], True, m.max_model_len)
+                   + random_points(GRIDS["gpu"], GRIDS["gpu"]["random"], True, m.max_model_len, seed=0, group="random"))
     held = measure(random_points(GRIDS["gpu"], 200, True, m.max_model_len, seed=0))
     model = P.StepModel.fit(grid, sizes)
     stats = P.error_stats([model.predict_features(s, s["graph"]) for s in held], [s["t"] for s in held])
@@ -372,6 +373,7 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
     assert {"throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "ttft_mean_s", "ttft_p99_s", "tpot_p50_s",
             "tpot_mean_s", "tpot_p99_s", "preemptions", "kv_utilization"} <= metrics
     assert "Target TTFT p50 s: under 10%" in table and "### Replay by step kind" in table
+    assert "## Live vs live" in table and "throughput_tok_s_live_again" in metrics
     assert {r[1] for r in rows[1:] if r[1] != "ranking"} == {"vllm", "sjf_swap"}
     assert any(r[1] == "ranking" for r in rows[1:])
     for pol in ("vllm", "sjf_swap"):

@@ -81,17 +81,22 @@ class _Recorder:
             raise _WallLimit(f"live run exceeded max_live_wall_s={self.max_wall_s}")
         return out
 
-    def replay(self, pricer) -> list[tuple]:
-        """Per executed step, in order (the pricer's swap stream sees the same sequence):
-        (live s, sim s, prefill seqs, decode seqs, tokens, kind, live s inside execute, sim host s)."""
+    def replay(self, pricer) -> list[dict]:
+        """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
+        sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
+        and the sim's host term (so the run can be re-priced offline with another profile)."""
+        from kvrl.executors.profile import batch_features
+
         model = pricer.profile.model if pricer.profile is not None else None
         rows = []
         for batch, live_s, inside_s in zip(self.batches, self.elapsed, self.inside):
-            n_dec = sum(1 for s in batch.seqs if s.num_tokens == 1)
-            n_pre = len(batch.seqs) - n_dec
-            host_s = model.host_s(len(batch.seqs), n_pre) if model is not None and batch.seqs else 0.0
-            rows.append((live_s, pricer.execute(batch).elapsed_s, n_pre, n_dec, batch.num_tokens,
-                         step_kind(batch, n_pre, n_dec), inside_s, host_s))
+            f = batch_features(batch)
+            n_dec, n_pre = f["n_dec"], f["n_pre"]
+            host_s = model.host_s(n_pre + n_dec, n_pre) if model is not None and batch.seqs else 0.0
+            rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
+                         "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
+                         "graph": int(self.inner.use_cuda_graphs and not n_pre
+                                      and 0 < n_dec <= max(self.inner.GRAPH_BATCH_SIZES))})
         return rows
 
 
@@ -104,20 +109,20 @@ def step_kind(batch, n_pre: int, n_dec: int) -> str:
     return "mixed" if n_dec else "prefill"
 
 
-def replay_breakdown(replay: list[tuple]) -> dict:
+def replay_breakdown(replay: list[dict]) -> dict:
     """Replay totals per step kind, plus the engine's time between steps ("host": live
     ``elapsed_s`` minus the time inside ``execute``, vs the profile's host term)."""
     out: dict[str, dict] = {}
     for kind in ("decode", "prefill", "mixed", "swap"):
-        rows = [r for r in replay if r[5] == kind]
+        rows = [r for r in replay if r["kind"] == kind]
         if rows:
-            live_t = np.asarray([r[0] for r in rows])
-            sim_t = np.asarray([r[1] for r in rows])
+            live_t = np.asarray([r["live_s"] for r in rows])
+            sim_t = np.asarray([r["sim_s"] for r in rows])
             out[kind] = {"steps": len(rows), "live_s": float(live_t.sum()), "sim_s": float(sim_t.sum()),
                          "median_abs_rel_err": float(np.median(np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)))}
     if replay:
-        live_h = float(sum(max(r[0] - r[6], 0.0) for r in replay))
-        out["host"] = {"steps": len(replay), "live_s": live_h, "sim_s": float(sum(r[7] for r in replay)),
+        live_h = float(sum(max(r["live_s"] - r["live_execute_s"], 0.0) for r in replay))
+        out["host"] = {"steps": len(replay), "live_s": live_h, "sim_s": float(sum(r["sim_host_s"] for r in replay)),
                        "median_abs_rel_err": float("nan")}
     return out
 
@@ -180,7 +185,7 @@ def warmup(live, ecfg: dict, n: int, seed: int) -> None:
 
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
-             plots: bool, title: str) -> dict:
+             plots: bool, title: str, live_repeats: int = 1) -> dict:
     from kvrl.apps.outputs import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -204,14 +209,20 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     replay = recorder.replay(pricer)
     recorder.batches.clear()
     with open(out / "replay.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(("step", "live_s", "sim_s", "prefill_seqs", "decode_seqs", "tokens", "kind", "live_execute_s",
-                    "sim_host_s"))
-        w.writerows((i + 1, *row) for i, row in enumerate(replay))
+        w = csv.DictWriter(f, ["step", *(replay[0] if replay else ("live_s", "sim_s"))])
+        w.writeheader()
+        w.writerows({"step": i + 1, **row} for i, row in enumerate(replay))
 
     if "error" in res:
         res.update(live=live_m, sim={}, engine=resolved)
         return res
+    if live_repeats > 1:   # the same live run again: how far live is from itself
+        again = _engine(ecfg, _Recorder(live, max_wall_s), pcfg, slo, record_steps=False)
+        try:
+            again.run(requests)
+            res["live_again"] = summarize(again)
+        except _WallLimit as exc:
+            log.warning("%s: repeat: %s", title, exc)
     sim = make_sim()
     seng = _engine(resolved, sim, pcfg, slo)
     wall = time.perf_counter()
@@ -222,8 +233,8 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     write_json(out / "sim" / "metrics.json", sim_m)
     atomic_write(out / "sim" / "steps.csv", seng.metrics.write_steps_csv)
 
-    live_t = np.asarray([r[0] for r in replay])
-    sim_t = np.asarray([r[1] for r in replay])
+    live_t = np.asarray([r["live_s"] for r in replay])
+    sim_t = np.asarray([r["sim_s"] for r in replay])
     if live_t.size:
         e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
         res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
@@ -292,7 +303,7 @@ def replot(run_dir: str) -> list[Path]:
                 rows = list(csv.reader(fh))[1:]
             return [(int(r[0]), float(r[1]), float(r[2])) for r in rows]
         with open(pair / "replay.csv") as fh:
-            rep = np.asarray([[float(r[1]), float(r[2])] for r in list(csv.reader(fh))[1:]]).reshape(-1, 2)
+            rep = np.asarray([[float(r["live_s"]), float(r["sim_s"])] for r in csv.DictReader(fh)]).reshape(-1, 2)
         path = root / f"steps_{pair.parent.name}_{pair.name}.png"
         plot_pair(steps("live"), steps("sim"), rep[:, 0], rep[:, 1], path, f"{pair.parent.name} / {pair.name}")
         written.append(path)
@@ -360,6 +371,20 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
         if v:
             lines.append(f"- Target {label}: under {bound:.0%} on every pair: {'met' if max(v) < bound else 'NOT met'} "
                          f"(max {max(v):.1%}; {sum(e < bound for e in v)} of {len(v)} pairs within).")
+    again = [(w, p, r) for (w, p), r in results.items() if r.get("live_again")]
+    if again:
+        lines += ["", "## Live vs live: the same live run repeated", "",
+                  "Relative difference of a second live run from the first: the noise floor any sim error is "
+                  "measured against.", "",
+                  "| workload | policy | " + " | ".join(label for _, label, _ in METRICS) + " |",
+                  "|---|---|" + "---:|" * len(METRICS)]
+        for w, p, r in again:
+            cells = [_pct(rel_err(r["live"].get(k, float("nan")), r["live_again"].get(k, float("nan"))))
+                     for k, _, _ in METRICS]
+            lines.append(f"| {w} | {p} | " + " | ".join(cells) + " |")
+            csv_rows += [[w, p, f"{k}_live_again", r["live"].get(k), r["live_again"].get(k),
+                          rel_err(r["live"].get(k, float("nan")), r["live_again"].get(k, float("nan")))]
+                         for k, _, _ in METRICS]
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
     agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):
@@ -495,7 +520,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             log.info("running %s", title)
             out = out_dir / "runs" / wname / pname
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg.get("max_live_wall_s"),
-                           bool(cfg.get("plots", True)), title)
+                           bool(cfg.get("plots", True)), title, int(cfg.get("live_repeats", 1)))
             results[(wname, pname)] = res
             write_report(results, out_dir, header_lines(), final=False)   # partial results survive a timeout
             if "error" not in res:

@@ -9,10 +9,14 @@ stopping once ``point_budget_s`` is spent); the median is kept, with p10/p90.
 
 The grid: decode batches x context lengths, as CUDA-graph replays and eager; ragged decode batches
 (lengths spread over [L/8, 2L]); prefills of N tokens split over 1..S sequences; prefix hits
-(short queries over long cached contexts); mixed decode + prefill steps; block copies; swap-outs;
-swap-ins, alone and issued with a decode step (overlap). Then ``holdout`` random steps the fit
-never sees measure its error, and a short engine run measures the engine's own time between steps
-(which live ``elapsed_s`` includes) and replays the fitted model on the steps it took.
+(short queries over long cached contexts); mixed decode + prefill steps; block copies; swap-outs
+and swap-ins (also timed until their transfer ends), alone and a swap-in issued with a decode step
+(overlap); ``random`` engine-like steps (ragged lognormal decode batches, several prefills, both).
+Then ``holdout`` random steps the fit never sees measure its error, and a short engine run measures
+the engine's own time between steps (which live ``elapsed_s`` includes) and replays the fitted
+model on the steps it took. With ``interleave`` (both presets) the repetitions run in rounds over
+all points, so each timed step follows a different one, as in an engine, instead of a copy of
+itself (a step repeated back to back can run faster than the same step inside an engine).
 
 Writes ``profile.json`` (and ``profile.md``, the fit report) into the run directory, and with
 ``install_dir`` set also ``<install_dir>/<device>_<model>_<dtype>.json``.
@@ -45,9 +49,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         copies=[1, 16, 128, 1024],
         swaps=[1, 4, 16, 64, 128, 256, 512, 1024],
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
-        holdout=40,
-        host_requests=192, host_prompt=[32, 1024], host_output=[16, 256],
-        warmup=3, reps=7, point_budget_s=1.0, fit_stat="median", interleave=False,
+        random=160, holdout=40,
+        host_requests=192, host_prompt=[32, 1024], host_output=[16, 256], host_rate=60.0,
+        warmup=3, reps=7, point_budget_s=1.0, fit_stat="median", interleave=True,
     ),
     "cpu": dict(
         decode_batch=[1, 2, 4, 8, 16, 32],
@@ -61,8 +65,8 @@ GRIDS: dict[str, dict[str, Any]] = {
         copies=[1, 4, 16, 64],
         swaps=[1, 4, 16, 64],
         overlap_batch=8, overlap_ctx=64, overlap_swap_in=[4, 32],
-        holdout=24,
-        host_requests=24, host_prompt=[8, 128], host_output=[4, 32],
+        random=24, holdout=24,
+        host_requests=24, host_prompt=[8, 128], host_output=[4, 32], host_rate=None,
         warmup=1, reps=7, point_budget_s=0.25, fit_stat="min", interleave=True,
     ),
 }
@@ -242,10 +246,12 @@ def grid_points(g: dict, graphs: bool, max_len: int) -> list[tuple[str, bool, di
     return pts
 
 
-def random_points(g: dict, n: int, graphs: bool, max_len: int, seed: int) -> list[tuple[str, bool, dict]]:
-    """``n`` random steps like the engine makes (decode, prefill, prefix hit or mixed; ragged
-    lengths), inside the grid's ranges but off its points."""
-    rng = np.random.default_rng(seed + 7919)
+def random_points(g: dict, n: int, graphs: bool, max_len: int, seed: int, group: str = "holdout") -> list[tuple[str, bool, dict]]:
+    """``n`` random steps like the engine makes, inside the grid's ranges but off its points:
+    decode batches with lognormal context lengths (coefficient of variation 0.2-1.5, so some
+    batches are as ragged as a serving trace's), one to four prefills (fresh or over a cached
+    prefix), or both. ``group="random"`` steps are fitted; ``holdout`` ones (another seed) never."""
+    rng = np.random.default_rng(seed + (7919 if group == "holdout" else 104729))
     max_b, max_l = max(g["decode_batch"]), min(max(g["decode_ctx"]), max_len)
     min_l = min(g["decode_ctx"])
     max_n = max(g["prefill_tokens"])
@@ -256,17 +262,19 @@ def random_points(g: dict, n: int, graphs: bool, max_len: int, seed: int) -> lis
         decodes, prefills = [], []
         if r < 0.8:
             b = max(1, int(round(logu(1, max_b))))
-            mean = logu(min_l, max_l)
-            decodes = [int(v) for v in np.clip(rng.uniform(0.25 * mean, 1.75 * mean, b), 2, max_len)]
+            mean, cv = logu(min_l, max_l), rng.uniform(0.2, 1.5)
+            sigma = float(np.sqrt(np.log1p(cv * cv)))
+            lens = rng.lognormal(np.log(mean) - sigma * sigma / 2, sigma, b)
+            decodes = [int(v) for v in np.clip(lens, 2, min(4 * max_l, max_len))]
         if r >= 0.4 or not decodes:
-            for _ in range(int(rng.integers(1, 3))):
+            for _ in range(int(rng.integers(1, 5))):
                 k = max(2, int(logu(2, max_n / 2)))
                 start = 0 if rng.random() < 0.6 else int(logu(16, max_l))
                 k = min(k, max_len - start)
                 if k >= 2:
                     prefills.append((k, start))
         graph = graphs and not prefills and rng.random() < 0.85
-        pts.append(("holdout", graph, {"decode_lens": decodes, "prefills": prefills}))
+        pts.append((group, graph, {"decode_lens": decodes, "prefills": prefills}))
     return pts
 
 
@@ -330,6 +338,7 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
                     if group_transfers(points[i][0]):
                         ex.sync_swaps()
                         transfers[i].append(time.perf_counter() - t0)
+                    ex.sync_swaps()   # no transfer of this point runs into the next one
                 if progress:
                     progress((r + 1) * len(points) // max(g["reps"], 1), len(points))
         else:
@@ -393,11 +402,13 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     plo, phi = g["host_prompt"]
     olo, ohi = g["host_output"]
     max_len = ex.max_model_len
-    reqs = []
+    reqs, arrival = [], 0.0
     for i in range(n):
         p = int(min(rng.integers(plo, phi + 1), max_len // 2))
         o = int(min(rng.integers(olo, ohi + 1), max_len - p))
-        reqs.append(Request(f"h{i}", 0.0, rng.integers(0, ex.vocab_size, p, dtype=np.int32), max(o, 1)))
+        reqs.append(Request(f"h{i}", arrival, rng.integers(0, ex.vocab_size, p, dtype=np.int32), max(o, 1)))
+        if g.get("host_rate"):   # Poisson arrivals: queues like a server's, not one offline burst
+            arrival += float(rng.exponential(1.0 / g["host_rate"]))
     timed = _Timed(ex)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                        max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
@@ -453,6 +464,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     t_start = time.perf_counter()
     warm_graphs(ex, factory, max(grid["decode_batch"]))
     points = grid_points(grid, graphs, max_len)
+    points += random_points(grid, int(grid["random"]), graphs, max_len, seed, group="random")
     holdout = random_points(grid, int(grid["holdout"]), graphs, max_len, seed)
     log.info("profiling %d grid points + %d held-out steps on %s (pool %d blocks of %d)", len(points),
              len(holdout), device_name(ex), nb, block_size)

@@ -140,6 +140,11 @@ class LiveExecutor(Executor):
         self.cpu_pool = torch.empty(cpu_shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
         self._all_caches = [t for pair in self.kv_caches for t in pair]
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+        if self.device.type == "cuda":   # no step of the run stalls on a kernel compilation
+            t0 = time.perf_counter()
+            n = kernels.precompile_attention(self.kv[0, 0], self.kv[0, 1], c.num_heads, c.head_dim ** -0.5)
+            torch.cuda.synchronize(self.device)
+            log.info("precompiled %d attention kernel variants in %.1f s", n, time.perf_counter() - t0)
 
     # ----------------------------------------------------------------- block operations
     def _swap_out(self, pairs: list[tuple[int, int]]) -> None:

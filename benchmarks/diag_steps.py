@@ -1,0 +1,94 @@
+"""Why do some live steps take longer inside an engine run than the profile measured?
+
+Serves one kvrl-fidelity workload live (fcfs / fixed 0.01 / lifo / hash_lru) and, for a sample
+of the mixed (decode + prefill) and decode steps, re-executes the very same batch three more times
+right after it (idempotent: the same K/V is written to the same slots). The first execution is
+the step as the engine runs it; the repeats are the step back to back, as a profile times it.
+Runs with Python's garbage collector as is, with it frozen after warm-up, and as is again.
+
+    python benchmarks/diag_steps.py [--workload poisson] [--model qwen3-0.6b]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from kvrl import plugins
+from kvrl.apps.fidelity import _engine, warmup
+from kvrl.apps.profile_app import build_live
+from kvrl.workloads import build_workload
+
+
+class Probe:
+    """Executor wrapper: times every step and re-runs sampled ones back to back."""
+
+    def __init__(self, inner, every: int = 5) -> None:
+        self.inner, self.every, self.rows = inner, every, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, batch):
+        t0 = time.perf_counter()
+        out = self.inner.execute(batch)
+        first = time.perf_counter() - t0
+        kind = "decode" if all(s.num_tokens == 1 for s in batch.seqs) else "mixed"
+        if any(s.num_tokens == 1 for s in batch.seqs) and not (batch.swap_in or batch.swap_out or batch.copies) \
+                and (kind == "mixed" or len(self.rows) % self.every == 0):
+            reps = []
+            for _ in range(3):
+                t1 = time.perf_counter()
+                self.inner.execute(batch)
+                reps.append(time.perf_counter() - t1)
+            self.rows.append((kind, first, float(np.median(reps))))
+        else:
+            self.rows.append((kind, first, float("nan")))
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="poisson")
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--max-requests", type=int, default=0)
+    args = ap.parse_args()
+    plugins.load_entry_points()
+    cfg = OmegaConf.load("conf/fidelity.yaml")
+    cfg.pop("hydra")
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    model = OmegaConf.to_container(OmegaConf.load(f"conf/model/{args.model}.yaml"), resolve=True)
+    live = build_live(model, cfg["live"])
+    w = cfg["workloads"][args.workload]
+    base = {k: v for k, v in cfg["engine"].items() if k != "cpu_device_num_blocks"}
+    ecfg = {**base, **(w.get("engine") or {})}
+    if not ecfg.get("num_blocks"):
+        ecfg["num_blocks"] = live.kv_capacity_blocks(16, 0.9)
+    wl = dict(w["workload"], **({"max_requests": args.max_requests} if args.max_requests else {}))
+    reqs = build_workload(wl, vocab_size=live.vocab_size, max_model_len=live.max_model_len)
+    warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
+    pol = cfg["policies"]["vllm"]
+    for mode in ("gc as is", "gc frozen", "gc as is again"):
+        if mode == "gc frozen":
+            gc.collect()
+            gc.freeze()
+        else:
+            gc.unfreeze()
+        probe = Probe(live)
+        _engine(ecfg, probe, pol, cfg["slo"]).run(reqs)
+        print(f"\n{args.workload} / vllm, {mode}: {len(probe.rows)} steps")
+        for kind in ("decode", "mixed"):
+            rows = [r for r in probe.rows if r[0] == kind]
+            firsts = np.asarray([r[1] for r in rows])
+            pairs = np.asarray([(r[1], r[2]) for r in rows if not np.isnan(r[2])])
+            if len(pairs):
+                print(f"  {kind}: {len(rows)} steps, mean {firsts.mean() * 1e3:.2f} ms; sampled {len(pairs)}: "
+                      f"in engine {pairs[:, 0].mean() * 1e3:.2f} ms vs repeated {pairs[:, 1].mean() * 1e3:.2f} ms "
+                      f"(median ratio {np.median(pairs[:, 0] / pairs[:, 1]):.3f})")
+
+
+if __name__ == "__main__":
+    main()
