@@ -110,6 +110,15 @@ class Agent:
         return action
 
 
+def _zero(_progress: float) -> float:
+    return 0.0
+
+
+# Training schedules, saved with cloudpickle, are not needed to act and may not unpickle under
+# another Python version (a GPU machine's): replace them on load.
+INFERENCE_ONLY = {"learning_rate": 0.0, "lr_schedule": _zero, "clip_range": _zero, "exploration_schedule": _zero}
+
+
 def load_agent(path: str | Path, role: Optional[str] = None, deterministic: bool = True) -> Agent:
     """Load the agent at ``path``; with ``role``, check it drives that plugin kind."""
     model_file = model_path(path)
@@ -117,5 +126,5 @@ def load_agent(path: str | Path, role: Optional[str] = None, deterministic: bool
     env_id = meta["env_id"]
     if role is not None and ROLES[env_id] != role:
         raise ValueError(f"{model_file} is a {ROLES[env_id]} agent ({env_id}), not a {role} agent")
-    model = algo_class(meta["algo"]).load(str(model_file), device="cpu")
+    model = algo_class(meta["algo"]).load(str(model_file), device="cpu", custom_objects=INFERENCE_ONLY)
     return Agent(model, meta["algo"], env_id, make_config(TASKS[env_id], meta["env"]), model_file, deterministic)

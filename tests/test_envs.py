@@ -17,7 +17,7 @@ from kvrl.workloads import build_workload
 
 # A small, fast scenario with memory pressure: 80 synthetic requests on a 256-block pool.
 SMALL = ["workload=synthetic", "workload.num_requests=80", "workload.arrival.rate=30", "workload.output_len.mean=150",
-         "workload.rate_scale=1.0",
+         "workload.rate_scale=1.0", "env.episode.rate_scales=null",
          "engine.num_blocks=256", "env.episode.split=null", "env.episode.window_s=null"]
 TASKS = ("watermark", "preemption")
 
@@ -99,7 +99,7 @@ def _engine_run(task, plugin_kind, plugin, *overrides):
 
 
 @pytest.mark.parametrize("task,kind,plugin,action", [
-    ("watermark", "watermark", {"name": "fixed", "fraction": 0.01}, 1),          # bins[1] = 0.01
+    ("watermark", "watermark", {"name": "fixed", "fraction": 0.01}, 0),          # bins[0] = 0.01
     ("preemption", "eviction", {"name": "lifo", "mode": "recompute"}, 0),        # slot 0 = LIFO victim
 ])
 def test_constant_action_episode_equals_engine_run_of_the_heuristic(task, kind, plugin, action):

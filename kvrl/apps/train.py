@@ -147,7 +147,8 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
 
     torch.set_num_threads(cfg.train.torch_threads)
     env_id, env_cfg = env_config_from_app(cfg)
-    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None)
+    # validation: the whole val split at the scenario's rate (no load randomisation)
+    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=None)
     algo = cfg.agent.name
     check_compatible(algo, env_id, env_cfg)
     cls = algo_class(algo)
