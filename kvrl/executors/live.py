@@ -2,12 +2,15 @@
 reference on CPU), with batched block copies, asynchronous swapping to a pinned CPU pool, CUDA-graph
 decode, and greedy or seeded sampling.
 
-Swapping (CUDA): one side stream carries every host transfer, so transfers run in issue order
-(a block swapped out and later swapped in needs no other synchronisation). Swap-out gathers the
-blocks into a contiguous device buffer on the compute stream (before this step's forward pass may
-reuse them), then copies it to the pinned, block-major CPU pool on the side stream, overlapping
-this and later steps. Swap-in copies pinned CPU blocks to the device on the side stream and
-scatters them into the pool; the next step's compute waits for it (prefetch for sequences that
+Swapping (CUDA): one side stream carries every swap transfer, so transfers run in issue order
+(a block swapped out and later swapped in needs no other synchronisation). A copy engine serves
+one transfer per direction at a time, so a step's own small copies (inputs up, sampled tokens
+down) would wait behind a large swap issued before them: swaps are issued after them. Swap-out
+gathers the blocks into a contiguous device buffer on the compute stream (before this step may
+reuse them) and, once the step's sampled tokens are back, copies it to the pinned, block-major
+CPU pool on the side stream; the next step's sampled tokens wait for that copy. Swap-in copies
+pinned CPU blocks to the device on the side stream once the forward pass has uploaded its inputs
+and scatters them into the pool; the next step's compute waits for it (prefetch for sequences that
 compute from the next step on).
 
 Timing: a step's ``elapsed_s`` is the wall time from the end of the previous step to the end of
@@ -147,29 +150,40 @@ class LiveExecutor(Executor):
             log.info("precompiled %d attention kernel variants in %.1f s", n, time.perf_counter() - t0)
 
     # ----------------------------------------------------------------- block operations
-    def _swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        """GPU -> CPU: gathered on the compute stream before this step's forward pass may reuse
-        the blocks, copied to the host on the swap stream (see the module doc)."""
+    def _gather_swap_out(self, pairs: list[tuple[int, int]]):
+        """GPU -> CPU, first half: gather the blocks on the compute stream, before this step may
+        reuse them. Returns what :meth:`_transfer_swap_out` copies to the host (CPU: done here)."""
         pairs = sorted(pairs, key=lambda p: p[1])   # consecutive CPU blocks become one copy
         gpu = torch.tensor([g for g, _ in pairs], device=self.device)
         staged = self.kv_by_block.index_select(0, gpu)   # (n, layer, k/v, token, head, dim), contiguous
         if self._swap_stream is None:
             self.cpu_pool[torch.tensor([c for _, c in pairs])] = staged
-            return
-        self._swap_stream.wait_stream(torch.cuda.current_stream(self.device))
+            return None
+        gathered = torch.cuda.Event()
+        gathered.record(torch.cuda.current_stream(self.device))
+        return staged, [c for _, c in pairs], gathered
+
+    def _transfer_swap_out(self, pending) -> None:
+        """GPU -> CPU, second half: the device-to-host copies on the swap stream, issued after
+        this step's sampled tokens came back (a copy engine serves one transfer at a time, so the
+        step's own small copy would otherwise wait behind the swap)."""
+        staged, cpu_blocks, gathered = pending
+        self._swap_stream.wait_event(gathered)
         with torch.cuda.stream(self._swap_stream):
-            for first, cpu_first, n in _runs([c for _, c in pairs]):
+            for first, cpu_first, n in _runs(cpu_blocks):
                 self.cpu_pool[cpu_first:cpu_first + n].copy_(staged[first:first + n], non_blocking=True)
         staged.record_stream(self._swap_stream)   # not reused before the copies are done
 
-    def _swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        """CPU -> GPU on the swap stream; the next step's compute waits for it (prefetch)."""
+    def _swap_in(self, pairs: list[tuple[int, int]], after: Optional["torch.cuda.Event"]) -> None:
+        """CPU -> GPU on the swap stream, once the compute stream has passed ``after`` (this
+        step's block operations; issued after the forward pass has uploaded its inputs, for the
+        same reason as swap-out). The next step's compute waits for it (prefetch)."""
         pairs = sorted(pairs)
         gpu = torch.tensor([g for _, g in pairs], device=self.device)
         if self._swap_stream is None:
             self.kv_by_block.index_copy_(0, gpu, self.cpu_pool[torch.tensor([c for c, _ in pairs])])
             return
-        self._swap_stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._swap_stream.wait_event(after)
         with torch.cuda.stream(self._swap_stream):
             staged = torch.empty((len(pairs), *self.cpu_pool.shape[1:]), dtype=self.dtype, device=self.device)
             for first, cpu_first, n in _runs([c for c, _ in pairs]):
@@ -268,16 +282,21 @@ class LiveExecutor(Executor):
         if self._swap_done is not None:
             torch.cuda.current_stream(self.device).wait_event(self._swap_done)
             self._swap_done = None
-        if batch.swap_out:
-            self._swap_out(batch.swap_out)
+        pending_out = self._gather_swap_out(batch.swap_out) if batch.swap_out else None
         if batch.copies:
             self._copy(batch.copies)
-        if batch.swap_in:   # for sequences that compute from the next step on: overlaps this forward
-            self._swap_in(batch.swap_in)
+        block_ops_done = None
+        if batch.swap_in and self._swap_stream is not None:
+            block_ops_done = torch.cuda.Event()
+            block_ops_done.record(torch.cuda.current_stream(self.device))
         sampled: list[list[int]] = [[] for _ in batch.seqs]
         errors: dict[int, str] = {}
+        if not batch.seqs and batch.swap_in:
+            self._swap_in(batch.swap_in, block_ops_done)
         if batch.seqs:
             logits, items = self._forward(batch)
+            if batch.swap_in:   # for sequences that compute from the next step on: overlaps this forward
+                self._swap_in(batch.swap_in, block_ops_done)
             index = {id(item): i for i, item in enumerate(batch.seqs)}
             keep = [j for j, item in enumerate(items) if item.num_samples]
             if keep:
@@ -288,7 +307,9 @@ class LiveExecutor(Executor):
                     sampled[index[id(items[j])]] = tokens[w]
                     if w in errs:
                         errors[index[id(items[j])]] = errs[w]
-        if self.device.type == "cuda":   # the compute stream only: swap-outs may still be in flight
+        if pending_out is not None:
+            self._transfer_swap_out(pending_out)
+        if self.device.type == "cuda":   # the compute stream only: swap transfers may still be in flight
             torch.cuda.current_stream(self.device).synchronize()
         end = time.perf_counter()
         if self._last_end is not None and start - self._last_end < self.max_gap_s:

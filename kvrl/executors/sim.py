@@ -10,7 +10,7 @@ bytes / (hbm_bw * bandwidth_efficiency)) + block copies and the swap-out gather 
 
 Swap transfers (PCIe time in the roofline, measured transfer times with a profile) run on a
 modelled swap stream as they do live (:class:`SwapStream`): one after another in issue order,
-overlapping compute; a step's forward pass waits for the swap-ins issued by the step before it.
+overlapping compute; the step after a swap waits for it where live does.
 
 Counted per step: weights read once; K/V of every scheduled sequence's context read once and
 its new tokens written once; 2 FLOPs per weight per token, causal attention FLOPs, and the LM
@@ -35,25 +35,32 @@ log = logging.getLogger(__name__)
 @dataclass
 class SwapStream:
     """The live executor's swap stream on the sim's clock (seconds since the executor's pool was
-    allocated): transfers run one at a time in issue order."""
+    allocated): transfers run one at a time in issue order. A swap-in is issued during its step
+    and the next step's forward pass waits for it; a swap-out is issued at the end of its step and
+    the next step's end (its sampled tokens come back over the same copy engine) waits for it."""
 
     busy_until: float = 0.0      # when the last issued transfer ends
     swap_in_ready: float = 0.0   # when the last issued swap-in has landed
-
-    def issue(self, now: float, swap_out_s: float, swap_in_s: float) -> None:
-        """Queue this step's swap-out, then its swap-in, at ``now``."""
-        if swap_out_s:
-            self.busy_until = max(self.busy_until, now) + swap_out_s
-        if swap_in_s:
-            self.busy_until = max(self.busy_until, now) + swap_in_s
-            self.swap_in_ready = self.busy_until
+    swap_out_done: float = 0.0   # when the last issued swap-out has reached the host
 
     def step_s(self, now: float, compute_s: float, forward_s: float) -> float:
         """A step starting at ``now`` whose compute stream takes ``compute_s`` (``forward_s`` of
         it the forward pass, which cannot start before the pending swap-ins have landed)."""
-        if self.swap_in_ready <= now:
-            return compute_s
-        return max(compute_s, self.swap_in_ready - now + forward_s)
+        end = now + compute_s
+        if self.swap_in_ready > now:
+            end = max(end, self.swap_in_ready + forward_s)
+        if self.swap_out_done > now:
+            end = max(end, self.swap_out_done)
+        return end - now
+
+    def issue(self, now: float, end: float, swap_out_s: float, swap_in_s: float) -> None:
+        """Queue the swap-in of a step running from ``now`` to ``end``, and its swap-out at ``end``."""
+        if swap_in_s:
+            self.busy_until = max(self.busy_until, now) + swap_in_s
+            self.swap_in_ready = self.busy_until
+        if swap_out_s:
+            self.busy_until = max(self.busy_until, end) + swap_out_s
+            self.swap_out_done = self.busy_until
 
 
 class SimExecutor(Executor):
@@ -128,7 +135,7 @@ class SimExecutor(Executor):
         """The step's duration on the swap-stream timeline; advances the clock."""
         now = self._clock
         elapsed = self._swaps.step_s(now, compute_s, forward_s)
-        self._swaps.issue(now, swap_out_s, swap_in_s)
+        self._swaps.issue(now, now + elapsed, swap_out_s, swap_in_s)
         self._clock = now + elapsed
         return elapsed
 
@@ -191,7 +198,7 @@ class SimExecutor(Executor):
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, len(batch.copies),
                             n_out, n_in, self.cuda_graphs)
-        if not (n_out or n_in or self._swaps.swap_in_ready > self._clock):
+        if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute)
         forward = m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, self.cuda_graphs)
