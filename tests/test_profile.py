@@ -98,6 +98,8 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
 
 def test_fitted_model_predicts_held_out_cpu_steps(cpu_profile):
     prof = P.StepProfile.load(cpu_profile)
+    prof.model.engine_factor = {"graph": 1.0, "eager": 1.0}   # held-out steps are timed like the grid
+    prof.model._build()
     held = [s for s in prof.samples if s.get("holdout")]
     grid = [s for s in prof.samples if not s.get("holdout")]
     assert len(held) == 16
@@ -343,6 +345,27 @@ def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in(
                                  "host": {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}})
     assert old.swap_out_xfer(10) == pytest.approx(3e-4) and old.swap_in_xfer(10) == pytest.approx(4e-4)
     assert old.predict(0, 0, 0, 0, 0, 0, 0, 0, swap_out=10, swap_in=10) == 0.0
+
+
+def test_engine_factor_is_the_median_ratio_of_engine_steps_to_the_model():
+    """Steps inside an engine run that take 10% longer than the grid-fitted model (and one
+    stall) give an eager factor of 1.1; a kind with too few steps keeps 1.0; the factor scales
+    forward passes and survives a save/load round trip."""
+    eager = {"dense": {"knots": [1.0], "values": [1e-3]}, "kv": {"knots": [1.0], "values": [0.0]},
+             "kvmax": {"knots": [1.0], "values": [0.0]},
+             "coef": dict.fromkeys(("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec"), 0.0)}
+    ops = {k: [0.0, 0.0] for k in P.StepModel.OPS}
+    model = P.StepModel([], None, eager, ops, {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
+    f = dict.fromkeys(P.FEATURES, 0)
+    f.update(n_pre=1, pre_tok=10, pre_pairs=55, pre_ctx=10, rows=1)
+    rows = [(f, 1.1e-3 * (1 + 0.01 * (i % 3 - 1)), False) for i in range(30)] + [(f, 0.3, False), (f, 5e-3, True)]
+    k = P.fit_engine_factor(model, rows)
+    assert k["eager"] == pytest.approx(1.1) and k["graph"] == 1.0
+    model.engine_factor = k
+    model._build()
+    assert model.forward_s(1, 10, 55, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
+    again = P.StepModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert again.forward_s(1, 10, 55, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
 
 
 def test_profiled_cost_model_is_a_few_microseconds(cpu_profile):

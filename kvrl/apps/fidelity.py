@@ -95,8 +95,7 @@ class _Recorder:
             host_s = model.host_s(n_pre + n_dec, n_pre) if model is not None and batch.seqs else 0.0
             rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
-                         "graph": int(self.inner.use_cuda_graphs and not n_pre
-                                      and 0 < n_dec <= max(self.inner.GRAPH_BATCH_SIZES))})
+                         "graph": int(self.inner.uses_graph(n_pre, n_dec))})
         return rows
 
 

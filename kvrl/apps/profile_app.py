@@ -420,6 +420,12 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     return [(batch_features(b), inner, el) for b, inner, el in timed.rows[2:]]
 
 
+def engine_samples(ex, steps) -> list[dict]:
+    """The engine run's steps as profile samples (group ``engine``; ``t`` = seconds in execute)."""
+    return [{"group": "engine", "graph": bool(ex.uses_graph(f["n_pre"], f["n_dec"])), **f, "t": inner}
+            for f, inner, _ in steps]
+
+
 # --------------------------------------------------------------------------------- the whole profile
 def warm_graphs(ex, factory: BatchFactory, max_batch: int) -> None:
     """Capture every decode graph size up to ``max_batch`` before anything is timed."""
@@ -451,7 +457,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     """Measure ``ex`` over ``grid``, fit, and return the :class:`StepProfile` (not yet saved)."""
     import torch
 
-    from kvrl.executors.profile import ProfileKey, StepModel, StepProfile, error_stats, fit_host
+    from kvrl.executors.profile import ProfileKey, StepModel, StepProfile, error_stats, fit_engine_factor, fit_host
 
     max_len = ex.max_model_len
     nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
@@ -479,29 +485,31 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     t_grid = time.perf_counter() - t_start
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     model = StepModel.fit(samples, graph_sizes)
+    pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
+    # grid and held-out steps are timed alike, so their errors are those of the grid fit alone
+    fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
+           "holdout": error_stats(pred(held), [s["t"] for s in held])}
+    by_group = {g: error_stats(pred(sel), [s["t"] for s in sel]) for g in sorted({s["group"] for s in samples})
+                for sel in [[s for s in samples if s["group"] == g]]}
 
     steps = host_run(ex, grid, nb, n_cpu, block_size, seed)
     host_rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0)) for f, inner, el in steps]
     model.host = fit_host(host_rows)
+    engine = engine_samples(ex, steps)
+    model.engine_factor = fit_engine_factor(model, [(s, s["t"], s["graph"]) for s in engine])
     model._build()
-
-    pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
-    fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
-           "holdout": error_stats(pred(held), [s["t"] for s in held]),
-           "engine_replay": error_stats([model.predict_features(f, graphs) for f, _, _ in steps],
-                                        [inner for _, inner, _ in steps]),
-           "engine_replay_with_host": error_stats(
-               [model.predict_features(f, graphs, host=True) for f, _, _ in steps], [el for _, _, el in steps]),
-           "host": {"steps": len(host_rows), "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
-           "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}}
+    fit.update({"engine_replay": error_stats([model.predict_features(s, s["graph"]) for s in engine],
+                                             [s["t"] for s in engine]),
+                "engine_replay_with_host": error_stats(
+                    [model.predict_features(s, s["graph"], host=True) for s in engine], [el for _, _, el in steps]),
+                "host": {"steps": len(host_rows),
+                         "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
+                "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
     xfer = [s for s in samples if s.get("t_xfer")]
     if xfer:
         fit["transfers"] = error_stats(
             [model.swap_out_xfer(s["swap_out"]) + model.swap_in_xfer(s["swap_in"]) for s in xfer],
             [s["t_xfer"] for s in xfer])
-    for group in sorted({s["group"] for s in samples}):
-        sel = [s for s in samples if s["group"] == group]
-        fit.setdefault("by_group", {})[group] = error_stats(pred(sel), [s["t"] for s in sel])
     meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
             "graph_batch_sizes": graph_sizes, "sampling": dataclasses.asdict(ex.sampling),
@@ -515,7 +523,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                                                          np.linspace(0, len(host_rows) - 1, 400).astype(int)]
     key = profile_key_dict(ex)
     return StepProfile(ProfileKey.from_dict(key), model, meta, samples + held,
-                       [list(r) for r in host_keep], fit, key)
+                       [list(r) for r in host_keep], fit, key, engine_samples=engine)
 
 
 def _version(module: str) -> str:
@@ -534,7 +542,7 @@ def render_report(prof) -> str:
              f"{len(prof.samples)} samples; {f.get('seconds', {}).get('total', float('nan')):.1f} s", "",
              "| set | n | median abs rel err | p90 | max | total-time rel err |", "|---|---:|---:|---:|---:|---:|"]
     rows = [("grid (fitted)", f.get("grid", {})), ("held-out random steps", f.get("holdout", {})),
-            ("engine replay (execute only)", f.get("engine_replay", {})),
+            ("engine replay (execute only; sets the engine factor)", f.get("engine_replay", {})),
             ("engine replay (elapsed, with host)", f.get("engine_replay_with_host", {}))]
     rows += [(f"grid: {g}", st) for g, st in sorted(f.get("by_group", {}).items())]
     rows.append(("swap-stream transfers (swap_out, swap_in)", f.get("transfers", {})))
@@ -546,7 +554,10 @@ def render_report(prof) -> str:
     m = prof.model
     xfer = "; ".join(f"{name} {op.c0 * 1e6:.0f} us + {op.c1 * 1e6:.1f} us/block"
                      for name, op in (("swap-out", m.swap_out_xfer), ("swap-in", m.swap_in_xfer)))
-    lines += ["", f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
+    k = m.engine_factor
+    lines += ["", f"engine-context factor on forward passes (median live / model over the engine run's steps, "
+                  f"applied): CUDA graph x{k['graph']:.3f}, eager x{k['eager']:.3f}",
+              f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
                   f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us)",
               f"swap-stream transfers: {xfer}"]
     return "\n".join(lines)

@@ -337,6 +337,10 @@ class LiveExecutor(Executor):
     # ----------------------------------------------------------------- CUDA graphs
     GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
+    def uses_graph(self, num_prefills: int, num_decodes: int) -> bool:
+        """Whether a step of this many prefill and decode items replays a CUDA graph."""
+        return self.use_cuda_graphs and not num_prefills and 0 < num_decodes <= self.GRAPH_BATCH_SIZES[-1]
+
     def _graph_for(self, batch_size: int) -> Optional["_DecodeGraph"]:
         size = next((b for b in self.GRAPH_BATCH_SIZES if b >= batch_size), None)
         if size is None:

@@ -10,6 +10,7 @@ A profile is one JSON file (format ``kvrl-step-profile``, written by ``kvrl-prof
      "meta":    {block_size, cuda_graphs, graph_batch_sizes, torch/triton versions, host, created, ...},
      "samples": [{"group": "decode", "graph": true, <features>, "t": median s, "t_p10", "t_p90", "reps"}, ...],
      "host_samples": [[num_seqs, num_prefill_seqs, gap_s], ...],
+     "engine_samples": [{"group": "engine", "graph": ..., <features>, "t": s}, ...],   # an engine run's steps
      "model":   StepModel.to_dict(),            # coefficients fitted from the samples
      "fit":     {"grid": {...}, "holdout": {...}, "host": {...}}}   # errors of the fit
 
@@ -55,7 +56,7 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -369,13 +370,15 @@ class StepModel:
     OPS = ("copy", "swap_out", "swap_in", "swap_out_xfer", "swap_in_xfer")
 
     def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
-                 host: dict) -> None:
+                 host: dict, engine_factor: Optional[dict] = None) -> None:
         self.graph_sizes = sorted(int(b) for b in graph_sizes)
         self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
         self.graph = graph
         self.eager = eager
         self.ops = ops
         self.host = host
+        #: forward passes inside an engine run vs the same shapes timed by the grid (see fit_engine_factor)
+        self.engine_factor = dict(engine_factor or {"graph": 1.0, "eager": 1.0})
         self._build()
 
     def _build(self) -> None:
@@ -397,6 +400,7 @@ class StepModel:
             _LinearOp(*self.ops[k]) for k in self.OPS)
         h = self.host
         self._h = (h["base"], h["per_seq"], h["per_prefill"])
+        self._k_graph, self._k_eager = float(self.engine_factor["graph"]), float(self.engine_factor["eager"])
 
     # ------------------------------------------------------------------ prediction
     def pad(self, b: int) -> int:
@@ -420,8 +424,8 @@ class StepModel:
                 f0, f_seq, f_kv, f_tok = self._g_floor
                 floor = f0 + (f_seq + f_tok) * b + f_kv * dec_kv
                 if floor > t:
-                    return floor
-            return t
+                    t = floor
+            return self._k_graph * t
         b = n_dec
         c_pairs, c_ctx, c_pre, c_has_pre, c_has_dec, c_rows, c_dec = self._c
         t = self._e_dense(pre_tok + b) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_rows * rows
@@ -433,8 +437,8 @@ class StepModel:
             f0, f_seq, f_kv, f_tok = self._floor
             floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * (pre_tok + b)
             if floor > t:
-                return floor
-        return t
+                t = floor
+        return self._k_eager * t
 
     def host_s(self, num_seqs: int, n_pre: int) -> float:
         h0, h1, h2 = self._h
@@ -472,7 +476,7 @@ class StepModel:
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
         return {"fit_version": FIT_VERSION, "graph_sizes": self.graph_sizes, "graph": self.graph,
-                "eager": self.eager, "ops": self.ops, "host": self.host}
+                "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepModel":
@@ -481,7 +485,7 @@ class StepModel:
             if "swap_out_xfer" not in ops:   # fit version 4: swaps were synchronous transfers
                 ops["swap_out_xfer"], ops["swap_in_xfer"] = ops["swap_out"], ops["swap_in"]
                 ops["swap_out"] = ops["swap_in"] = [0.0, 0.0]
-            return cls(d["graph_sizes"], d["graph"], d["eager"], ops, d["host"])
+            return cls(d["graph_sizes"], d["graph"], d["eager"], ops, d["host"], d.get("engine_factor"))
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
@@ -548,13 +552,33 @@ class StepModel:
             if op != "copies":   # the swap stream's transfer time, measured up to its completion
                 xfer = [s for s in only if s.get("t_xfer")]
                 nb = _col(xfer, op)
-                ops[op + "_xfer"] = (_fit_weighted([np.ones_like(nb), nb], _col(xfer, "t_xfer")).tolist()
-                                     if xfer else list(ops[key]))
+                if xfer:
+                    ops[op + "_xfer"] = _fit_weighted([np.ones_like(nb), nb], _col(xfer, "t_xfer")).tolist()
+                else:   # samples of a synchronous swap path (fit version 4): all of it is transfer
+                    ops[op + "_xfer"], ops[key] = ops[key], [0.0, 0.0]
         model = cls(graph_sizes if graph is not None else [], graph, eager, ops,
                     {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
         model.host = fit_host(host_samples)
         model._build()
         return model
+
+
+def fit_engine_factor(model: StepModel, rows: Sequence[tuple[dict, float, bool]], min_rows: int = 20) -> dict:
+    """Per forward kind (CUDA-graph decode, eager), the median ratio of the time ``execute`` took
+    inside an engine run to the model's prediction for the same step (steps without block
+    operations; ``rows`` are ``(features, seconds, used a graph)``). The grid times each shape in
+    rounds of the same points; inside an engine a step follows steps of other shapes and the
+    engine's Python, which measured up to ~10% slower for eager steps on an H200. 1.0 with fewer
+    than ``min_rows`` steps of a kind."""
+    factor = {"graph": 1.0, "eager": 1.0}
+    for kind, want_graph in (("graph", True), ("eager", False)):
+        ratios = [t / model.forward_s(*(int(f.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=graph)
+                  for f, t, graph in rows if bool(graph) == want_graph and (f.get("n_pre") or f.get("n_dec"))
+                  and not (f.get("copies") or f.get("swap_out") or f.get("swap_in"))]
+        ratios = [r for r in ratios if math.isfinite(r) and r > 0]
+        if len(ratios) >= min_rows:
+            factor[kind] = float(np.median(ratios))
+    return factor
 
 
 def fit_host(rows: Sequence[Sequence[float]]) -> dict:
@@ -588,6 +612,7 @@ class StepProfile:
     fit_report: dict
     raw_key: dict
     path: Optional[str] = None
+    engine_samples: list = field(default_factory=list)   # the engine run's steps (engine_factor)
 
     def matches(self, shape: ModelShape, device: Union[DeviceSpec, str]) -> bool:
         return ProfileKey.of(shape, device) == self.key
@@ -599,8 +624,8 @@ class StepProfile:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "key": self.raw_key, "meta": self.meta,
-                "samples": self.samples, "host_samples": self.host_samples, "model": self.model.to_dict(),
-                "fit": self.fit_report}
+                "samples": self.samples, "host_samples": self.host_samples, "engine_samples": self.engine_samples,
+                "model": self.model.to_dict(), "fit": self.fit_report}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         path = Path(path)
@@ -621,10 +646,12 @@ class StepProfile:
         if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
             model = StepModel.fit(d["samples"], d.get("meta", {}).get("graph_batch_sizes", ()),
                                   d.get("host_samples", ()))
+            model.engine_factor = fit_engine_factor(model, [(s, s["t"], s["graph"]) for s in d.get("engine_samples", [])])
+            model._build()
         else:
             model = StepModel.from_dict(model_d)
         return cls(ProfileKey.from_dict(raw_key), model, d.get("meta", {}), d.get("samples", []),
-                   d.get("host_samples", []), d.get("fit", {}), raw_key, path)
+                   d.get("host_samples", []), d.get("fit", {}), raw_key, path, d.get("engine_samples", []))
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "StepProfile":
