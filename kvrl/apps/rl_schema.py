@@ -28,10 +28,10 @@ class TrainSettings:
         torch_threads: intra-op threads of torch in each process (1 = no oversubscription).
     """
 
-    total_timesteps: int = 16384
+    total_timesteps: int = 8192
     n_envs: int = 2
     vec_env: str = "subproc"
-    eval_every: int = 8192
+    eval_every: int = 4096
     checkpoint_every: int = 4096
     torch_threads: int = 1
 
