@@ -12,7 +12,7 @@
 #   2. live: kvrl-eval backend=live, the val-picked fixed watermark taken from the sim
 #            (val_pick=sim: no GPU time spent sweeping val), $SEEDS seeds, policies: the agent,
 #            fixed 0.01, the val-best fixed watermark, token_ratio.
-# Environment: SEEDS (default [0,1]), AGENT (default docs/results/agents/watermark-ppo),
+# Environment: SEEDS (default [0,1]), AGENT (default docs/results/agents/watermark-dqn),
 # LIVE_LIMIT_S (default 420: the live stage is stopped after that, the sim table stays), EXTRA
 # (more overrides for both stages) and LIVE_EXTRA (live stage only), e.g. for a CPU smoke test:
 #   EXTRA="workload.max_requests=20 sweep=[0.0,0.3]" LIVE_EXTRA="model=tiny backend.device=cpu" bash benchmarks/rl_live.sh
@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 . benchmarks/device_env.sh
 SEEDS=${SEEDS:-[0,1]}
-AGENT=${AGENT:-docs/results/agents/watermark-ppo}
+AGENT=${AGENT:-docs/results/agents/watermark-dqn}
 LIVE_LIMIT_S=${LIVE_LIMIT_S:-420}
 BASELINES='baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio}]'
 PLOTS=false; python3 -c "import matplotlib" 2>/dev/null && PLOTS=true
