@@ -107,7 +107,10 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     assert len(test) == 3 and {r["backend"] for r in test} == {"live"}
     assert {r["kind"] for r in test} == {"heuristic", "val-best", "agent"}
     assert all(int(r["requests"]) == 6 for r in test)
-    assert "[val-best in sim]" in (tmp_path / "live" / "leaderboard.md").read_text()
+    markdown = (tmp_path / "live" / "leaderboard.md").read_text()
+    assert "[val-best in sim]" in markdown
+    assert "trained on the sim backend and runs here on the live backend" in markdown
+    assert "differs in: backend" not in markdown
     assert "goodput_tok_s" in proc.stdout
 
 

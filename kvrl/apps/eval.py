@@ -46,7 +46,7 @@ log = logging.getLogger("kvrl.eval")
 
 register_rl_schemas()
 
-IGNORED_SCENARIO_KEYS = ("seed", "workload.split", "workload.seed", "watermark", "eviction")
+IGNORED_SCENARIO_KEYS = ("seed", "workload.split", "workload.seed", "watermark", "eviction", "backend")
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,10 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
         if diff:
             notes.append(f"{label} was trained on another scenario (differs in: {', '.join(diff)})")
             log.warning(notes[-1])
+        trained_on = meta["env"]["run"].get("backend", {}).get("name")
+        if trained_on != run["backend"]["name"]:     # the executor, not the scenario: said, not flagged
+            notes.append(f"{label} was trained on the {trained_on} backend and runs here on the "
+                         f"{run['backend']['name']} backend")
         policies.append(Policy(label, "agent", {"name": "agent", "policy_path": str(path)}))
     return policies, notes
 
