@@ -321,7 +321,7 @@ def test_profile_for_another_gpu_or_shape_is_not_used(cpu_profile, caplog, monke
 def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in():
     """Swap transfers run on a modelled side stream: a swap-out costs its step only the gather and
     the next step ends after the transfer; a swap-in delays the next step's forward pass until it
-    has landed; old fit-version-4 profiles load with their swap terms as transfer times."""
+    has landed; old fit-version-4 profiles refit with their swap terms as transfer times."""
     from kvrl.apps.profile_app import BatchFactory
 
     m, dev = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
@@ -340,12 +340,14 @@ def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in(
     assert waited == pytest.approx(xfer, rel=1e-6)                     # ... and the next forward waits for it
     assert sim.execute(f.batch(decode_lens=[512] * 8)).elapsed_s == pytest.approx(decode)
 
-    eager = {"dense": {"knots": [1.0], "values": [1e-3]}, "kv": {"knots": [1.0], "values": [0.0]},
-             "kvmax": {"knots": [1.0], "values": [0.0]},
-             "coef": dict.fromkeys(("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec"), 0.0)}
-    old = P.StepModel.from_dict({"graph_sizes": [], "graph": None, "eager": eager, "swap_in_overlap": 0.5,
-                                 "ops": {"copy": [0, 1e-6], "swap_out": [1e-4, 2e-5], "swap_in": [1e-4, 3e-5]},
-                                 "host": {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}})
+    # a fit-version-4 profile is refitted from its samples on load; its swaps carry no transfer times
+    def op_sample(op, n, t):
+        return {**dict.fromkeys(P.FEATURES, 0), op: n, "graph": False, "t": t}
+    samples = [{**dict.fromkeys(P.FEATURES, 0), "n_pre": 1, "pre_tok": k, "pre_pairs": k * (k + 1) // 2,
+                "pre_ctx": k, "rows": 1, "graph": False, "t": 1e-3 + 1e-6 * k} for k in (16, 64, 256, 1024)]
+    for n in (1, 16, 128):
+        samples += [op_sample("swap_out", n, 1e-4 + 2e-5 * n), op_sample("swap_in", n, 1e-4 + 3e-5 * n)]
+    old = P.StepModel.fit(samples)
     assert old.swap_out_xfer(10) == pytest.approx(3e-4) and old.swap_in_xfer(10) == pytest.approx(4e-4)
     assert old.predict(0, 0, 0, 0, 0, 0, 0, 0, swap_out=10, swap_in=10) == 0.0
 
@@ -361,8 +363,8 @@ def test_engine_factor_is_the_median_ratio_of_engine_steps_to_the_model():
     model = P.StepModel([], None, eager, ops, {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
     f = dict.fromkeys(P.FEATURES, 0)
     f.update(n_pre=1, pre_tok=10, pre_pairs=55, pre_ctx=10, rows=1)
-    rows = [(f, 1.1e-3 * (1 + 0.01 * (i % 3 - 1)), False) for i in range(30)] + [(f, 0.3, False), (f, 5e-3, True)]
-    k = P.fit_engine_factor(model, rows)
+    times = [1.1e-3 * (1 + 0.01 * (i % 3 - 1)) for i in range(30)] + [0.3]
+    k = P.fit_engine_factor(model, [{**f, "t": t, "graph": False} for t in times] + [{**f, "t": 5e-3, "graph": True}])
     assert k["eager"] == pytest.approx(1.1) and k["graph"] == 1.0
     model.engine_factor = k
     model._build()

@@ -378,12 +378,9 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
                   "| workload | policy | " + " | ".join(label for _, label, _ in METRICS) + " |",
                   "|---|---|" + "---:|" * len(METRICS)]
         for w, p, r in again:
-            cells = [_pct(rel_err(r["live"].get(k, float("nan")), r["live_again"].get(k, float("nan"))))
-                     for k, _, _ in METRICS]
-            lines.append(f"| {w} | {p} | " + " | ".join(cells) + " |")
-            csv_rows += [[w, p, f"{k}_live_again", r["live"].get(k), r["live_again"].get(k),
-                          rel_err(r["live"].get(k, float("nan")), r["live_again"].get(k, float("nan")))]
-                         for k, _, _ in METRICS]
+            pairs = [(k, r["live"].get(k), r["live_again"].get(k)) for k, _, _ in METRICS]
+            lines.append(f"| {w} | {p} | " + " | ".join(_pct(rel_err(a, b)) for _, a, b in pairs) + " |")
+            csv_rows += [[w, p, f"{k}_live_again", a, b, rel_err(a, b)] for k, a, b in pairs]
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
     agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):

@@ -335,10 +335,9 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
                     t0 = time.perf_counter()
                     ex.execute(batches[i])
                     times[i].append(time.perf_counter() - t0)
-                    if group_transfers(points[i][0]):
-                        ex.sync_swaps()
-                        transfers[i].append(time.perf_counter() - t0)
                     ex.sync_swaps()   # no transfer of this point runs into the next one
+                    if group_transfers(points[i][0]):
+                        transfers[i].append(time.perf_counter() - t0)
                 if progress:
                     progress((r + 1) * len(points) // max(g["reps"], 1), len(points))
         else:
@@ -358,11 +357,12 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
         f = batch_features(batch)
         used_graph = bool(graph and graphs_default and batch.seqs and all(s.is_decode for s in batch.seqs)
                           and len(batch.seqs) <= max(ex.GRAPH_BATCH_SIZES))
-        t = float(np.min(ts)) if g.get("fit_stat", "median") == "min" else float(np.median(ts))
+        stat = np.min if g.get("fit_stat", "median") == "min" else np.median
+        t = float(stat(ts))
         row = {"group": group, "graph": used_graph, **f, "t": t, "t_median": float(np.median(ts)),
                "t_min": float(np.min(ts)), "t_p90": float(np.percentile(ts, 90)), "reps": len(ts)}
         if xs:
-            row["t_xfer"] = float(np.min(xs)) if g.get("fit_stat", "median") == "min" else float(np.median(xs))
+            row["t_xfer"] = float(stat(xs))
         if group == "holdout":
             row["holdout"] = True
         out.append(row)
@@ -496,7 +496,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     host_rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0)) for f, inner, el in steps]
     model.host = fit_host(host_rows)
     engine = engine_samples(ex, steps)
-    model.engine_factor = fit_engine_factor(model, [(s, s["t"], s["graph"]) for s in engine])
+    model.engine_factor = fit_engine_factor(model, engine)
     model._build()
     fit.update({"engine_replay": error_stats([model.predict_features(s, s["graph"]) for s in engine],
                                              [s["t"] for s in engine]),

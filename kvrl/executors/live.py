@@ -289,24 +289,10 @@ class LiveExecutor(Executor):
         if batch.swap_in and self._swap_stream is not None:
             block_ops_done = torch.cuda.Event()
             block_ops_done.record(torch.cuda.current_stream(self.device))
-        sampled: list[list[int]] = [[] for _ in batch.seqs]
-        errors: dict[int, str] = {}
-        if not batch.seqs and batch.swap_in:
+        forward = self._forward(batch) if batch.seqs else None
+        if batch.swap_in:   # for sequences that compute from the next step on: overlaps this forward
             self._swap_in(batch.swap_in, block_ops_done)
-        if batch.seqs:
-            logits, items = self._forward(batch)
-            if batch.swap_in:   # for sequences that compute from the next step on: overlaps this forward
-                self._swap_in(batch.swap_in, block_ops_done)
-            index = {id(item): i for i, item in enumerate(batch.seqs)}
-            keep = [j for j, item in enumerate(items) if item.num_samples]
-            if keep:
-                if len(keep) != len(items):
-                    logits = logits[torch.tensor(keep, device=self.device)]
-                tokens, errs = self._sample(logits, [items[j].num_samples for j in keep])
-                for w, j in enumerate(keep):
-                    sampled[index[id(items[j])]] = tokens[w]
-                    if w in errs:
-                        errors[index[id(items[j])]] = errs[w]
+        sampled, errors = self._sample_items(batch, *forward) if forward else ([], {})
         if pending_out is not None:
             self._transfer_swap_out(pending_out)
         if self.device.type == "cuda":   # the compute stream only: swap transfers may still be in flight
@@ -318,6 +304,23 @@ class LiveExecutor(Executor):
             elapsed = end - start
         self._last_end = end
         return StepOutput(sampled, elapsed, errors or None)
+
+    def _sample_items(self, batch: ScheduledBatch, logits: torch.Tensor, items: list) -> tuple[list[list[int]], dict[int, str]]:
+        """Sampled tokens per scheduled sequence (aligned with ``batch.seqs``) and per-sequence
+        errors, from :meth:`_forward`'s ``(logits, items)``."""
+        sampled: list[list[int]] = [[] for _ in batch.seqs]
+        errors: dict[int, str] = {}
+        index = {id(item): i for i, item in enumerate(batch.seqs)}
+        keep = [j for j, item in enumerate(items) if item.num_samples]
+        if keep:
+            if len(keep) != len(items):
+                logits = logits[torch.tensor(keep, device=self.device)]
+            tokens, errs = self._sample(logits, [items[j].num_samples for j in keep])
+            for w, j in enumerate(keep):
+                sampled[index[id(items[j])]] = tokens[w]
+                if w in errs:
+                    errors[index[id(items[j])]] = errs[w]
+        return sampled, errors
 
     def _forward(self, batch: ScheduledBatch):
         """Returns ``(logits, items)``: ``logits[i]`` are the fp32 logits of the last token of

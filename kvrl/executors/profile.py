@@ -44,8 +44,9 @@ time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre``.
 Swap transfers run on the live executor's swap stream, overlapping compute: their durations
 ``swap_out_xfer(n)`` and ``swap_in_xfer(n)`` (same linear form) drive the sim's
 :class:`~kvrl.executors.sim.SwapStream`, which makes a step wait for the swap-ins issued before it.
-Profiles of fit version 4 (synchronous swaps, before the swap stream) load with their swap terms
-as transfer times and no compute-stream part.
+Profiles of fit version 4 (synchronous swaps, before the swap stream) are refitted from their
+samples when loaded: with no transfer timings, their swap terms become transfer times and the
+compute-stream parts zero.
 """
 from __future__ import annotations
 
@@ -481,11 +482,7 @@ class StepModel:
     @classmethod
     def from_dict(cls, d: dict) -> "StepModel":
         try:
-            ops = dict(d["ops"])
-            if "swap_out_xfer" not in ops:   # fit version 4: swaps were synchronous transfers
-                ops["swap_out_xfer"], ops["swap_in_xfer"] = ops["swap_out"], ops["swap_in"]
-                ops["swap_out"] = ops["swap_in"] = [0.0, 0.0]
-            return cls(d["graph_sizes"], d["graph"], d["eager"], ops, d["host"], d.get("engine_factor"))
+            return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["host"], d.get("engine_factor"))
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
@@ -563,18 +560,18 @@ class StepModel:
         return model
 
 
-def fit_engine_factor(model: StepModel, rows: Sequence[tuple[dict, float, bool]], min_rows: int = 20) -> dict:
+def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int = 20) -> dict:
     """Per forward kind (CUDA-graph decode, eager), the median ratio of the time ``execute`` took
     inside an engine run to the model's prediction for the same step (steps without block
-    operations; ``rows`` are ``(features, seconds, used a graph)``). The grid times each shape in
+    operations; ``samples`` have the :data:`FEATURES`, ``t`` seconds and ``graph``). The grid times each shape in
     rounds of the same points; inside an engine a step follows steps of other shapes and the
     engine's Python, which measured up to ~10% slower for eager steps on an H200. 1.0 with fewer
     than ``min_rows`` steps of a kind."""
     factor = {"graph": 1.0, "eager": 1.0}
     for kind, want_graph in (("graph", True), ("eager", False)):
-        ratios = [t / model.forward_s(*(int(f.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=graph)
-                  for f, t, graph in rows if bool(graph) == want_graph and (f.get("n_pre") or f.get("n_dec"))
-                  and not (f.get("copies") or f.get("swap_out") or f.get("swap_in"))]
+        ratios = [s["t"] / model.forward_s(*(int(s.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=bool(s["graph"]))
+                  for s in samples if bool(s["graph"]) == want_graph and (s.get("n_pre") or s.get("n_dec"))
+                  and not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))]
         ratios = [r for r in ratios if math.isfinite(r) and r > 0]
         if len(ratios) >= min_rows:
             factor[kind] = float(np.median(ratios))
@@ -646,7 +643,7 @@ class StepProfile:
         if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
             model = StepModel.fit(d["samples"], d.get("meta", {}).get("graph_batch_sizes", ()),
                                   d.get("host_samples", ()))
-            model.engine_factor = fit_engine_factor(model, [(s, s["t"], s["graph"]) for s in d.get("engine_samples", [])])
+            model.engine_factor = fit_engine_factor(model, d.get("engine_samples", []))
             model._build()
         else:
             model = StepModel.from_dict(model_d)
