@@ -62,7 +62,7 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=None):
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=None, out=None):
     """Attention of one query token per sequence over its paged KV cache (split-K on Triton).
 
     Args:
@@ -74,17 +74,26 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scal
         scale: softmax scale.
         num_splits: context splits per (sequence, kv head) for the Triton kernel; ``None`` picks
             one from batch size, context length and SM count. Ignored by the reference.
+        out: optional ``[batch, num_heads, head_dim]`` tensor (unit last-dim stride) to write into.
 
     Returns:
-        ``[batch, num_heads, head_dim]`` in ``q.dtype``.
+        ``[batch, num_heads, head_dim]`` in ``q.dtype`` (``out`` when given).
     """
     if use_triton(q):
         from .triton_decode import paged_decode_attention_triton
 
         return paged_decode_attention_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits
+            q, k_cache, v_cache, block_tables, context_lens, scale, num_splits, out=out
         )
-    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return _into(out, paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens, scale))
+
+
+def _into(out, result):
+    """``result``, copied into ``out`` when one is given (the reference kernels allocate)."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
 
 
 def precompile_attention(k_cache, v_cache, num_heads: int, scale: float) -> int:
@@ -108,7 +117,8 @@ def precompile_attention(k_cache, v_cache, num_heads: int, scale: float) -> int:
     return launches
 
 
-def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len):
+def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len,
+                            out=None):
     """Causal attention of packed query chunks over a paged KV cache.
 
     Args:
@@ -122,17 +132,17 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
             position ``p`` sees keys ``0 .. p``.
         scale: softmax scale.
         max_q_len: largest ``q_len_i`` (sizes the Triton grid).
+        out: optional ``q``-shaped tensor (unit last-dim stride) to write into.
 
     Returns:
-        ``[total_q_tokens, num_heads, head_dim]`` in ``q.dtype``.
+        ``[total_q_tokens, num_heads, head_dim]`` in ``q.dtype`` (``out`` when given).
     """
+    args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len)
     if use_triton(q):
         from .triton_prefill import paged_prefill_attention_triton
 
-        fn = paged_prefill_attention_triton
-    else:
-        fn = paged_prefill_attention_ref
-    return fn(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len)
+        return paged_prefill_attention_triton(*args, out=out)
+    return _into(out, paged_prefill_attention_ref(*args))
 
 
 def copy_blocks(caches, src, dst) -> None:

@@ -140,19 +140,21 @@ SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()) if 1 << i 
 
 def paged_decode_attention_triton(
     q, k_cache, v_cache, block_tables, context_lens, scale, num_splits=None,
-    block_n=None, num_warps=4, num_stages=3,
+    block_n=None, num_warps=4, num_stages=3, out=None,
 ):
     """Triton paged decode attention; see :func:`kvrl.kernels.paged_decode_attention`.
 
     Extra knobs (tests and benchmarks): ``block_n`` tokens per tile (default 64 for 16-bit
     dtypes, 32 for float32) and the ``num_warps``/``num_stages`` launch options. The split
     heuristic bounds the context by the block-table capacity, so no device sync is needed.
+    ``out``: an optional ``q``-shaped output with a unit last-dim stride.
     """
     check_paged_inputs(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
     if num_splits is None:

@@ -70,18 +70,20 @@ def _prefill_kernel(
 
 def paged_prefill_attention_triton(
     q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len,
-    block_m=None, block_n=None, num_warps=4, num_stages=2,
+    block_m=None, block_n=None, num_warps=4, num_stages=2, out=None,
 ):
     """Triton paged prefill attention; see :func:`kvrl.kernels.paged_prefill_attention`.
 
     Extra knobs (tests and benchmarks): ``block_m``/``block_n`` tile sizes (default 64 for
-    16-bit dtypes, 32 for float32) and the ``num_warps``/``num_stages`` launch options.
+    16-bit dtypes, 32 for float32) and the ``num_warps``/``num_stages`` launch options; ``out``
+    an optional ``q``-shaped output with a unit last-dim stride.
     """
     check_paged_inputs(q, k_cache, v_cache)
     total, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = context_lens.shape[0]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if total == 0 or num_seqs == 0 or max_q_len == 0:
         return out
     default_tile = 32 if q.dtype == torch.float32 else 64

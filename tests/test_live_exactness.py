@@ -39,9 +39,10 @@ def hf_greedy(path, prompts, max_new_tokens):
 
 
 def live_engine(path, num_blocks=256, block_size=4, num_cpu_blocks=256, eviction="lifo", mode="recompute",
-                prefix_cache="hash_lru", watermark=0.0, budget=64):
+                prefix_cache="hash_lru", watermark=0.0, budget=64, piecewise_sizes=()):
     model, config = load_model(path, dtype=torch.float32, device="cpu")
-    ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32)
+    ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=bool(piecewise_sizes),
+                      piecewise_sizes=piecewise_sizes or (1,))
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                        max_num_batched_tokens=budget, max_model_len=512)
     return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed", fraction=watermark),
@@ -88,6 +89,23 @@ def test_prefix_cache_hits_keep_greedy_output_exact(checkpoint):
     summary = engine.run(reqs)
     assert summary["prefix_hit_rate"] > 0.5
     assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+
+
+def test_piecewise_segments_match_transformers(checkpoint):
+    """The piecewise-graph path (run eagerly on CPU: the same segment functions, buffers and
+    padding as the captured graphs on CUDA): steps of up to 32 tokens are padded to a bucket,
+    larger ones (budget 40) run the plain forward; chunked prefill, prefix hits and recompute
+    preemption included."""
+    rng = np.random.default_rng(11)
+    system = rng.integers(0, 512, 16, dtype=np.int32)
+    prompts = [np.concatenate([system, p]) for p in prompts_of([3, 19, 9, 30, 5], seed=12)]
+    expected = hf_greedy(checkpoint, prompts, 16)
+    engine = live_engine(checkpoint, num_blocks=24, block_size=4, budget=40, piecewise_sizes=(4, 8, 16, 32))
+    reqs = [Request(f"w{i}", 0.01 * i, p, 16) for i, p in enumerate(prompts)]
+    summary = engine.run(reqs)
+    assert summary["preemptions"] > 0 and summary["prefix_hit_rate"] > 0
+    assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+    assert sorted(engine.executor._piecewise._segments) == [4, 8, 16, 32]
 
 
 def test_copy_on_write_forks_keep_greedy_output_exact(checkpoint):

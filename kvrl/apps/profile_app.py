@@ -484,7 +484,8 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     samples, held = measured[:len(points)], measured[len(points):]
     t_grid = time.perf_counter() - t_start
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
-    model = StepModel.fit(samples, graph_sizes)
+    token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
+    model = StepModel.fit(samples, graph_sizes, token_sizes=token_sizes)
     pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
     # grid and held-out steps are timed alike, so their errors are those of the grid fit alone
     fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
@@ -512,7 +513,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             [s["t_xfer"] for s in xfer])
     meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
-            "graph_batch_sizes": graph_sizes, "sampling": dataclasses.asdict(ex.sampling),
+            "graph_batch_sizes": graph_sizes, "piecewise_token_sizes": token_sizes, "sampling": dataclasses.asdict(ex.sampling),
             "torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "grid": grid, "fit_stat": grid.get("fit_stat", "median"),

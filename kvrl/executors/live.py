@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from kvrl import kernels
 from kvrl.engine.batch import ScheduledBatch, StepOutput
 from kvrl.executors.base import Executor
 from kvrl.executors.hardware import DEVICES, DeviceSpec, ModelShape
+from kvrl.executors.piecewise import TOKEN_SIZES, PiecewiseGraphs
 from kvrl.executors.sim import SimExecutor
 from kvrl.model import AttentionMetadata, CausalLM, ModelConfig, load_model
 from kvrl.plugins.base import check_range
@@ -81,13 +82,20 @@ class LiveExecutor(Executor):
 
     def __init__(self, model: CausalLM, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  sampling: SamplingConfig = SamplingConfig(), cuda_graphs: bool = True, seed: int = 0,
-                 max_gap_s: float = 0.05) -> None:
+                 max_gap_s: float = 0.05, piecewise: Optional[bool] = None,
+                 piecewise_sizes: Sequence[int] = TOKEN_SIZES) -> None:
         self.model = model.eval()
         self.config = config
         self.device = device
         self.dtype = dtype
         self.sampling = sampling
         self.use_cuda_graphs = cuda_graphs and device.type == "cuda"
+        #: steps no decode graph serves replay piecewise graphs (None: with CUDA graphs on CUDA;
+        #: True on CPU runs the same segments eagerly, for tests)
+        self.use_piecewise = self.use_cuda_graphs if piecewise is None else bool(piecewise)
+        self.piecewise_sizes = tuple(piecewise_sizes)
+        self._piecewise: Optional[PiecewiseGraphs] = None
+        self._staging_bufs: dict[torch.dtype, torch.Tensor] = {}
         self.seed = seed
         self.max_gap_s = max_gap_s
         self.cost_model = SimExecutor(_shape_of(config, dtype), _device_spec(device), seed)
@@ -130,6 +138,7 @@ class LiveExecutor(Executor):
         if self.kv_caches and tuple(self.kv.shape) == shape and tuple(self.cpu_pool.shape) == cpu_shape:
             return   # a new engine on the same executor reuses the pools (and the captured graphs)
         self._graphs.clear()
+        self._piecewise = None
         if self.kv_caches:    # release the previous pool before taking a new one
             del self.kv, self.kv_by_block, self.cpu_pool, self._all_caches
             self.kv_caches = []
@@ -148,6 +157,9 @@ class LiveExecutor(Executor):
             n = kernels.precompile_attention(self.kv[0, 0], self.kv[0, 1], c.num_heads, c.head_dim ** -0.5)
             torch.cuda.synchronize(self.device)
             log.info("precompiled %d attention kernel variants in %.1f s", n, time.perf_counter() - t0)
+        if self.use_piecewise:
+            self._piecewise = PiecewiseGraphs(self.model, self.kv_caches, self.piecewise_sizes,
+                                              capture=self.device.type == "cuda")
 
     # ----------------------------------------------------------------- block operations
     def _gather_swap_out(self, pairs: list[tuple[int, int]]):
@@ -204,46 +216,90 @@ class LiveExecutor(Executor):
         kernels.copy_blocks(self._all_caches, src, dst)
 
     # ----------------------------------------------------------------- forward inputs
-    def _prepare(self, batch: ScheduledBatch):
-        """Flattened inputs, prefills first; returns (ids, positions, metadata, logit rows, order)."""
+    def _staging(self, dtype: torch.dtype, n: int) -> np.ndarray:
+        """A host buffer of at least ``n`` elements (pinned on CUDA) as numpy; reused across steps
+        (each step's uploads have finished when ``execute`` returns)."""
+        buf = self._staging_bufs.get(dtype)
+        if buf is None or buf.numel() < n:
+            size = max(n, 2 * buf.numel() if buf is not None else 4096)
+            buf = self._staging_bufs[dtype] = torch.empty(size, dtype=dtype, pin_memory=self.device.type == "cuda")
+        return buf.numpy()
+
+    def _upload(self, host: np.ndarray, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Copy a prefix of a staging buffer to the device (into ``out`` when given)."""
+        src = torch.from_numpy(host)
+        if out is not None:
+            return out.copy_(src, non_blocking=True)
+        if self.device.type == "cpu":
+            return src.clone()   # the staging buffer is overwritten by the next step
+        return src.to(device=self.device, non_blocking=True)
+
+    def _prepare(self, batch: ScheduledBatch, padded: int = 0):
+        """Inputs of an eager or piecewise forward pass, prefills first, in two uploads (int64:
+        token ids, positions, slots; int32: attention metadata and the rows to sample).
+        ``padded``: the piecewise bucket the token arrays are padded to (0: not padded); its
+        arrays go straight into the graphs' input buffer.
+        Returns ``(ids, positions, metadata, order, rows)``: ``rows`` (device, int32) are the
+        hidden-state rows of the items of ``order`` that sample, in order."""
         bs = self.block_size
         prefills = [s for s in batch.seqs if not s.is_decode]
         decodes = [s for s in batch.seqs if s.is_decode]
         order = prefills + decodes
-        ids, pos, slots, cu, ctx, tables, rows = [], [], [], [0], [], [], []
-        for item in order:
+        n_pre, num_seqs = len(prefills), len(order)
+        lens = [item.num_tokens for item in order]
+        num_tokens = sum(lens)
+        size = padded or num_tokens
+        i64 = self._staging(torch.int64, 3 * size)[:3 * size]
+        ids, pos, slots = i64[:size], i64[size:2 * size], i64[2 * size:]
+        width = max(len(item.seq.block_table) for item in order)
+        # int32: cu_seqlens of the prefills [n_pre + 1], context lengths [S], sample rows [S], block tables [S, width]
+        n32 = n_pre + 1 + 2 * num_seqs + num_seqs * width
+        i32 = self._staging(torch.int32, n32)[:n32]
+        cu = i32[:n_pre + 1]
+        ctx = i32[n_pre + 1:n_pre + 1 + num_seqs]
+        rows = i32[n_pre + 1 + num_seqs:n_pre + 1 + 2 * num_seqs]
+        tables = i32[n_pre + 1 + 2 * num_seqs:].reshape(num_seqs, width)
+        tables.fill(0)
+        c = num_rows = 0
+        for i, item in enumerate(order):
             seq, start, k = item.seq, item.start, item.num_tokens
             p = np.arange(start, start + k)
-            table = np.asarray(seq.block_table, dtype=np.int64)
-            ids.append(seq.token_slice(start, start + k))
-            pos.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            cu.append(cu[-1] + k)
-            ctx.append(start + k)
-            tables.append(seq.block_table)
-            rows.append(cu[-1] - 1)
-        width = max(len(t) for t in tables)
-        table_arr = np.zeros((len(tables), width), dtype=np.int32)
-        for i, t in enumerate(tables):
-            table_arr[i, :len(t)] = t
-        dev = self.device
-        n_pre = len(prefills)
-        num_prefill_tokens = cu[n_pre]
-        as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=dt, non_blocking=True)
-        ctx_arr = np.asarray(ctx, dtype=np.int32)
+            table = seq.block_table
+            t = np.asarray(table, dtype=np.int64)
+            ids[c:c + k] = seq.token_slice(start, start + k)
+            pos[c:c + k] = p
+            slots[c:c + k] = t[p // bs] * bs + p % bs
+            tables[i, :len(table)] = table
+            ctx[i] = start + k
+            c += k
+            if item.num_samples:
+                rows[num_rows] = c - 1
+                num_rows += 1
+            if i < n_pre:
+                cu[i + 1] = c
+        cu[0] = 0
+        if size > num_tokens:   # padding rows: token 0 at position 0, no K/V written
+            ids[num_tokens:] = 0
+            pos[num_tokens:] = 0
+            slots[num_tokens:] = -1
+        dst = self._piecewise.inputs(size) if padded else None
+        d64 = self._upload(i64, torch.int64, dst).view(3, size)
+        d32 = self._upload(i32, torch.int32)
+        d_cu = d32[:n_pre + 1]
+        d_ctx = d32[n_pre + 1:n_pre + 1 + num_seqs]
+        d_rows = d32[n_pre + 1 + num_seqs:n_pre + 1 + num_seqs + num_rows]
+        d_tables = d32[n_pre + 1 + 2 * num_seqs:].view(num_seqs, width)
         meta = AttentionMetadata(
-            slot_mapping=as_t(np.concatenate(slots), torch.int64),
-            num_prefill_tokens=num_prefill_tokens,
-            prefill_cu_seqlens_q=as_t(np.asarray(cu[:n_pre + 1], dtype=np.int32), torch.int32),
-            prefill_context_lens=as_t(ctx_arr[:n_pre], torch.int32),
-            prefill_block_tables=as_t(table_arr[:n_pre], torch.int32),
-            max_prefill_q_len=max((s.num_tokens for s in prefills), default=0),
-            decode_context_lens=as_t(ctx_arr[n_pre:], torch.int32),
-            decode_block_tables=as_t(table_arr[n_pre:], torch.int32),
+            slot_mapping=d64[2, :num_tokens],
+            num_prefill_tokens=int(cu[n_pre]),
+            prefill_cu_seqlens_q=d_cu,
+            prefill_context_lens=d_ctx[:n_pre],
+            prefill_block_tables=d_tables[:n_pre],
+            max_prefill_q_len=max(lens[:n_pre], default=0),
+            decode_context_lens=d_ctx[n_pre:],
+            decode_block_tables=d_tables[n_pre:],
             block_size=bs)
-        input_ids = as_t(np.concatenate(ids), torch.int64)
-        positions = as_t(np.concatenate(pos), torch.int64)
-        return input_ids, positions, meta, rows, order
+        return d64[0, :num_tokens], d64[1, :num_tokens], meta, order, d_rows
 
     # ----------------------------------------------------------------- sampling
     def _sample(self, logits: torch.Tensor, counts: list[int]) -> tuple[list[list[int]], dict[int, str]]:
@@ -329,13 +385,17 @@ class LiveExecutor(Executor):
             graph = self._graph_for(len(batch.seqs))
             if graph is not None:
                 return graph.run(self, batch), list(batch.seqs)
-        input_ids, positions, meta, rows, order = self._prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        num_tokens = sum(item.num_tokens for item in batch.seqs)
+        size = self._piecewise.bucket(num_tokens) if self._piecewise is not None else None
+        input_ids, positions, meta, order, rows = self._prepare(batch, size or 0)
+        if size:
+            hidden = self._piecewise.run(size, num_tokens, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         items = [item for item in order if item.num_samples]
         if not items:
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32), items
-        sample_rows = torch.tensor([r for r, item in zip(rows, order) if item.num_samples], device=self.device)
-        return self.model.compute_logits(hidden[sample_rows]), items
+        return self.model.compute_logits(hidden[rows]), items
 
     # ----------------------------------------------------------------- CUDA graphs
     GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)

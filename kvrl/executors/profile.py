@@ -35,7 +35,9 @@ relative error, prices the compute stream of a step::
                               + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_dec * B
                               + c_has_pre * [n_pre > 0] + c_has_dec * [B > 0] + c_rows * rows
 
-with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``;
+with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``
+padded to the token bucket of the live executor's piecewise graphs when the profile had them
+(``token_sizes``; see :mod:`kvrl.executors.piecewise`);
 ``G, a, m, D, a_e, m_e`` piecewise linear between measured knots (linear "hat" bases, so the
 fit stays one linear least-squares problem); block operations ``c0 * [n > 0] + c1 * n``, for swaps
 the part on the compute stream (gather / launching the copies); ``host`` the engine's own Python
@@ -371,9 +373,12 @@ class StepModel:
     OPS = ("copy", "swap_out", "swap_in", "swap_out_xfer", "swap_in_xfer")
 
     def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
-                 host: dict, engine_factor: Optional[dict] = None) -> None:
+                 host: dict, engine_factor: Optional[dict] = None, token_sizes: Sequence[int] = ()) -> None:
         self.graph_sizes = sorted(int(b) for b in graph_sizes)
         self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
+        #: token buckets of the live executor's piecewise graphs: a non-graph step of N tokens
+        #: costs the dense work of the bucket it is padded to (empty: none, N as is)
+        self.token_sizes = sorted(int(t) for t in token_sizes)
         self.graph = graph
         self.eager = eager
         self.ops = ops
@@ -410,6 +415,16 @@ class StepModel:
         i = bisect.bisect_left(sizes, b)
         return sizes[i] if i < len(sizes) else 0
 
+    def pad_tokens(self, n: int) -> int:
+        """Tokens a non-graph step of ``n`` tokens computes: its piecewise bucket, or ``n`` (none
+        holds it, or the profile's executor had no piecewise graphs). A profile describes the
+        executor it measured: a sim asked for ``cuda_graphs=False`` still pads when its profile did."""
+        if not self.token_sizes:
+            return n
+        sizes = self.token_sizes
+        i = bisect.bisect_left(sizes, n)
+        return sizes[i] if i < len(sizes) else n
+
     def uses_graph(self, n_pre: int, n_dec: int, cuda_graphs: bool = True) -> bool:
         return cuda_graphs and self.graph is not None and n_pre == 0 and 0 < n_dec <= self.max_graph
 
@@ -429,14 +444,15 @@ class StepModel:
             return self._k_graph * t
         b = n_dec
         c_pairs, c_ctx, c_pre, c_has_pre, c_has_dec, c_rows, c_dec = self._c
-        t = self._e_dense(pre_tok + b) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_rows * rows
+        n = self.pad_tokens(pre_tok + b)
+        t = self._e_dense(n) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_rows * rows
         if n_pre:
             t += c_has_pre
         if b:
             t += c_has_dec + c_dec * b + self._e_kv(b) * dec_kv + self._e_kvmax(b) * b * dec_max
         if self._has_floor:
             f0, f_seq, f_kv, f_tok = self._floor
-            floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * (pre_tok + b)
+            floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * n
             if floor > t:
                 t = floor
         return self._k_eager * t
@@ -477,19 +493,22 @@ class StepModel:
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
         return {"fit_version": FIT_VERSION, "graph_sizes": self.graph_sizes, "graph": self.graph,
-                "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor}
+                "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor,
+                "token_sizes": self.token_sizes}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepModel":
         try:
-            return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["host"], d.get("engine_factor"))
+            return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["host"], d.get("engine_factor"),
+                       d.get("token_sizes", ()))
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
     # ------------------------------------------------------------------ fitting
     @classmethod
     def fit(cls, samples: list[dict], graph_sizes: Sequence[int] = (),
-            host_samples: Sequence[Sequence[float]] = (), max_knots: int = 10) -> "StepModel":
+            host_samples: Sequence[Sequence[float]] = (), max_knots: int = 10,
+            token_sizes: Sequence[int] = ()) -> "StepModel":
         """Fit every term from measured samples (dicts of :data:`FEATURES` plus ``graph`` (bool,
         the live executor used a CUDA graph) and ``t`` (median seconds of ``execute``)).
 
@@ -520,7 +539,9 @@ class StepModel:
                      "kvmax": {"knots": knots_b, "values": x[p + q:].tolist()},
                      "floor": dict(zip(FLOOR_TERMS, xf.tolist()))}
 
-        n = _col(eager_s, "pre_tok") + _col(eager_s, "n_dec")
+        sizes = sorted(token_sizes)
+        n = np.asarray([next((t for t in sizes if t >= v), v) for v in
+                        (_col(eager_s, "pre_tok") + _col(eager_s, "n_dec")).astype(int)], dtype=float)
         b = _col(eager_s, "n_dec")
         knots_n = choose_knots(n, max_knots)
         knots_b = choose_knots(b, max_knots) or [1.0]
@@ -554,7 +575,7 @@ class StepModel:
                 else:   # samples of a synchronous swap path (fit version 4): all of it is transfer
                     ops[op + "_xfer"], ops[key] = ops[key], [0.0, 0.0]
         model = cls(graph_sizes if graph is not None else [], graph, eager, ops,
-                    {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
+                    {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}, token_sizes=sizes)
         model.host = fit_host(host_samples)
         model._build()
         return model
@@ -641,8 +662,9 @@ class StepProfile:
         raw_key = dict(d["key"])
         model_d = d.get("model")
         if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
-            model = StepModel.fit(d["samples"], d.get("meta", {}).get("graph_batch_sizes", ()),
-                                  d.get("host_samples", ()))
+            meta = d.get("meta", {})
+            model = StepModel.fit(d["samples"], meta.get("graph_batch_sizes", ()), d.get("host_samples", ()),
+                                  token_sizes=meta.get("piecewise_token_sizes", ()))
             model.engine_factor = fit_engine_factor(model, d.get("engine_samples", []))
             model._build()
         else:

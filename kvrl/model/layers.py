@@ -129,15 +129,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        attn: AttentionMetadata,
-    ) -> torch.Tensor:
-        """hidden ``[T, hidden_size]`` -> ``[T, hidden_size]``; writes this step's K/V into ``kv_cache``."""
+    def project(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor) -> torch.Tensor:
+        """hidden ``[T, hidden_size]`` -> queries ``[T, num_heads, head_dim]`` (normed, rotated);
+        writes the tokens' K/V into ``kv_cache`` at ``slot_mapping`` (-1: not written). Its
+        shapes depend only on ``T``: the part of a layer before attention that a CUDA graph
+        captures per token count."""
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -147,22 +144,42 @@ class Attention(nn.Module):
             q, k = qk_norm_rotary(q, k, cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         else:
             q, k = qk_norm_rotary(q, k, cos, sin, None, None, 0.0)
+        store_kv(k, v, kv_cache[0], kv_cache[1], slot_mapping)
+        return q
 
+    def attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+               out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Paged attention of ``q [T, num_heads, head_dim]`` (prefill rows first, then one row per
+        decode) -> ``[T, num_heads, head_dim]``, written into ``out`` when given (rows past the
+        batch's tokens are not touched)."""
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
         n = attn.num_prefill_tokens
-        outputs = []
+        total = n + attn.num_decodes
+        if out is None:
+            out = torch.empty_like(q)
         if n > 0:
-            outputs.append(paged_prefill_attention(
+            paged_prefill_attention(
                 q[:n], k_cache, v_cache, attn.prefill_block_tables, attn.prefill_cu_seqlens_q,
-                attn.prefill_context_lens, self.scale, attn.max_prefill_q_len,
-            ))
-        if attn.num_decodes > 0:
-            outputs.append(paged_decode_attention(
-                q[n:], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale,
-            ))
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-        return self.o_proj(out.reshape(num_tokens, -1))
+                attn.prefill_context_lens, self.scale, attn.max_prefill_q_len, out=out[:n],
+            )
+        if total > n:
+            paged_decode_attention(
+                q[n:total], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, self.scale,
+                out=out[n:total],
+            )
+        return out
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """hidden ``[T, hidden_size]`` -> ``[T, hidden_size]``; writes this step's K/V into ``kv_cache``."""
+        q = self.project(hidden, cos, sin, kv_cache, attn.slot_mapping)
+        return self.o_proj(self.attend(q, kv_cache, attn).reshape(hidden.shape[0], -1))
 
 
 class GatedMLP(nn.Module):

@@ -31,18 +31,32 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
 
-    def forward(
+    def before_attention(
         self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-        kv_cache: KVCache, attn: AttentionMetadata,
+        kv_cache: KVCache, slot_mapping: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(delta, residual)`` -> ``(queries, residual stream)``: the input norm, the Q/K/V
+        projection, q/k norm and rotary, and the K/V write (see :meth:`Attention.project`)."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin, kv_cache, attn)
+        return self.self_attn.project(hidden, cos, sin, kv_cache, slot_mapping), residual
+
+    def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention output ``[T, num_heads, head_dim]`` and the residual stream -> the layer's
+        ``(mlp_out, residual)``: output projection, residual add + norm, MLP."""
+        hidden = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def forward(
+        self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+        kv_cache: KVCache, attn: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, residual = self.before_attention(hidden, residual, cos, sin, kv_cache, attn.slot_mapping)
+        return self.after_attention(self.self_attn.attend(q, kv_cache, attn), residual)
 
 
 class CausalLM(nn.Module):
@@ -91,13 +105,22 @@ class CausalLM(nn.Module):
         """
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"expected {len(self.layers)} KV caches (one per layer), got {len(kv_caches)}")
-        hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, hidden.dtype)
+        hidden, cos, sin = self.embed(input_ids, positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(hidden, residual, cos, sin, kv_cache, attn)
         if residual is None:
             return self.norm(hidden)
+        return self.final_norm(hidden, residual)
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token embeddings ``[T, hidden_size]`` and the rotary ``cos, sin`` ``[T, 1, head_dim]``."""
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        return hidden, cos, sin
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last layer's ``(mlp_out, residual)`` -> final-norm hidden states."""
         return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
