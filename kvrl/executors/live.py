@@ -252,14 +252,16 @@ class LiveExecutor(Executor):
         i64 = self._staging(torch.int64, 3 * size)[:3 * size]
         ids, pos, slots = i64[:size], i64[size:2 * size], i64[2 * size:]
         width = max(len(item.seq.block_table) for item in order)
-        # int32: cu_seqlens of the prefills [n_pre + 1], context lengths [S], sample rows [S], block tables [S, width]
-        n32 = n_pre + 1 + 2 * num_seqs + num_seqs * width
-        i32 = self._staging(torch.int32, n32)[:n32]
-        cu = i32[:n_pre + 1]
-        ctx = i32[n_pre + 1:n_pre + 1 + num_seqs]
-        rows = i32[n_pre + 1 + num_seqs:n_pre + 1 + 2 * num_seqs]
-        tables = i32[n_pre + 1 + 2 * num_seqs:].reshape(num_seqs, width)
-        tables.fill(0)
+        # int32 regions, each starting 16-byte aligned (Triton specialises kernels on pointer
+        # alignment: an unaligned one would compile a new variant in the middle of a run)
+        n_dec = num_seqs - n_pre
+        sizes32 = (n_pre + 1, n_pre, n_dec, num_seqs, n_pre * width, n_dec * width)
+        starts = np.cumsum([0] + [-(-n // 4) * 4 for n in sizes32])
+        i32 = self._staging(torch.int32, int(starts[-1]))[:int(starts[-1])]
+        cu, pre_ctx, dec_ctx, rows, pre_tab, dec_tab = (i32[a:a + n] for a, n in zip(starts, sizes32))
+        pre_tab, dec_tab = pre_tab.reshape(n_pre, width), dec_tab.reshape(n_dec, width)
+        pre_tab.fill(0)
+        dec_tab.fill(0)
         c = num_rows = 0
         for i, item in enumerate(order):
             seq, start, k = item.seq, item.start, item.num_tokens
@@ -269,14 +271,17 @@ class LiveExecutor(Executor):
             ids[c:c + k] = seq.token_slice(start, start + k)
             pos[c:c + k] = p
             slots[c:c + k] = t[p // bs] * bs + p % bs
-            tables[i, :len(table)] = table
-            ctx[i] = start + k
             c += k
+            if i < n_pre:
+                pre_tab[i, :len(table)] = table
+                pre_ctx[i] = start + k
+                cu[i + 1] = c
+            else:
+                dec_tab[i - n_pre, :len(table)] = table
+                dec_ctx[i - n_pre] = start + k
             if item.num_samples:
                 rows[num_rows] = c - 1
                 num_rows += 1
-            if i < n_pre:
-                cu[i + 1] = c
         cu[0] = 0
         if size > num_tokens:   # padding rows: token 0 at position 0, no K/V written
             ids[num_tokens:] = 0
@@ -285,21 +290,18 @@ class LiveExecutor(Executor):
         dst = self._piecewise.inputs(size) if padded else None
         d64 = self._upload(i64, torch.int64, dst).view(3, size)
         d32 = self._upload(i32, torch.int32)
-        d_cu = d32[:n_pre + 1]
-        d_ctx = d32[n_pre + 1:n_pre + 1 + num_seqs]
-        d_rows = d32[n_pre + 1 + num_seqs:n_pre + 1 + num_seqs + num_rows]
-        d_tables = d32[n_pre + 1 + 2 * num_seqs:].view(num_seqs, width)
+        d_cu, d_pre_ctx, d_dec_ctx, d_rows, d_pre_tab, d_dec_tab = (d32[a:a + n] for a, n in zip(starts, sizes32))
         meta = AttentionMetadata(
             slot_mapping=d64[2, :num_tokens],
             num_prefill_tokens=int(cu[n_pre]),
             prefill_cu_seqlens_q=d_cu,
-            prefill_context_lens=d_ctx[:n_pre],
-            prefill_block_tables=d_tables[:n_pre],
+            prefill_context_lens=d_pre_ctx,
+            prefill_block_tables=d_pre_tab.view(n_pre, width),
             max_prefill_q_len=max(lens[:n_pre], default=0),
-            decode_context_lens=d_ctx[n_pre:],
-            decode_block_tables=d_tables[n_pre:],
+            decode_context_lens=d_dec_ctx,
+            decode_block_tables=d_dec_tab.view(n_dec, width),
             block_size=bs)
-        return d64[0, :num_tokens], d64[1, :num_tokens], meta, order, d_rows
+        return d64[0, :num_tokens], d64[1, :num_tokens], meta, order, d_rows[:num_rows]
 
     # ----------------------------------------------------------------- sampling
     def _sample(self, logits: torch.Tensor, counts: list[int]) -> tuple[list[list[int]], dict[int, str]]:

@@ -663,8 +663,8 @@ class StepProfile:
         model_d = d.get("model")
         if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
             meta = d.get("meta", {})
-            model = StepModel.fit(d["samples"], meta.get("graph_batch_sizes", ()), d.get("host_samples", ()),
-                                  token_sizes=meta.get("piecewise_token_sizes", ()))
+            model = StepModel.fit(d["samples"] + d.get("engine_samples", []), meta.get("graph_batch_sizes", ()),
+                                  d.get("host_samples", ()), token_sizes=meta.get("piecewise_token_sizes", ()))
             model.engine_factor = fit_engine_factor(model, d.get("engine_samples", []))
             model._build()
         else:
