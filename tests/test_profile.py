@@ -132,7 +132,7 @@ def test_fit_recovers_a_known_step_model(token_sizes):
         {"dense": {"knots": [1, 16, 64, 256, 1024], "values": [2e-3, 2.1e-3, 2.5e-3, 4e-3, 1e-2]},
          "kv": {"knots": [1, 4, 16, 64], "values": [5e-8, 4e-8, 3e-8, 2e-8]},
          "kvmax": {"knots": [1, 4, 16, 64], "values": [1e-9, 1e-9, 1e-9, 1e-9]},
-         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "n_pre": 5e-5, "has_pre": 3e-4, "has_dec": 2e-4,
+         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "pre_max_ctx": 1e-7, "n_pre": 5e-5, "has_pre": 3e-4, "has_dec": 2e-4,
                   "rows": 1e-6, "n_dec": 1e-5}},
         {"copy": [1e-4, 2e-6], "swap_out": [5e-5, 2e-6], "swap_in": [4e-5, 1e-6],
          "swap_out_xfer": [2e-4, 5e-5], "swap_in_xfer": [2e-4, 4e-5]},
@@ -150,6 +150,7 @@ def test_fit_recovers_a_known_step_model(token_sizes):
             f["pre_tok"] += k
             f["pre_pairs"] += k * start + k * (k + 1) // 2
             f["pre_ctx"] += start + k
+            f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
             f["rows"] += 1
         f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
         f.update(graph=graph, t=truth.predict_features(f, cuda_graphs=graph), **extra)
@@ -357,7 +358,7 @@ def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in(
         samples += [op_sample("swap_out", n, 1e-4 + 2e-5 * n), op_sample("swap_in", n, 1e-4 + 3e-5 * n)]
     old = P.StepModel.fit(samples)
     assert old.swap_out_xfer(10) == pytest.approx(3e-4) and old.swap_in_xfer(10) == pytest.approx(4e-4)
-    assert old.predict(0, 0, 0, 0, 0, 0, 0, 0, swap_out=10, swap_in=10) == 0.0
+    assert old.predict(0, 0, 0, 0, 0, 0, 0, 0, 0, swap_out=10, swap_in=10) == 0.0
 
 
 def test_engine_factor_is_the_median_ratio_of_engine_steps_to_the_model():
@@ -366,24 +367,25 @@ def test_engine_factor_is_the_median_ratio_of_engine_steps_to_the_model():
     forward passes and survives a save/load round trip."""
     eager = {"dense": {"knots": [1.0], "values": [1e-3]}, "kv": {"knots": [1.0], "values": [0.0]},
              "kvmax": {"knots": [1.0], "values": [0.0]},
-             "coef": dict.fromkeys(("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec"), 0.0)}
+             "coef": dict.fromkeys(("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows",
+                                    "n_dec"), 0.0)}
     ops = {k: [0.0, 0.0] for k in P.StepModel.OPS}
     model = P.StepModel([], None, eager, ops, {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0})
     f = dict.fromkeys(P.FEATURES, 0)
-    f.update(n_pre=1, pre_tok=10, pre_pairs=55, pre_ctx=10, rows=1)
+    f.update(n_pre=1, pre_tok=10, pre_pairs=55, pre_ctx=10, pre_max_ctx=10, rows=1)
     times = [1.1e-3 * (1 + 0.01 * (i % 3 - 1)) for i in range(30)] + [0.3]
     k = P.fit_engine_factor(model, [{**f, "t": t, "graph": False} for t in times] + [{**f, "t": 5e-3, "graph": True}])
     assert k["eager"] == pytest.approx(1.1) and k["graph"] == 1.0
     model.engine_factor = k
     model._build()
-    assert model.forward_s(1, 10, 55, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
+    assert model.forward_s(1, 10, 55, 10, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
     again = P.StepModel.from_dict(json.loads(json.dumps(model.to_dict())))
-    assert again.forward_s(1, 10, 55, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
+    assert again.forward_s(1, 10, 55, 10, 10, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
 
 
 def test_profiled_cost_model_is_a_few_microseconds(cpu_profile):
     model = P.StepProfile.load(cpu_profile).model
-    cases = [(0, 0, 0, 0, 64, 6400, 120, 64, 0, 0, 0), (1, 200, 30000, 400, 30, 3000, 300, 31, 2, 0, 4)]
+    cases = [(0, 0, 0, 0, 0, 64, 6400, 120, 64, 0, 0, 0), (1, 200, 30000, 400, 400, 30, 3000, 300, 31, 2, 0, 4)]
     for args in cases:
         best = float("inf")
         for _ in range(5):

@@ -21,6 +21,8 @@ hidden, heads, kv heads, head dim, intermediate, vocab, dtype width). See docs/f
 Features of a step (:data:`FEATURES`), all computed from the :class:`ScheduledBatch` alone:
 ``n_pre`` prefill items (more than one query token), ``pre_tok`` their query tokens,
 ``pre_pairs`` their causal (query, key) pairs, ``pre_ctx`` the KV tokens they attend over,
+``pre_max_ctx`` the longest of those contexts (prefill attention runs one program per query tile
+and head, which walks its whole context: with few tiles the longest context is the critical path),
 ``n_dec`` decode items (one query token), ``dec_kv`` the KV tokens they read, ``dec_max`` the
 longest decode context, ``rows`` items that sample (LM-head rows), ``copies``, ``swap_out`` and
 ``swap_in`` block counts.
@@ -71,9 +73,11 @@ log = logging.getLogger(__name__)
 
 FORMAT = "kvrl-step-profile"
 VERSION = 1
-FIT_VERSION = 5
-FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "n_dec", "dec_kv", "dec_max", "rows", "copies",
-            "swap_out", "swap_in")
+FIT_VERSION = 6
+FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "rows",
+            "copies", "swap_out", "swap_in")
+#: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
+FORWARD_FEATURES = FEATURES[:9]
 #: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
 #: (directories or files, separated by ``os.pathsep``).
 PACKAGED_DIR = Path(__file__).parent / "profiles"
@@ -150,6 +154,7 @@ def batch_features(batch) -> dict[str, int]:
             f["pre_tok"] += k
             f["pre_pairs"] += k * start + k * (k + 1) // 2
             f["pre_ctx"] += start + k
+            f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
         if item.num_samples:
             f["rows"] += 1
     f["copies"], f["swap_out"], f["swap_in"] = len(batch.copies), len(batch.swap_out), len(batch.swap_in)
@@ -398,7 +403,8 @@ class StepModel:
         e = self.eager
         self._e_dense, self._e_kv, self._e_kvmax = (Linear1D.from_dict(e[k]) for k in ("dense", "kv", "kvmax"))
         c = e["coef"]
-        self._c = (c["pre_pairs"], c["pre_ctx"], c["n_pre"], c["has_pre"], c["has_dec"], c["rows"], c["n_dec"])
+        self._c = (c["pre_pairs"], c["pre_ctx"], c.get("pre_max_ctx", 0.0), c["n_pre"], c["has_pre"], c["has_dec"],
+                   c["rows"], c["n_dec"])
         f = e.get("floor") or dict.fromkeys(FLOOR_TERMS, 0.0)
         self._floor = tuple(float(f[k]) for k in FLOOR_TERMS)
         self._has_floor = any(self._floor)
@@ -428,8 +434,8 @@ class StepModel:
     def uses_graph(self, n_pre: int, n_dec: int, cuda_graphs: bool = True) -> bool:
         return cuda_graphs and self.graph is not None and n_pre == 0 and 0 < n_dec <= self.max_graph
 
-    def forward_s(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, n_dec: int, dec_kv: int,
-                  dec_max: int, rows: int, cuda_graphs: bool = True) -> float:
+    def forward_s(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
+                  dec_kv: int, dec_max: int, rows: int, cuda_graphs: bool = True) -> float:
         """Seconds of the forward pass and sampling (no block operations, no host overhead)."""
         if n_pre == 0 and n_dec == 0:
             return 0.0
@@ -443,9 +449,10 @@ class StepModel:
                     t = floor
             return self._k_graph * t
         b = n_dec
-        c_pairs, c_ctx, c_pre, c_has_pre, c_has_dec, c_rows, c_dec = self._c
+        c_pairs, c_ctx, c_max_ctx, c_pre, c_has_pre, c_has_dec, c_rows, c_dec = self._c
         n = self.pad_tokens(pre_tok + b)
-        t = self._e_dense(n) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_rows * rows
+        t = (self._e_dense(n) + c_pairs * pre_pairs + c_ctx * pre_ctx + c_max_ctx * pre_max_ctx + c_pre * n_pre
+             + c_rows * rows)
         if n_pre:
             t += c_has_pre
         if b:
@@ -461,8 +468,8 @@ class StepModel:
         h0, h1, h2 = self._h
         return h0 + h1 * num_seqs + h2 * n_pre
 
-    def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, n_dec: int, dec_kv: int,
-                dec_max: int, rows: int, copies: int = 0, swap_out: int = 0, swap_in: int = 0,
+    def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
+                dec_kv: int, dec_max: int, rows: int, copies: int = 0, swap_out: int = 0, swap_in: int = 0,
                 cuda_graphs: bool = True, host: bool = True) -> float:
         """Seconds of one engine step's compute stream as the live executor reports it when no
         swap-in delays it (``host`` adds the engine's own time between steps, which live
@@ -471,7 +478,8 @@ class StepModel:
         if n_pre == 0 and n_dec == 0:
             t = 0.0
         else:
-            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, n_dec, dec_kv, dec_max, rows, cuda_graphs)
+            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, rows,
+                               cuda_graphs)
             if host:
                 h0, h1, h2 = self._h
                 t += h0 + h1 * (n_pre + n_dec) + h2 * n_pre
@@ -547,8 +555,8 @@ class StepModel:
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
         kv, kvmax = _col(eager_s, "dec_kv"), b * _col(eager_s, "dec_max")
-        names = ("pre_pairs", "pre_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec")
-        extra = [_col(eager_s, "pre_pairs"), _col(eager_s, "pre_ctx"), _col(eager_s, "n_pre"),
+        names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec")
+        extra = [_col(eager_s, "pre_pairs"), _col(eager_s, "pre_ctx"), _col(eager_s, "pre_max_ctx"), _col(eager_s, "n_pre"),
                  (_col(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), _col(eager_s, "rows"), b]
         cols = [*hat_basis(knots_n, n).T, *(hb * kv[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + _col(eager_s, "n_pre"), kv + _col(eager_s, "pre_ctx"), n]
@@ -590,7 +598,7 @@ def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int =
     than ``min_rows`` steps of a kind."""
     factor = {"graph": 1.0, "eager": 1.0}
     for kind, want_graph in (("graph", True), ("eager", False)):
-        ratios = [s["t"] / model.forward_s(*(int(s.get(k, 0)) for k in FEATURES[:8]), cuda_graphs=bool(s["graph"]))
+        ratios = [s["t"] / model.forward_s(*(int(s.get(k, 0)) for k in FORWARD_FEATURES), cuda_graphs=bool(s["graph"]))
                   for s in samples if bool(s["graph"]) == want_graph and (s.get("n_pre") or s.get("n_dec"))
                   and not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))]
         ratios = [r for r in ratios if math.isfinite(r) and r > 0]
