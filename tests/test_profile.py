@@ -413,6 +413,7 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
             "tpot_mean_s", "tpot_p99_s", "preemptions", "kv_utilization"} <= metrics
     assert "Target TTFT p50 s: under 10%" in table and "### Replay by step kind" in table
     assert "## Live vs live" in table and "throughput_tok_s_live_again" in metrics
+    assert "## Sim vs the mean of the live runs (3 per pair)" in table and "against the live mean" in table
     assert {r[1] for r in rows[1:] if r[1] != "ranking"} == {"vllm", "sjf_swap"}
     assert any(r[1] == "ranking" for r in rows[1:])
     for pol in ("vllm", "sjf_swap"):

@@ -215,13 +215,16 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     if "error" in res:
         res.update(live=live_m, sim={}, engine=resolved)
         return res
-    if live_repeats > 1:   # the same live run again: how far live is from itself
+    repeats = []
+    for _ in range(live_repeats - 1):   # the same live run again: how far live is from itself
         again = _engine(ecfg, _Recorder(live, max_wall_s), pcfg, slo, record_steps=False)
         try:
             again.run(requests)
-            res["live_again"] = summarize(again)
+            repeats.append(summarize(again))
         except _WallLimit as exc:
             log.warning("%s: repeat: %s", title, exc)
+    if repeats:
+        res["live_again"], res["live_repeats"] = repeats[0], repeats
     sim = make_sim()
     seng = _engine(resolved, sim, pcfg, slo)
     wall = time.perf_counter()
@@ -381,6 +384,7 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
             pairs = [(k, r["live"].get(k), r["live_again"].get(k)) for k, _, _ in METRICS]
             lines.append(f"| {w} | {p} | " + " | ".join(_pct(rel_err(a, b)) for _, a, b in pairs) + " |")
             csv_rows += [[w, p, f"{k}_live_again", a, b, rel_err(a, b)] for k, a, b in pairs]
+    lines += mean_section(results)
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
     agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):
@@ -420,6 +424,44 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
             lines.append(f"| {w} | {p} | {kind} | {k['steps']} | {k['live_s']:.3f} | {k['sim_s']:.3f} | "
                          f"{_pct(rel_err(k['live_s'], k['sim_s']))} | {'' if math.isnan(med) else f'{med:.1%}'} |")
     return "\n".join(lines), csv_rows
+
+
+def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
+    """Mean of a metric over all live runs of a pair and their spread (largest absolute
+    relative deviation of one run from that mean)."""
+    vals = [m.get(key, float("nan")) for m in [r["live"], *r.get("live_repeats", [])]]
+    mean = float(np.mean(vals))
+    spread = max(abs(rel_err(mean, v)) for v in vals) if mean else float("nan")
+    return mean, spread
+
+
+def mean_section(results: dict) -> list[str]:
+    """With repeated live runs: the target metrics of the sim against the mean of the live runs,
+    next to how far single live runs are from that mean."""
+    done = [(w, p, r) for (w, p), r in results.items() if r.get("live_repeats") and "error" not in r]
+    if not done:
+        return []
+    n = 1 + max(len(r["live_repeats"]) for _, _, r in done)
+    keys = list(TARGETS) + ["goodput_tok_s"]
+    labels = {k: lab for k, lab, _ in METRICS}
+    lines = ["", f"## Sim vs the mean of the live runs ({n} per pair)", "",
+             "Cells: mean of the live runs / sim (relative error of sim; in brackets the largest deviation "
+             "of one live run from the live mean).", "",
+             "| workload | policy | " + " | ".join(labels[k] for k in keys) + " |", "|---|---|" + "---:|" * len(keys)]
+    within = {k: 0 for k in TARGETS}
+    for w, p, r in done:
+        cells = []
+        for k in keys:
+            mean, spread = live_mean_and_spread(r, k)
+            e = rel_err(mean, r["sim"].get(k, float("nan")))
+            if k in TARGETS and abs(e) < TARGETS[k]:
+                within[k] += 1
+            cells.append(f"{_fmt(mean)} / {_fmt(r['sim'].get(k))} ({_pct(e)}; [{spread:.1%}])")
+        lines.append(f"| {w} | {p} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for k, bound in TARGETS.items():
+        lines.append(f"- {labels[k]} against the live mean: {within[k]} of {len(done)} pairs within {bound:.0%}.")
+    return lines
 
 
 def write_report(results: dict, out_dir: Path, header: list[str], final: bool) -> str:
