@@ -38,7 +38,7 @@ for stage in "${STAGES[@]}"; do
       prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
       run fidelity_qwen 560 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_$QWEN" ${FID_ARGS:-} ;;
-    profile_llama) run profile_llama 150 python3 -m kvrl.apps.profile_app "model=$LLAMA" "backend.dtype=$DTYPE" \
+    profile_llama) run profile_llama 200 python3 -m kvrl.apps.profile_app "model=$LLAMA" "backend.dtype=$DTYPE" \
         "backend.device=$DEV" "hydra.run.dir=$OUT/profile_$LLAMA" "install_dir=$OUT/profiles" \
         "grid.prefix_cached=[1024,4096]" "grid.holdout=30" ${PROF_ARGS:-} ;;
     fidelity_llama)
