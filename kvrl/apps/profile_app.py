@@ -531,11 +531,16 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             "timing": f"{grid.get('fit_stat', 'median')} of LiveExecutor.execute wall time (synchronised) after warm-up",
             "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
             "holdout_seed": seed}
-    host_keep = host_rows if len(host_rows) <= 400 else [host_rows[i] for i in
-                                                         np.linspace(0, len(host_rows) - 1, 400).astype(int)]
+    # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
+    # a refit from the file, after a fit-version change, uses the subset)
     key = profile_key_dict(ex)
     return StepProfile(ProfileKey.from_dict(key), model, meta, samples + held,
-                       [list(r) for r in host_keep], fit, key, engine_samples=engine)
+                       [list(r) for r in thin(host_rows, 400)], fit, key, engine_samples=thin(engine, 600))
+
+
+def thin(rows: list, n: int) -> list:
+    """At most ``n`` evenly spaced elements of ``rows`` (first and last kept)."""
+    return rows if len(rows) <= n else [rows[i] for i in np.linspace(0, len(rows) - 1, n).astype(int)]
 
 
 def _version(module: str) -> str:

@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 FORMAT = "kvrl-step-profile"
 VERSION = 1
 FIT_VERSION = 6
+#: stored models of these fit versions load as they are (version 5 lacks ``pre_max_ctx`` and
+#: ``token_sizes``, which then price as zero / no padding: its predictions are unchanged)
+LOADABLE_FIT_VERSIONS = (5, 6)
 FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "rows",
             "copies", "swap_out", "swap_in")
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
@@ -669,7 +672,7 @@ class StepProfile:
             raise ProfileError(f"{path or 'profile'}: version {d.get('version')} is newer than this kvrl ({VERSION})")
         raw_key = dict(d["key"])
         model_d = d.get("model")
-        if model_d is None or int(model_d.get("fit_version", 0)) != FIT_VERSION:
+        if model_d is None or int(model_d.get("fit_version", 0)) not in LOADABLE_FIT_VERSIONS:
             meta = d.get("meta", {})
             model = StepModel.fit(d["samples"] + d.get("engine_samples", []), meta.get("graph_batch_sizes", ()),
                                   d.get("host_samples", ()), token_sizes=meta.get("piecewise_token_sizes", ()))
