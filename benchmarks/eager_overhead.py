@@ -96,7 +96,6 @@ def op_rows(ex, reps: int = 200) -> list[str]:
         "silu_and_mul": lambda: kernels.silu_and_mul(gu),
         "torch linear (down_proj)": lambda: lin(xi),
         "torch.cat": lambda: torch.cat([q[:32], q[32:]]),
-        "tensor from list (H2D)": lambda: torch.tensor([1, 2, 3], device=dev),
     }
     rows = ["| op | host us per call |", "|---|---:|"]
     with torch.inference_mode():

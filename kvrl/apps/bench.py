@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -202,8 +203,9 @@ def render(rows: list[dict], header: str) -> str:
     lines = [header, "", "| system | output tokens | wall s | output tok/s | vs transformers (best) | of bandwidth floor |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
+        ratio = f"{r['ratio']:.1f}x" if math.isfinite(r.get("ratio", math.nan)) else "n/a (transformers not run)"
         lines.append(f"| {r['system']} | {r['tokens']} | {r['seconds']:.2f} | {r['tok_s']:.0f} | "
-                     f"{r['ratio']:.1f}x | {r['floor_frac']:.1%} |" if r.get("tok_s") else
+                     f"{ratio} | {r['floor_frac']:.1%} |" if r.get("tok_s") else
                      f"| {r['system']} | - | - | {r.get('error', 'n/a')} | - | - |")
     return "\n".join(lines)
 
