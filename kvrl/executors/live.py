@@ -1,6 +1,7 @@
 """The live executor: a real transformer over a paged KV cache (Triton kernels on CUDA, the torch
 reference on CPU), with batched block copies, asynchronous swapping to a pinned CPU pool, CUDA-graph
-decode, and greedy or seeded sampling.
+decode, piecewise CUDA graphs for every other step (:mod:`kvrl.executors.piecewise`: all but
+attention replayed per token bucket), and greedy or seeded sampling.
 
 Swapping (CUDA): one side stream carries every swap transfer, so transfers run in issue order
 (a block swapped out and later swapped in needs no other synchronisation). A copy engine serves
