@@ -327,6 +327,22 @@ def test_profile_for_another_gpu_or_shape_is_not_used(cpu_profile, caplog, monke
     assert any("no profile matches device=h100" in r.message for r in caplog.records)
 
 
+def test_shipped_and_archived_profiles_load_by_name_and_keep_their_fit():
+    """The shipped H200 profiles match their shapes under ``auto``; an archived one loads by its
+    path relative to the profiles directory (as the RL task files pin it), with its stored model
+    (fit version 5) unchanged rather than refitted."""
+    qwen, h200 = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
+    P.clear_cache()
+    assert SimExecutor(qwen, h200).cost_source == f"profile:{P.PACKAGED_DIR / 'h200_qwen3-0.6b_bfloat16.json'}"
+    assert SimExecutor(MODEL_SHAPES["llama-3-8b"], h200).cost_source.startswith("profile:")
+    name = "archive/h200_qwen3-0.6b_bfloat16_d5ff5ad.json"
+    archived = SimExecutor(qwen, h200, profile=name)
+    assert archived.cost_source == f"profile:{P.PACKAGED_DIR / name}"
+    stored = json.loads((P.PACKAGED_DIR / name).read_text())["model"]
+    assert stored["fit_version"] == 5 and archived.profile.model.eager == stored["eager"]
+    assert archived.profile.model.token_sizes == []
+
+
 def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in():
     """Swap transfers run on a modelled side stream: a swap-out costs its step only the gather and
     the next step ends after the transfer; a swap-in delays the next step's forward pass until it

@@ -760,8 +760,9 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
                     block_size: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
     """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
     newest matching profile on :func:`search_paths`, preferring ``block_size``), ``"none"``/None
-    (roofline), a file path, or a :class:`StepProfile`. A profile for another device or shape is
-    never used: the reason names the mismatching fields."""
+    (roofline), a file path (absolute, relative to the working directory, or relative to the
+    shipped profiles directory, e.g. ``archive/<name>.json``), or a :class:`StepProfile`. A profile
+    for another device or shape is never used: the reason names the mismatching fields."""
     want = ProfileKey.of(shape, device)
     if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
         return None, "profile disabled (profile=none)"
@@ -771,6 +772,8 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
             return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
         hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
         return load_cached(hits[-1][0]), "auto"
+    if not isinstance(spec, StepProfile) and not os.path.exists(spec) and (PACKAGED_DIR / spec).is_file():
+        spec = PACKAGED_DIR / spec
     prof = spec if isinstance(spec, StepProfile) else load_cached(os.fspath(spec))
     if prof.key != want:
         return None, f"profile {prof.path or '<in memory>'} is for another device/shape ({'; '.join(want.mismatch(prof.key))})"
