@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Sim calibration on one GPU (about 5-6 minutes on an H200 with the default stages): profile the live
-# executor for Qwen3-0.6B bf16 (and the Llama-3-8B shape), then kvrl-fidelity (3 workloads x 2
-# policies, sim vs live) with the fresh Qwen profile. Everything lands under $OUT:
+# Sim calibration on one GPU (about 6-7 minutes on an H200 with the default stages): profile the live
+# executor for Qwen3-0.6B bf16 (and the Llama-3-8B shape), then kvrl-fidelity (4 workloads x 2
+# policies, 3 live runs each, sim vs live) with the fresh Qwen profile. Everything lands under $OUT:
 #   $OUT/profiles/<device>_<model>_<dtype>.json   profiles to copy into kvrl/executors/profiles/
 #   $OUT/profile_<model>/{profile.json,profile.md} fit report (grid, held-out, engine replay errors)
 #   $OUT/fidelity_qwen3-0.6b/{fidelity.md,fidelity.csv,fidelity.json,steps_*.png,runs/...}
 #   $OUT/<stage>.log                                every stage's output
 # Usage: bash benchmarks/calibrate.sh [STAGE...]   (default: env profile_qwen fidelity_qwen profile_llama summary)
-# Expected ~1-1.5 min per profile and ~2-3 min for fidelity; the stage caps (60+200+300+150 s) add up
+# Expected ~1-2 min per profile and ~4.5 min for fidelity; the stage caps (60+200+560+200 s) add up
 # to more than one 10-minute device call, so on a capped machine split it into two calls:
 #   bash benchmarks/calibrate.sh env profile_qwen fidelity_qwen    # fidelity needs this call's profile
 #   bash benchmarks/calibrate.sh profile_llama summary
