@@ -98,12 +98,14 @@ def _into(out, result):
 
 def precompile_attention(k_cache, v_cache, num_heads: int, scale: float) -> int:
     """Compile, before serving, every variant of the Triton attention kernels that a step can
-    ask for (decode split counts; block-table strides Triton specialises on), so no step stalls
+    ask for (decode and prefill split counts; block-table strides Triton specialises on), so no step stalls
     on a JIT compilation. Reads the caches, writes nothing. Returns the number of launches
     (0 when the caches are not served by Triton)."""
     if not use_triton(k_cache):
         return 0
     from .triton_decode import TABLE_WIDTHS, precompile_decode
+    from .triton_prefill import SPLIT_CHOICES as PREFILL_SPLITS
+    from .triton_prefill import paged_prefill_attention_triton
 
     launches = precompile_decode(k_cache, v_cache, num_heads, scale)
     dev = k_cache.device
@@ -112,8 +114,9 @@ def precompile_attention(k_cache, v_cache, num_heads: int, scale: float) -> int:
     lens = torch.full((1,), 2, dtype=torch.int32, device=dev)
     for width in TABLE_WIDTHS:
         tables = torch.zeros(1, width, dtype=torch.int32, device=dev)
-        paged_prefill_attention(q, k_cache, v_cache, tables, cu, lens, scale, 2)
-        launches += 1
+        for splits in PREFILL_SPLITS:
+            paged_prefill_attention_triton(q, k_cache, v_cache, tables, cu, lens, scale, 2, num_splits=splits)
+            launches += 1
     return launches
 
 

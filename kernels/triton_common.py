@@ -40,8 +40,9 @@ def online_softmax_step(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
     """Fold a score tile into the running softmax state.
 
     Args:
-        s: float32 ``[M, N]`` scores in log2 units, ``-inf`` where masked; every row must have a
-            finite entry in the first tile folded, so ``m`` never stays ``-inf``.
+        s: float32 ``[M, N]`` scores in log2 units, ``-inf`` where masked. A row with no finite
+            score so far keeps ``m = -inf``, ``l = 0`` and ``acc = 0`` (a key split of a prefill
+            may hold no key visible to some rows).
         v: ``[N, D]`` values (cache dtype). m, l: float32 ``[M]`` running max and sum.
         acc: float32 ``[M, D]`` unnormalised output.
 
@@ -49,8 +50,9 @@ def online_softmax_step(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
         Updated ``(m, l, acc)``.
     """
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows with nothing visible yet stay at l = 0
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l = l * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l, acc

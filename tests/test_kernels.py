@@ -149,6 +149,13 @@ TRITON_CASES = [
     Case("prefill_gqa2_d48_bs16", 4, 2, 48, 16, [30, 19], q_lens=[30, 3], triton_kwargs={"block_m": 16, "block_n": 16}),
     Case("prefill_gqa2_fp16_bs16", 4, 2, 64, 16, [45, 20], q_lens=[20, 20], dtype="float16", tol=2e-3,
          triton_kwargs={"block_m": 16, "block_n": 16}),
+    # key splits: short queries over long cached prefixes; rows that see no key of a split, empty splits
+    Case("prefill_gqa2_bs8_splits4_cached", 4, 2, 64, 8, [150, 70, 9], q_lens=[5, 40, 1],
+         triton_kwargs={"block_m": 16, "block_n": 16, "num_splits": 4}),
+    Case("prefill_gqa3_d128_bs16_splits3", 6, 2, 128, 16, [200, 33], q_lens=[17, 33],
+         triton_kwargs={"block_m": 16, "block_n": 16, "num_splits": 3}),
+    Case("prefill_gqa2_fp16_splits2", 4, 2, 64, 16, [120, 20], q_lens=[20, 20], dtype="float16", tol=2e-3,
+         triton_kwargs={"block_m": 16, "block_n": 16, "num_splits": 2}),
 ]
 CACHE_CHECKS = ["store_kv_fp32_strided", "store_kv_fp16", "copy_blocks_multi_layer", "precompile"]
 
@@ -182,15 +189,16 @@ def _check_copy_blocks() -> dict:
 
 
 def _check_precompile() -> dict:
-    """``precompile_attention`` launches every decode split count x table width and the prefill
-    kernel per width, and leaves the caches as they were."""
+    """``precompile_attention`` launches every decode and prefill split count x table width, and
+    leaves the caches as they were."""
     from kvrl.kernels.triton_decode import SPLIT_CHOICES, TABLE_WIDTHS
+    from kvrl.kernels.triton_prefill import SPLIT_CHOICES as PREFILL_SPLITS
 
     g = torch.Generator().manual_seed(3)
     k_cache, v_cache = torch.randn(4, 8, 2, 16, generator=g), torch.randn(4, 8, 2, 16, generator=g)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     n = K.precompile_attention(k_cache, v_cache, 4, 0.25)
-    return {"exact": n == len(TABLE_WIDTHS) * (len(SPLIT_CHOICES) + 1)
+    return {"exact": n == len(TABLE_WIDTHS) * (len(SPLIT_CHOICES) + len(PREFILL_SPLITS))
             and torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)}
 
 
@@ -350,3 +358,17 @@ def test_cpu_dispatches_to_reference(monkeypatch):
 
 if __name__ == "__main__" and sys.argv[1:] == ["--triton-checks"]:
     triton_checks_main()
+
+
+def test_prefill_splits_only_when_few_query_tiles_meet_long_contexts():
+    """Key splits for a short query over a long context (16 programs on 132 SMs), none when the
+    query tiles fill the GPU or the context is short; powers of two up to 16."""
+    from kvrl.kernels.triton_prefill import SPLIT_CHOICES, pick_prefill_splits
+
+    assert pick_prefill_splits(16, 16, 1, 16384, 64, 132) == 16
+    assert pick_prefill_splits(16, 128, 1, 4096, 64, 132) == 4
+    assert pick_prefill_splits(16, 8192, 1, 8192, 64, 132) == 1      # 2,048 programs already
+    assert pick_prefill_splits(16, 16, 1, 1000, 64, 132) == 1        # too short to split
+    assert {pick_prefill_splits(h, q, s, c, 64, 132) for h in (8, 16, 32) for q in (1, 16, 300, 4096)
+            for s in (1, 3, 16) for c in (16, 2048, 5000, 70000)} <= set(SPLIT_CHOICES)
+
