@@ -58,6 +58,11 @@ def online_softmax_step(s, v, m, l, acc, DOT_PRECISION: tl.constexpr):
     return m_new, l, acc
 
 
+def powers_of_two(up_to: int) -> tuple[int, ...]:
+    """``(1, 2, 4, ..., up_to)``: the split counts a kernel is compiled for (``up_to`` a power of two)."""
+    return tuple(1 << i for i in range(up_to.bit_length()) if 1 << i <= up_to)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision: exact IEEE for float32 inputs (no TF32), native otherwise."""
     return "ieee" if dtype == torch.float32 else "tf32"

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import LOG2E, check_paged_inputs, dot_precision, kv_tile_offsets, num_sms, online_softmax_step
+from .triton_common import (LOG2E, check_paged_inputs, dot_precision, kv_tile_offsets, num_sms, online_softmax_step,
+                            powers_of_two)
 
 # Heuristic for num_splits=None: aim for this many programs per SM, but give every split at
 # least _MIN_SPLIT_TOKENS tokens of context so the merge and per-program overhead stay small.
@@ -135,7 +136,7 @@ def pick_num_splits(batch: int, num_kv_heads: int, max_context_len: int, sms: in
 #: block-table widths that cover Triton's integer specialisations of the table stride (1, 16k, other)
 TABLE_WIDTHS = (1, 16, 17)
 #: every split count :func:`pick_num_splits` returns
-SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()) if 1 << i <= _MAX_SPLITS)
+SPLIT_CHOICES = powers_of_two(_MAX_SPLITS)
 
 
 def paged_decode_attention_triton(

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import LOG2E, check_paged_inputs, dot_precision, kv_tile_offsets, num_sms, online_softmax_step
+from .triton_common import (LOG2E, check_paged_inputs, dot_precision, kv_tile_offsets, num_sms, online_softmax_step,
+                            powers_of_two)
 
 
 # Split heuristic (num_splits=None): with fewer programs than about two per SM, a program walking a
@@ -27,7 +28,7 @@ _PROGRAMS_PER_SM = 2
 _MIN_SPLIT_TOKENS = 1024
 _MAX_SPLITS = 16
 #: every split count :func:`pick_prefill_splits` returns
-SPLIT_CHOICES = tuple(1 << i for i in range(_MAX_SPLITS.bit_length()) if 1 << i <= _MAX_SPLITS)
+SPLIT_CHOICES = powers_of_two(_MAX_SPLITS)
 
 
 @triton.jit

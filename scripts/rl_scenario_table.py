@@ -29,10 +29,11 @@ def main() -> None:
     logging.disable(logging.WARNING)
 
     from kvrl.apps.eval import Job, Policy, label_of, run_job
+    from kvrl.envs.agent_io import ROLES
     from kvrl.envs.config import load_task
 
-    _, cfg = load_task(args.task, args.overrides)
-    role = "watermark" if args.task == "watermark" else "eviction"
+    env_id, cfg = load_task(args.task, args.overrides)
+    role = ROLES[env_id]
     plugins = ([{"name": "fixed", "fraction": f} for f in FRACTIONS] if role == "watermark"
                else [{"name": n} for n in EVICTIONS])
     heads = [str(p["fraction"]) if role == "watermark" else p["name"] for p in plugins]

@@ -25,10 +25,11 @@ def main() -> None:
     logging.disable(logging.WARNING)
 
     from kvrl.apps.eval import Job, Policy, run_job
+    from kvrl.envs.agent_io import ROLES
     from kvrl.envs.config import load_task
 
-    _, cfg = load_task(args.task)
-    role = "watermark" if args.task == "watermark" else "eviction"
+    env_id, cfg = load_task(args.task)
+    role = ROLES[env_id]
     paths = sorted({p for pattern in args.patterns for p in glob.glob(pattern)})
     if not paths:
         raise SystemExit(f"no agent matches {args.patterns}")

@@ -179,7 +179,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """hidden ``[T, hidden_size]`` -> ``[T, hidden_size]``; writes this step's K/V into ``kv_cache``."""
         q = self.project(hidden, cos, sin, kv_cache, attn.slot_mapping)
-        return self.o_proj(self.attend(q, kv_cache, attn).reshape(hidden.shape[0], -1))
+        return self.project_out(self.attend(q, kv_cache, attn))
+
+    def project_out(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """Attention output ``[T, num_heads, head_dim]`` -> ``[T, hidden_size]`` (output projection)."""
+        return self.o_proj(attn_out.reshape(attn_out.shape[0], -1))
 
 
 class GatedMLP(nn.Module):

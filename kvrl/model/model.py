@@ -47,7 +47,7 @@ class DecoderLayer(nn.Module):
     def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention output ``[T, num_heads, head_dim]`` and the residual stream -> the layer's
         ``(mlp_out, residual)``: output projection, residual add + norm, MLP."""
-        hidden = self.self_attn.o_proj(attn_out.reshape(attn_out.shape[0], -1))
+        hidden = self.self_attn.project_out(attn_out)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
