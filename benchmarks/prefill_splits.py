@@ -19,7 +19,7 @@ from kvrl.kernels.triton_prefill import paged_prefill_attention_triton, pick_pre
 
 SHAPES = [  # (query tokens per sequence, cached tokens, sequences)
     (16, 1024, 1), (16, 16384, 1), (128, 4096, 1), (512, 16384, 1), (256, 1024, 4), (200, 2048, 2),
-    (2048, 0, 1), (64, 8192, 8),
+    (2048, 0, 1), (64, 8192, 8), (128, 2048, 1), (32, 8192, 4), (16, 4096, 16),
 ]
 
 

@@ -23,9 +23,11 @@ from .triton_common import (LOG2E, check_paged_inputs, dot_precision, kv_tile_of
 # Split heuristic (num_splits=None): with fewer programs than about two per SM, a program walking a
 # long context is the critical path (one 16-token query over 16k cached tokens: one program per
 # head walks 256 key tiles); splitting the keys of each (head, query tile) over programs fills the
-# GPU. Every split keeps at least _MIN_SPLIT_TOKENS keys.
+# GPU. Every split keeps at least _MIN_SPLIT_TOKENS keys, and a step whose programs already number
+# one per SM is not split: on an H200 (benchmarks/prefill_splits.py, df4a263) splitting those, or
+# splits of ~1k keys, cost more in partial writes and the merge than they gained (0.6-0.8x).
 _PROGRAMS_PER_SM = 2
-_MIN_SPLIT_TOKENS = 1024
+_MIN_SPLIT_TOKENS = 2048
 _MAX_SPLITS = 16
 #: every split count :func:`pick_prefill_splits` returns
 SPLIT_CHOICES = powers_of_two(_MAX_SPLITS)
@@ -126,11 +128,13 @@ def _prefill_merge_kernel(
 
 def pick_prefill_splits(num_heads: int, max_q_len: int, num_seqs: int, max_context_len: int, block_m: int,
                         sms: int) -> int:
-    """Key splits per (head, query tile): 1 when the programs already fill the GPU; otherwise enough
+    """Key splits per (head, query tile): 1 when the programs are at least one per SM; otherwise enough
     for about ``_PROGRAMS_PER_SM`` programs per SM, each split at least ``_MIN_SPLIT_TOKENS`` keys,
     rounded down to a power of two (the variants :func:`kvrl.kernels.precompile_attention` builds).
     ``max_context_len`` bounds the context (the block-table capacity: no device sync)."""
     programs = num_heads * triton.cdiv(max(max_q_len, 1), block_m) * max(num_seqs, 1)
+    if programs >= sms:
+        return 1
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, programs)
     by_length = max_context_len // _MIN_SPLIT_TOKENS
     n = max(1, min(wanted, by_length, _MAX_SPLITS))

@@ -362,13 +362,16 @@ if __name__ == "__main__" and sys.argv[1:] == ["--triton-checks"]:
 
 def test_prefill_splits_only_when_few_query_tiles_meet_long_contexts():
     """Key splits for a short query over a long context (16 programs on 132 SMs), none when the
-    query tiles fill the GPU or the context is short; powers of two up to 16."""
+    query tiles number one per SM or the context is short; powers of two up to 16."""
     from kvrl.kernels.triton_prefill import SPLIT_CHOICES, pick_prefill_splits
 
-    assert pick_prefill_splits(16, 16, 1, 16384, 64, 132) == 16
-    assert pick_prefill_splits(16, 128, 1, 4096, 64, 132) == 4
+    assert pick_prefill_splits(16, 16, 1, 16384, 64, 132) == 8        # 16 programs, 2,048 keys a split
+    assert pick_prefill_splits(16, 128, 1, 4096, 64, 132) == 2       # 32 programs, 2,048 keys a split
+    assert pick_prefill_splits(16, 64, 8, 8192, 64, 132) == 2        # 128 programs
+    assert pick_prefill_splits(16, 200, 9, 8192, 64, 132) == 1       # 576 programs: no split
     assert pick_prefill_splits(16, 8192, 1, 8192, 64, 132) == 1      # 2,048 programs already
     assert pick_prefill_splits(16, 16, 1, 1000, 64, 132) == 1        # too short to split
+    assert pick_prefill_splits(16, 200, 2, 2048, 64, 132) == 1       # ~1k keys a split: slower
     assert {pick_prefill_splits(h, q, s, c, 64, 132) for h in (8, 16, 32) for q in (1, 16, 300, 4096)
             for s in (1, 3, 16) for c in (16, 2048, 5000, 70000)} <= set(SPLIT_CHOICES)
 
