@@ -439,3 +439,24 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
             assert (out / "runs" / "tiny" / pol / side / "steps.csv").stat().st_size > 0
         assert (out / f"steps_tiny_{pol}.png").stat().st_size > 0
     assert "Per-metric error" in proc.stdout
+
+    # the sim side again, offline, against this run's live results: the same sim metrics (the sim
+    # is deterministic and gets the same requests, engine configuration and profile), live kept
+    again = tmp_path / "resim"
+    _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", f"hydra.run.dir={again}", "plots=false",
+         cwd=tmp_path)
+    first, second = (json.loads((d / "fidelity.json").read_text()) for d in (out, again))
+    assert second.keys() == first.keys()
+    for pair, r in first.items():
+        assert second[pair]["sim"] == r["sim"] and second[pair]["live"] == r["live"]
+        assert second[pair]["live_repeats"] == r["live_repeats"]
+        assert second[pair]["replay"]["steps"] == r["replay"]["steps"]
+    table = (again / "fidelity.md").read_text()
+    assert "re-simulated offline" in table and "## Sim vs the mean of the live runs" in table
+    _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "refit=true", "only_policies=[vllm]",
+         f"hydra.run.dir={tmp_path / 'refit'}", "plots=false", cwd=tmp_path)
+    assert "(refitted)" in (tmp_path / "refit" / "fidelity.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={tmp_path / 'nowhere'}",
+                          f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "need the output directory of a kvrl-fidelity run" in bad.stderr

@@ -580,7 +580,12 @@ try:
     def main(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        main_impl(OmegaConf.to_container(cfg, resolve=True), Path(HydraConfig.get().runtime.output_dir))
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        if cfg.get("resim"):
+            from kvrl.apps.resim import resim_impl
+            resim_impl(OmegaConf.to_container(cfg, resolve=True), out_dir)
+        else:
+            main_impl(OmegaConf.to_container(cfg, resolve=True), out_dir)
 except ImportError:       # pragma: no cover
     def main() -> None:
         raise SystemExit("kvrl-fidelity needs hydra-core")

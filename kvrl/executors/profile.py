@@ -61,7 +61,7 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -610,6 +610,16 @@ def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int =
     return factor
 
 
+def fit_model(samples: list, engine_samples: list, host_samples: Sequence, meta: dict) -> StepModel:
+    """The step model of a profile's samples: :meth:`StepModel.fit` over the grid and engine-run
+    samples, then :func:`fit_engine_factor` over the engine run's."""
+    model = StepModel.fit(samples + engine_samples, meta.get("graph_batch_sizes", ()), host_samples,
+                          token_sizes=meta.get("piecewise_token_sizes", ()))
+    model.engine_factor = fit_engine_factor(model, engine_samples)
+    model._build()
+    return model
+
+
 def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     """``gap = h0 + h1 * num_seqs + h2 * n_pre`` by NNLS on absolute error, refitted once without
     gaps more than 5 MADs above the first fit (GC pauses, page faults)."""
@@ -673,15 +683,16 @@ class StepProfile:
         raw_key = dict(d["key"])
         model_d = d.get("model")
         if model_d is None or int(model_d.get("fit_version", 0)) not in LOADABLE_FIT_VERSIONS:
-            meta = d.get("meta", {})
-            model = StepModel.fit(d["samples"] + d.get("engine_samples", []), meta.get("graph_batch_sizes", ()),
-                                  d.get("host_samples", ()), token_sizes=meta.get("piecewise_token_sizes", ()))
-            model.engine_factor = fit_engine_factor(model, d.get("engine_samples", []))
-            model._build()
+            model = fit_model(d["samples"], d.get("engine_samples", []), d.get("host_samples", ()), d.get("meta", {}))
         else:
             model = StepModel.from_dict(model_d)
         return cls(ProfileKey.from_dict(raw_key), model, d.get("meta", {}), d.get("samples", []),
                    d.get("host_samples", []), d.get("fit", {}), raw_key, path, d.get("engine_samples", []))
+
+    def refitted(self) -> "StepProfile":
+        """This profile with its model fitted again from its samples by this kvrl's fitting code."""
+        model = fit_model(self.samples, self.engine_samples, self.host_samples, self.meta)
+        return replace(self, model=model, path=f"{self.path} (refitted)" if self.path else None)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "StepProfile":
@@ -756,6 +767,14 @@ def load_cached(path: str) -> StepProfile:
     return prof
 
 
+def profile_file(spec: Union[str, os.PathLike]) -> str:
+    """A profile's file path: ``spec`` as given (absolute or relative to the working directory) or,
+    when no such file exists, relative to the shipped profiles directory (``archive/<name>.json``)."""
+    if not os.path.exists(spec) and (PACKAGED_DIR / spec).is_file():
+        return os.fspath(PACKAGED_DIR / spec)
+    return os.fspath(spec)
+
+
 def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
                     block_size: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
     """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
@@ -772,9 +791,7 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
             return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
         hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
         return load_cached(hits[-1][0]), "auto"
-    if not isinstance(spec, StepProfile) and not os.path.exists(spec) and (PACKAGED_DIR / spec).is_file():
-        spec = PACKAGED_DIR / spec
-    prof = spec if isinstance(spec, StepProfile) else load_cached(os.fspath(spec))
+    prof = spec if isinstance(spec, StepProfile) else load_cached(profile_file(spec))
     if prof.key != want:
         return None, f"profile {prof.path or '<in memory>'} is for another device/shape ({'; '.join(want.mismatch(prof.key))})"
     return prof, "explicit"

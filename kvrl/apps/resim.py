@@ -1,0 +1,153 @@
+"""Re-run the sim side of a finished ``kvrl-fidelity`` run, offline, against its recorded live results.
+
+``kvrl-fidelity resim=<run dir> profile=<profile.json> [refit=true]`` (no GPU): reads the earlier run's
+``.hydra/config.yaml`` (workloads, policies, SLO, seed) and ``fidelity.json`` (live metrics of
+every live run, the resolved engine configuration of each pair), serves the same requests through
+the sim with the given profile, re-prices the recorded live batches of ``runs/*/*/replay.csv`` with
+that profile, and writes the same report (``fidelity.md`` / ``.csv`` / ``.json``) into the new run
+directory. ``refit=true`` first fits the profile's model again from its samples with this kvrl's
+fitting code. So a cost-model change (a refit, a new feature) is checked against real live runs
+without spending GPU time on the live side again.
+
+Differences from a run on the GPU, stated in the report header: the replay prices each recorded
+step from its features (:func:`kvrl.executors.profile.StepModel.predict_features`, host term
+included), without the sim's swap stream (a step's wait for swap-ins issued before it is not
+replayed); and the sim serves the model shape and device of the profile's key.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("kvrl.fidelity")
+
+
+class ResimError(ValueError):
+    """A run directory that cannot be re-simulated (missing files, no profile)."""
+
+
+def load_run(run_dir: Path) -> tuple[dict, dict]:
+    """The earlier run's composed config and its ``fidelity.json`` results."""
+    import yaml
+
+    cfg_path, res_path = run_dir / ".hydra" / "config.yaml", run_dir / "fidelity.json"
+    for p in (cfg_path, res_path):
+        if not p.exists():
+            raise ResimError(f"resim={run_dir}: {p.name} is missing (need the output directory of a kvrl-fidelity "
+                             f"run: .hydra/config.yaml, fidelity.json, runs/*/*/replay.csv)")
+    with open(cfg_path) as f:
+        cfg = yaml.safe_load(f)
+    with open(res_path) as f:
+        results = json.load(f)
+    return cfg, results
+
+
+def sim_target(profile) -> tuple[Any, Any]:
+    """(ModelShape, DeviceSpec) of a profile's key: the shape and device the live run had."""
+    from dataclasses import replace
+
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES, DeviceSpec, ModelShape
+    from kvrl.executors.profile import SHAPE_FIELDS
+
+    key = profile.key
+    base = next((s for s in MODEL_SHAPES.values() if all(getattr(s, f) == getattr(key, f) for f in SHAPE_FIELDS)),
+                ModelShape())
+    shape = replace(base, **{f: getattr(key, f) for f in SHAPE_FIELDS})
+    device = DEVICES.get(key.device) or DeviceSpec(name=key.device)
+    return shape, device
+
+
+def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
+    """The recorded live steps of ``replay_csv`` priced by ``model`` (compute stream + host term)."""
+    from kvrl.executors.profile import FEATURES
+
+    rows = []
+    with open(replay_csv) as f:
+        for r in csv.DictReader(f):
+            feats = {k: int(float(r[k])) for k in (*FEATURES, "copies", "swap_out", "swap_in") if k in r}
+            busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
+            host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0)) if busy else 0.0
+            rows.append({"live_s": float(r["live_s"]), "live_execute_s": float(r["live_execute_s"]), "kind": r["kind"],
+                         "sim_s": model.predict_features(feats, cuda_graphs, host=True), "sim_host_s": host})
+    return rows
+
+
+def resim_impl(cfg: dict, out_dir: Path) -> dict:
+    """See the module doc. ``cfg``: this run's config (``resim``, ``profile``, ``refit``,
+    ``only_workloads``, ``only_policies``, ``plots``); everything else comes from the earlier run."""
+    from kvrl import plugins
+    from kvrl.apps.fidelity import _engine, plot_pair, replay_breakdown, summarize, write_report
+    from kvrl.executors.profile import load_cached, profile_file
+    from kvrl.executors.sim import SimExecutor
+    from kvrl.workloads import build_workload
+
+    plugins.load_entry_points()
+    run_dir = Path(str(cfg["resim"])).expanduser()
+    old_cfg, old = load_run(run_dir)
+    spec = cfg.get("profile", "auto")
+    if spec in (None, "auto", "none"):
+        raise ResimError(f"resim needs profile=<profile.json> (the cost model to check); got profile={spec!r}")
+    profile = load_cached(profile_file(spec))
+    if cfg.get("refit"):
+        profile = profile.refitted()
+    shape, device = sim_target(profile)
+    graphs = bool(old_cfg.get("live", {}).get("cuda_graphs", True))
+    seed = int(old_cfg.get("seed", 0))
+    slo = dict(old_cfg.get("slo") or {})
+    only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
+
+    results: dict[tuple[str, str], dict] = {}
+    t_all = time.perf_counter()
+    header = [f"# kvrl-fidelity (re-simulated offline): sim vs the live runs of {run_dir}", "",
+              f"model {old_cfg['model'].get('name')}; CUDA graphs {graphs}; sim cost model: profile "
+              f"{profile.describe()}.",
+              "Live metrics as recorded by that run; sim runs and the replay re-done on this machine (replay priced "
+              "from step features, without the swap stream's waits).",
+              f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s."]
+    for pair, old_res in old.items():
+        wname, pname = pair.split("/", 1)
+        if (only_w and wname not in only_w) or (only_p and pname not in only_p):
+            continue
+        if "error" in old_res or not old_res.get("live"):
+            results[(wname, pname)] = {"error": old_res.get("error", "no live result")}
+            continue
+        w, pcfg = old_cfg["workloads"][wname], old_cfg["policies"][pname]
+        ecfg = dict(old_res["engine"])
+        wl = dict(w["workload"])
+        if old_cfg.get("max_requests"):
+            wl["max_requests"] = min(int(old_cfg["max_requests"]), int(wl.get("max_requests") or 1 << 30))
+        requests = build_workload(wl, vocab_size=shape.vocab_size, max_model_len=ecfg["max_model_len"])
+        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs)
+        seng = _engine(ecfg, sim, pcfg, slo)
+        wall = time.perf_counter()
+        seng.run(requests)
+        res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s") if k in old_res}
+        res.update(sim=summarize(seng), sim_wall_s=time.perf_counter() - wall, engine=ecfg)
+        out = out_dir / "runs" / wname / pname
+        replay_csv = run_dir / "runs" / wname / pname / "replay.csv"
+        if replay_csv.exists():
+            rp = reprice(replay_csv, profile.model, graphs)
+            live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])
+            e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
+            res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
+                             "p90_abs_rel_err": float(np.percentile(e, 90)),
+                             "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
+                             "by_kind": replay_breakdown(rp)}
+            if cfg.get("plots", True):
+                out.mkdir(parents=True, exist_ok=True)
+                plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
+                          f"{wname} / {pname} (re-simulated)")
+        results[(wname, pname)] = res
+    if not results:
+        raise ResimError(f"resim={run_dir}: no pair left to re-simulate (only_workloads={only_w}, only_policies={only_p})")
+    header.append(f"{time.perf_counter() - t_all:.1f} s of sim.")
+    table = write_report(results, out_dir, header, final=True)
+    print(table)
+    return results
+
