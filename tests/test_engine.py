@@ -202,3 +202,29 @@ def test_policy_errors_raise_mode_stops_the_run():
     engine.eviction.select = _Flaky(engine.eviction.select, fail_on={1})
     with pytest.raises(PolicyError, match="injected plugin crash"):
         engine.run(_long_output_requests(seed=3))
+
+
+def test_run_freezes_the_garbage_collector_for_its_duration_only():
+    """Engine.run moves the objects alive at its start out of the collector's reach (so full
+    collections do not walk a live executor's model and graphs mid-run) and gives them back at the
+    end; with freeze_gc=false, or when something else already froze objects, it leaves gc alone."""
+    import gc
+
+    def run(**kw) -> list[int]:
+        eng = make_engine(**kw)
+        seen, execute = [], eng.executor.execute
+        eng.executor.execute = lambda batch: (seen.append(gc.get_freeze_count()), execute(batch))[1]
+        eng.run([make_request(f"r{i}", prompt_len=8 + i, output_len=3, arrival_s=0.01 * i) for i in range(4)])
+        return seen
+
+    assert gc.get_freeze_count() == 0
+    seen = run()
+    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0
+    assert max(run(freeze_gc=False)) == 0
+    gc.freeze()
+    try:
+        assert min(run()) > 0 and gc.get_freeze_count() > 0     # someone else's freeze is kept
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ValueError, match="engine.freeze_gc must be true or false"):
+        make_engine(freeze_gc="yes")

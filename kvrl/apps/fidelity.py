@@ -18,6 +18,7 @@ per-metric summary; whether the policy ranking agrees), ``runs/<workload>/<polic
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import logging
 import math
@@ -97,6 +98,32 @@ class _Recorder:
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
                          "graph": int(self.inner.uses_graph(n_pre, n_dec))})
         return rows
+
+
+class GcPauses:
+    """Context manager recording the cyclic garbage collector's pauses (seconds) while it is open:
+    in a live run they are stalls the sim does not price."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._t0)
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"collections": len(self.pauses), "total_s": float(sum(self.pauses)),
+                "max_s": float(max(self.pauses, default=0.0))}
 
 
 def step_kind(batch, n_pre: int, n_dec: int) -> str:
@@ -192,11 +219,13 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     eng = _engine(ecfg, recorder, pcfg, slo)
     wall = time.perf_counter()
     try:
-        eng.run(requests)
+        with GcPauses() as pauses:
+            eng.run(requests)
     except _WallLimit as exc:
         log.warning("%s: %s; pair skipped", title, exc)
         res["error"] = str(exc)
     res["live_wall_s"] = time.perf_counter() - wall
+    res["live_gc"] = pauses.summary()
     resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
                     max_model_len=eng.config.max_model_len)
     live_m = summarize(eng)
@@ -408,13 +437,16 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
     lines.append(f"Ranking agrees in {agree} of {total} (workload, metric) cases"
                  + (f"; {ties} with a tie on one side (policies equal there: not a disagreement in order)." if ties else "."))
     lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
-              "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+              "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s | "
+              "live GC pauses: n, total s, max s |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (w, p), r in results.items():
-        rp = r.get("replay")
+        rp, g = r.get("replay"), r.get("live_gc")
         if rp:
+            gc_cell = f"{g['collections']}, {g['total_s']:.3f}, {g['max_s']:.3f}" if g else "n/a"
             lines.append(f"| {w} | {p} | {rp['steps']} | {rp['median_abs_rel_err']:.1%} | {rp['p90_abs_rel_err']:.1%} | "
-                         f"{_pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} |")
+                         f"{_pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} | "
+                         f"{gc_cell} |")
     lines += ["", "### Replay by step kind (total seconds over the run; host = the engine's time between steps)", "",
               "| workload | policy | kind | steps | live s | sim s | total rel err | median abs rel err |",
               "|---|---|---|---:|---:|---:|---:|---:|"]

@@ -127,7 +127,8 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         seng = _engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
-        res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s") if k in old_res}
+        res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s", "live_gc")
+               if k in old_res}
         res.update(sim=summarize(seng), sim_wall_s=time.perf_counter() - wall, engine=ecfg)
         out = out_dir / "runs" / wname / pname
         replay_csv = run_dir / "runs" / wname / pname / "replay.csv"

@@ -33,6 +33,11 @@ class EngineConfig:
             failure aborts only the request that needed the block, a scheduler failure falls back
             to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
         seed: seed for anything random in the engine and executors.
+        freeze_gc: during :meth:`Engine.run`, Python's cyclic garbage collector skips every object
+            alive when the run starts (``gc.freeze``; undone when it ends): its full collections
+            otherwise walk the model, CUDA graphs and kernel caches of a live executor and stall a
+            step for 0.1-0.3 s (seen on an H200, docs/fidelity.md). Left alone when something else
+            already froze objects.
     """
 
     num_blocks: int = 0
@@ -49,6 +54,7 @@ class EngineConfig:
     prefix_cache_scope: str = "tenant"
     policy_errors: str = "isolate"
     seed: int = 0
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
@@ -56,8 +62,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
-        if not isinstance(self.chunked_prefill, bool):
-            raise ValueError(f"engine.chunked_prefill must be true or false, got {self.chunked_prefill!r}")
+        for name in ("chunked_prefill", "freeze_gc"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"engine.{name} must be true or false, got {getattr(self, name)!r}")
         check_range("engine.num_blocks", self.num_blocks, 0)
         check_range("engine.block_size", self.block_size, 1)
         if self.num_cpu_blocks is not None:

@@ -17,6 +17,7 @@ One :meth:`Engine.step`:
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
@@ -469,7 +470,8 @@ class Engine:
         """Serve ``requests`` by arrival time until all finish (or ``max_steps``); returns the summary.
 
         Requests that can never be served are rejected (recorded with the reason in
-        ``metrics.rejected``) and the others keep running.
+        ``metrics.rejected``) and the others keep running. With ``config.freeze_gc`` the garbage
+        collector skips the objects alive before the run, for its duration.
         """
         pending = sorted(requests, key=lambda r: r.arrival_s)
         self.metrics.start_s = self.now = pending[0].arrival_s if pending else 0.0
@@ -477,22 +479,29 @@ class Engine:
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(pending), desc="requests", unit="req", mininterval=0.5)
-        i = 0
-        while i < len(pending) or self.has_unfinished:
-            if max_steps is not None and self.step_index >= max_steps:
-                break
-            if not self.has_unfinished and pending[i].arrival_s > self.now:
-                self.now = pending[i].arrival_s      # idle until the next arrival
-            while i < len(pending) and pending[i].arrival_s <= self.now:
-                self.submit(pending[i])
-                i += 1
-            if self.has_unfinished:
-                before = self.metrics.num_finished
-                self.step()
-                if bar is not None:
-                    bar.update(self.metrics.num_finished - before)
-        if bar is not None:
-            bar.close()
+        freeze = self.config.freeze_gc and gc.get_freeze_count() == 0
+        if freeze:
+            gc.freeze()
+        try:
+            i = 0
+            while i < len(pending) or self.has_unfinished:
+                if max_steps is not None and self.step_index >= max_steps:
+                    break
+                if not self.has_unfinished and pending[i].arrival_s > self.now:
+                    self.now = pending[i].arrival_s      # idle until the next arrival
+                while i < len(pending) and pending[i].arrival_s <= self.now:
+                    self.submit(pending[i])
+                    i += 1
+                if self.has_unfinished:
+                    before = self.metrics.num_finished
+                    self.step()
+                    if bar is not None:
+                        bar.update(self.metrics.num_finished - before)
+        finally:
+            if freeze:
+                gc.unfreeze()
+            if bar is not None:
+                bar.close()
         return self.metrics.summary()
 
     def submit(self, request: Request) -> bool:

@@ -24,7 +24,8 @@ Features of a step (:data:`FEATURES`), all computed from the :class:`ScheduledBa
 ``pre_max_ctx`` the longest of those contexts (prefill attention runs one program per query tile
 and head, which walks its whole context: with few tiles the longest context is the critical path),
 ``n_dec`` decode items (one query token), ``dec_kv`` the KV tokens they read, ``dec_max`` the
-longest decode context, ``rows`` items that sample (LM-head rows), ``copies``, ``swap_out`` and
+longest decode context, ``dec_shared`` how many of ``dec_kv`` come from a prefix-cache hit (blocks
+other sequences read too: served from L2 more often than from HBM), ``rows`` items that sample (LM-head rows), ``copies``, ``swap_out`` and
 ``swap_in`` block counts.
 
 The model (:class:`StepModel`), all terms non-negative, fitted by non-negative least squares on
@@ -32,8 +33,8 @@ relative error, prices the compute stream of a step::
 
     t = host(S, n_pre) + fwd + copy(copies) + swap_out(n) + swap_in(n)
 
-    fwd (CUDA-graph decode) = G(Bpad) + a(B) * dec_kv + m(B) * B * dec_max
-    fwd (eager)             = D(N) + a_e(B) * dec_kv + m_e(B) * B * dec_max
+    fwd (CUDA-graph decode) = G(Bpad) + a(B) * (dec_kv - dec_shared) + s * dec_shared + m(B) * B * dec_max
+    fwd (eager)             = D(N) + a_e(B) * (dec_kv - dec_shared) + s_e * dec_shared + m_e(B) * B * dec_max
                               + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_dec * B
                               + c_has_pre * [n_pre > 0] + c_has_dec * [B > 0] + c_rows * rows
 
@@ -73,14 +74,15 @@ log = logging.getLogger(__name__)
 
 FORMAT = "kvrl-step-profile"
 VERSION = 1
-FIT_VERSION = 6
+FIT_VERSION = 7
 #: stored models of these fit versions load as they are (version 5 lacks ``pre_max_ctx`` and
-#: ``token_sizes``, which then price as zero / no padding: its predictions are unchanged)
-LOADABLE_FIT_VERSIONS = (5, 6)
-FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "rows",
+#: ``token_sizes``, versions 5-6 lack the ``dec_shared`` terms: those then price as zero / no
+#: padding / as private KV tokens, and the old predictions are unchanged)
+LOADABLE_FIT_VERSIONS = (5, 6, 7)
+FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "dec_shared", "rows",
             "copies", "swap_out", "swap_in")
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
-FORWARD_FEATURES = FEATURES[:9]
+FORWARD_FEATURES = FEATURES[:10]
 #: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
 #: (directories or files, separated by ``os.pathsep``).
 PACKAGED_DIR = Path(__file__).parent / "profiles"
@@ -152,6 +154,7 @@ def batch_features(batch) -> dict[str, int]:
             f["n_dec"] += 1
             f["dec_kv"] += start + 1
             f["dec_max"] = max(f["dec_max"], start + 1)
+            f["dec_shared"] += min(item.seq.num_cached_prompt_tokens, start + 1)
         else:
             f["n_pre"] += 1
             f["pre_tok"] += k
@@ -400,12 +403,14 @@ class StepModel:
         self._g_floor, self._g_has_floor = (0.0, 0.0, 0.0, 0.0), False
         if g is not None:
             self._g_base, self._g_kv, self._g_kvmax = (Linear1D.from_dict(g[k]) for k in ("base", "kv", "kvmax"))
+            self._g_shared = float(g.get("shared", 0.0))
             f = g.get("floor") or dict.fromkeys(FLOOR_TERMS, 0.0)
             self._g_floor = tuple(float(f[k]) for k in FLOOR_TERMS)
             self._g_has_floor = any(self._g_floor)
         e = self.eager
         self._e_dense, self._e_kv, self._e_kvmax = (Linear1D.from_dict(e[k]) for k in ("dense", "kv", "kvmax"))
         c = e["coef"]
+        self._e_shared = float(c.get("dec_shared", 0.0))
         self._c = (c["pre_pairs"], c["pre_ctx"], c.get("pre_max_ctx", 0.0), c["n_pre"], c["has_pre"], c["has_dec"],
                    c["rows"], c["n_dec"])
         f = e.get("floor") or dict.fromkeys(FLOOR_TERMS, 0.0)
@@ -438,13 +443,14 @@ class StepModel:
         return cuda_graphs and self.graph is not None and n_pre == 0 and 0 < n_dec <= self.max_graph
 
     def forward_s(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
-                  dec_kv: int, dec_max: int, rows: int, cuda_graphs: bool = True) -> float:
+                  dec_kv: int, dec_max: int, dec_shared: int, rows: int, cuda_graphs: bool = True) -> float:
         """Seconds of the forward pass and sampling (no block operations, no host overhead)."""
         if n_pre == 0 and n_dec == 0:
             return 0.0
         if cuda_graphs and self.graph is not None and n_pre == 0 and n_dec <= self.max_graph:
             b = n_dec
-            t = self._g_base(self.pad(b)) + self._g_kv(b) * dec_kv + self._g_kvmax(b) * b * dec_max
+            t = (self._g_base(self.pad(b)) + self._g_kv(b) * (dec_kv - dec_shared) + self._g_shared * dec_shared
+                 + self._g_kvmax(b) * b * dec_max)
             if self._g_has_floor:
                 f0, f_seq, f_kv, f_tok = self._g_floor
                 floor = f0 + (f_seq + f_tok) * b + f_kv * dec_kv
@@ -459,7 +465,8 @@ class StepModel:
         if n_pre:
             t += c_has_pre
         if b:
-            t += c_has_dec + c_dec * b + self._e_kv(b) * dec_kv + self._e_kvmax(b) * b * dec_max
+            t += (c_has_dec + c_dec * b + self._e_kv(b) * (dec_kv - dec_shared) + self._e_shared * dec_shared
+                  + self._e_kvmax(b) * b * dec_max)
         if self._has_floor:
             f0, f_seq, f_kv, f_tok = self._floor
             floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * n
@@ -472,7 +479,8 @@ class StepModel:
         return h0 + h1 * num_seqs + h2 * n_pre
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
-                dec_kv: int, dec_max: int, rows: int, copies: int = 0, swap_out: int = 0, swap_in: int = 0,
+                dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
+                swap_in: int = 0,
                 cuda_graphs: bool = True, host: bool = True) -> float:
         """Seconds of one engine step's compute stream as the live executor reports it when no
         swap-in delays it (``host`` adds the engine's own time between steps, which live
@@ -481,7 +489,7 @@ class StepModel:
         if n_pre == 0 and n_dec == 0:
             t = 0.0
         else:
-            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, rows,
+            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
                                cuda_graphs)
             if host:
                 h0, h1, h2 = self._h
@@ -541,13 +549,14 @@ class StepModel:
             knots_pad = choose_knots(pad, max_knots)
             knots_b = choose_knots(b, max_knots)
             hb = hat_basis(knots_b, b)
-            kv, kvmax = _col(graph_s, "dec_kv"), b * _col(graph_s, "dec_max")
-            cols = [*hat_basis(knots_pad, pad).T, *(hb * kv[:, None]).T, *(hb * kvmax[:, None]).T]
+            kv, kvmax, shared = _col(graph_s, "dec_kv"), b * _col(graph_s, "dec_max"), _col(graph_s, "dec_shared")
+            cols = [*hat_basis(knots_pad, pad).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, shared]
             x, xf = _fit_max(cols, [np.ones_like(b), b, kv, np.zeros_like(b)], _col(graph_s, "t"))
             p, q = len(knots_pad), len(knots_b)
             graph = {"base": {"knots": knots_pad, "values": x[:p].tolist()},
                      "kv": {"knots": knots_b, "values": x[p:p + q].tolist()},
-                     "kvmax": {"knots": knots_b, "values": x[p + q:].tolist()},
+                     "kvmax": {"knots": knots_b, "values": x[p + q:p + 2 * q].tolist()},
+                     "shared": float(x[p + 2 * q]),
                      "floor": dict(zip(FLOOR_TERMS, xf.tolist()))}
 
         sizes = sorted(token_sizes)
@@ -557,11 +566,11 @@ class StepModel:
         knots_n = choose_knots(n, max_knots)
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
-        kv, kvmax = _col(eager_s, "dec_kv"), b * _col(eager_s, "dec_max")
-        names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec")
+        kv, kvmax, shared = _col(eager_s, "dec_kv"), b * _col(eager_s, "dec_max"), _col(eager_s, "dec_shared")
+        names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared")
         extra = [_col(eager_s, "pre_pairs"), _col(eager_s, "pre_ctx"), _col(eager_s, "pre_max_ctx"), _col(eager_s, "n_pre"),
-                 (_col(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), _col(eager_s, "rows"), b]
-        cols = [*hat_basis(knots_n, n).T, *(hb * kv[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
+                 (_col(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), _col(eager_s, "rows"), b, shared]
+        cols = [*hat_basis(knots_n, n).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + _col(eager_s, "n_pre"), kv + _col(eager_s, "pre_ctx"), n]
         x, xf = _fit_max(cols, floor_cols, _col(eager_s, "t"))
         p, q = len(knots_n), len(knots_b)

@@ -173,7 +173,7 @@ class SimExecutor(Executor):
 
     def _execute_profiled(self, batch: ScheduledBatch) -> StepOutput:
         """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
-        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = n_dec = dec_kv = dec_max = rows = 0
+        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = n_dec = dec_kv = dec_max = dec_shared = rows = 0
         sampled: list[list[int]] = []
         vocab, seed = self.model.vocab_size, self.seed
         for item in batch.seqs:
@@ -183,6 +183,9 @@ class SimExecutor(Executor):
                 dec_kv += start + 1
                 if start >= dec_max:
                     dec_max = start + 1
+                cached = item.seq.num_cached_prompt_tokens
+                if cached:
+                    dec_shared += cached if cached <= start else start + 1
             else:
                 n_pre += 1
                 pre_tok += k
@@ -198,13 +201,13 @@ class SimExecutor(Executor):
                 sampled.append([])
         m = self._step_model
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
-        compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, rows,
+        compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
                             len(batch.copies), n_out, n_in, self.cuda_graphs)
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute)
-        forward = m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, rows,
-                              self.cuda_graphs)
+        forward = m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared,
+                              rows, self.cuda_graphs)
         return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)))
 
     def estimate_prefill_s(self, num_tokens: int) -> float:
@@ -212,7 +215,7 @@ class SimExecutor(Executor):
             return 0.0
         if self._step_model is not None:
             return self._step_model.forward_s(1, num_tokens, num_tokens * (num_tokens + 1) // 2, num_tokens,
-                                              num_tokens, 0, 0, 0, 1, self.cuda_graphs)
+                                              num_tokens, 0, 0, 0, 0, 1, self.cuda_graphs)
         return self.step_time(num_tokens, 1, num_tokens, num_tokens * (num_tokens + 1) // 2)
 
     def estimate_swap_s(self, num_blocks: int) -> float:
