@@ -204,27 +204,29 @@ def test_policy_errors_raise_mode_stops_the_run():
         engine.run(_long_output_requests(seed=3))
 
 
-def test_run_freezes_the_garbage_collector_for_its_duration_only():
-    """Engine.run moves the objects alive at its start out of the collector's reach (so full
-    collections do not walk a live executor's model and graphs mid-run) and gives them back at the
-    end; with freeze_gc=false, or when something else already froze objects, it leaves gc alone."""
+def test_run_pauses_the_garbage_collector_for_its_duration_only():
+    """Engine.run freezes the objects alive at its start and turns automatic collections off (so no
+    full collection walks a live executor's model and graphs mid-run), and undoes both at the end;
+    with pause_gc=false, or when something else already froze objects, it leaves gc alone."""
     import gc
 
-    def run(**kw) -> list[int]:
+    def run(**kw) -> list[tuple[int, bool]]:
         eng = make_engine(**kw)
         seen, execute = [], eng.executor.execute
-        eng.executor.execute = lambda batch: (seen.append(gc.get_freeze_count()), execute(batch))[1]
+        eng.executor.execute = lambda batch: (seen.append((gc.get_freeze_count(), gc.isenabled())), execute(batch))[1]
         eng.run([make_request(f"r{i}", prompt_len=8 + i, output_len=3, arrival_s=0.01 * i) for i in range(4)])
         return seen
 
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
     seen = run()
-    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0
-    assert max(run(freeze_gc=False)) == 0
+    assert seen and all(n > 0 and not on for n, on in seen)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    assert all(n == 0 and on for n, on in run(pause_gc=False))
     gc.freeze()
     try:
-        assert min(run()) > 0 and gc.get_freeze_count() > 0     # someone else's freeze is kept
+        assert all(n > 0 and on for n, on in run())        # someone else's freeze: gc left as it was
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
     finally:
         gc.unfreeze()
-    with pytest.raises(ValueError, match="engine.freeze_gc must be true or false"):
-        make_engine(freeze_gc="yes")
+    with pytest.raises(ValueError, match="engine.pause_gc must be true or false"):
+        make_engine(pause_gc="yes")

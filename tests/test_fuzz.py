@@ -241,6 +241,7 @@ TYPED = {   # values of each field's declared type, any range (sizes bounded: se
     "max_num_seqs": st.integers(-1, 12),
     "max_model_len": st.one_of(st.none(), st.integers(-1, 300)),
     "chunked_prefill": st.booleans(),
+    "pause_gc": st.booleans(),
     "allocator": st.sampled_from(["paged", "contiguous", "Paged", ""]),
     "contiguous_reserve": st.sampled_from(["max", "pow2", "oracle", "exact"]),
     "prefix_cache_scope": st.sampled_from(["tenant", "global", "none"]),

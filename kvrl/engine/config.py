@@ -33,11 +33,12 @@ class EngineConfig:
             failure aborts only the request that needed the block, a scheduler failure falls back
             to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
         seed: seed for anything random in the engine and executors.
-        freeze_gc: during :meth:`Engine.run`, Python's cyclic garbage collector skips every object
-            alive when the run starts (``gc.freeze``; undone when it ends): its full collections
-            otherwise walk the model, CUDA graphs and kernel caches of a live executor and stall a
-            step for 0.1-0.3 s (seen on an H200, docs/fidelity.md). Left alone when something else
-            already froze objects.
+        pause_gc: during :meth:`Engine.run`, Python's cyclic garbage collector is paused: the
+            objects alive at the start are frozen (``gc.freeze``) and automatic collections are
+            off until the run ends, when both are undone. A full collection otherwise walks every
+            object of the process, and on an H200 one stalled a live step for 0.3-0.4 s about once
+            per 10 s run (docs/fidelity.md). Cyclic garbage made during the run waits for its end.
+            Left alone when something else already froze objects or disabled the collector.
     """
 
     num_blocks: int = 0
@@ -54,7 +55,7 @@ class EngineConfig:
     prefix_cache_scope: str = "tenant"
     policy_errors: str = "isolate"
     seed: int = 0
-    freeze_gc: bool = True
+    pause_gc: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
@@ -62,7 +63,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
-        for name in ("chunked_prefill", "freeze_gc"):
+        for name in ("chunked_prefill", "pause_gc"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"engine.{name} must be true or false, got {getattr(self, name)!r}")
         check_range("engine.num_blocks", self.num_blocks, 0)

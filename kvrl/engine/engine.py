@@ -470,8 +470,8 @@ class Engine:
         """Serve ``requests`` by arrival time until all finish (or ``max_steps``); returns the summary.
 
         Requests that can never be served are rejected (recorded with the reason in
-        ``metrics.rejected``) and the others keep running. With ``config.freeze_gc`` the garbage
-        collector skips the objects alive before the run, for its duration.
+        ``metrics.rejected``) and the others keep running. With ``config.pause_gc`` the cyclic
+        garbage collector is paused for the run (see :class:`EngineConfig`).
         """
         pending = sorted(requests, key=lambda r: r.arrival_s)
         self.metrics.start_s = self.now = pending[0].arrival_s if pending else 0.0
@@ -479,9 +479,10 @@ class Engine:
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(pending), desc="requests", unit="req", mininterval=0.5)
-        freeze = self.config.freeze_gc and gc.get_freeze_count() == 0
-        if freeze:
+        pause = self.config.pause_gc and gc.isenabled() and gc.get_freeze_count() == 0
+        if pause:
             gc.freeze()
+            gc.disable()
         try:
             i = 0
             while i < len(pending) or self.has_unfinished:
@@ -498,8 +499,9 @@ class Engine:
                     if bar is not None:
                         bar.update(self.metrics.num_finished - before)
         finally:
-            if freeze:
+            if pause:
                 gc.unfreeze()
+                gc.enable()
             if bar is not None:
                 bar.close()
         return self.metrics.summary()
