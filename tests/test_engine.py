@@ -207,7 +207,7 @@ def test_policy_errors_raise_mode_stops_the_run():
 def test_run_pauses_the_garbage_collector_for_its_duration_only():
     """Engine.run freezes the objects alive at its start and turns automatic collections off (so no
     full collection walks a live executor's model and graphs mid-run), and undoes both at the end;
-    with pause_gc=false, or when something else already froze objects, it leaves gc alone."""
+    with pause_gc=false it leaves gc alone; when something else froze objects, it keeps their freeze."""
     import gc
 
     def run(**kw) -> list[tuple[int, bool]]:
@@ -224,8 +224,8 @@ def test_run_pauses_the_garbage_collector_for_its_duration_only():
     assert all(n == 0 and on for n, on in run(pause_gc=False))
     gc.freeze()
     try:
-        assert all(n > 0 and on for n, on in run())        # someone else's freeze: gc left as it was
-        assert gc.get_freeze_count() > 0 and gc.isenabled()
+        assert all(n > 0 and not on for n, on in run())    # someone else's freeze: only collections paused
+        assert gc.get_freeze_count() > 0 and gc.isenabled()  # and their freeze kept
     finally:
         gc.unfreeze()
     with pytest.raises(ValueError, match="engine.pause_gc must be true or false"):

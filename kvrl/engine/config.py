@@ -38,7 +38,8 @@ class EngineConfig:
             off until the run ends, when both are undone. A full collection otherwise walks every
             object of the process, and on an H200 one stalled a live step for 0.3-0.4 s about once
             per 10 s run (docs/fidelity.md). Cyclic garbage made during the run waits for its end.
-            Left alone when something else already froze objects or disabled the collector.
+            When something else already froze objects, only the automatic collections are paused
+            (its freeze is kept); when the collector is already disabled, nothing changes.
     """
 
     num_blocks: int = 0

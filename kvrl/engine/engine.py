@@ -479,9 +479,11 @@ class Engine:
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(pending), desc="requests", unit="req", mininterval=0.5)
-        pause = self.config.pause_gc and gc.isenabled() and gc.get_freeze_count() == 0
-        if pause:
+        pause = self.config.pause_gc and gc.isenabled()
+        freeze = pause and gc.get_freeze_count() == 0     # never unfreeze what someone else froze
+        if freeze:
             gc.freeze()
+        if pause:
             gc.disable()
         try:
             i = 0
@@ -499,8 +501,9 @@ class Engine:
                     if bar is not None:
                         bar.update(self.metrics.num_finished - before)
         finally:
-            if pause:
+            if freeze:
                 gc.unfreeze()
+            if pause:
                 gc.enable()
             if bar is not None:
                 bar.close()

@@ -1,0 +1,83 @@
+"""Who collects garbage in the middle of a live run, and for how long?
+
+Serves kvrl-fidelity workloads live (vllm policy, the engine's defaults: ``engine.pause_gc`` on)
+with a ``gc.callbacks`` hook that keeps the Python stack at the start of every collection and
+prints, for each collection longer than ``--min-ms``, its generation, duration, whether automatic
+collection was enabled, how many objects were frozen, and the stack that triggered it.
+
+    python benchmarks/gc_stalls.py [--workloads long_prompts poisson] [--min-ms 20]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import traceback
+
+from omegaconf import OmegaConf
+
+from kvrl import plugins
+from kvrl.apps.fidelity import _engine, warmup
+from kvrl.apps.profile_app import build_live
+from kvrl.workloads import build_workload
+
+
+class Collections:
+    """gc callback: (generation, seconds, enabled, frozen, stack) of every collection."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self._start = (0.0, [], True, 0)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = (time.perf_counter(), traceback.format_stack(limit=14)[:-1], gc.isenabled(),
+                           gc.get_freeze_count())
+        else:
+            t0, stack, enabled, frozen = self._start
+            self.rows.append((info["generation"], time.perf_counter() - t0, enabled, frozen, stack))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", nargs="+", default=["long_prompts", "poisson"])
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--min-ms", type=float, default=20.0)
+    ap.add_argument("--max-requests", type=int, default=0)
+    args = ap.parse_args()
+    plugins.load_entry_points()
+    cfg = OmegaConf.load("conf/fidelity.yaml")
+    cfg.pop("hydra")
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    model = OmegaConf.to_container(OmegaConf.load(f"conf/model/{args.model}.yaml"), resolve=True)
+    live = build_live(model, cfg["live"])
+    print(f"before anything: gc enabled {gc.isenabled()}, frozen {gc.get_freeze_count()}, "
+          f"thresholds {gc.get_threshold()}")
+    hook = Collections()
+    gc.callbacks.append(hook)
+    for name in args.workloads:
+        w = cfg["workloads"][name]
+        base = {k: v for k, v in cfg["engine"].items() if k != "cpu_device_num_blocks"}
+        ecfg = {**base, **(w.get("engine") or {})}
+        if not ecfg.get("num_blocks"):
+            ecfg["num_blocks"] = live.kv_capacity_blocks(16, 0.9)
+        wl = dict(w["workload"], **({"max_requests": args.max_requests} if args.max_requests else {}))
+        reqs = build_workload(wl, vocab_size=live.vocab_size, max_model_len=live.max_model_len)
+        warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
+        hook.rows.clear()
+        eng = _engine(ecfg, live, cfg["policies"]["vllm"], cfg["slo"])
+        t0 = time.perf_counter()
+        eng.run(reqs)
+        wall = time.perf_counter() - t0
+        long = [r for r in hook.rows if r[1] * 1e3 >= args.min_ms]
+        total = sum(r[1] for r in hook.rows)
+        print(f"\n=== {name}: {wall:.1f} s live, {len(hook.rows)} collections, {total * 1e3:.1f} ms in all, "
+              f"{len(long)} over {args.min_ms:g} ms; after the run: gc enabled {gc.isenabled()}, "
+              f"frozen {gc.get_freeze_count()}")
+        for gen, dt, enabled, frozen, stack in long:
+            print(f"--- generation {gen}, {dt * 1e3:.1f} ms, automatic collection enabled {enabled}, frozen {frozen}")
+            print("".join(stack[-10:]))
+
+
+if __name__ == "__main__":
+    main()
