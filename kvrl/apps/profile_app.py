@@ -51,7 +51,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
         random=160, holdout=40,
         host_requests=192, host_prompt=[32, 1024], host_output=[16, 256], host_rate=60.0,
-        host_shared_prefix=[8, 128, 2048],
+        host_shared_prefix=[4, 256, 768],
         warmup=3, reps=7, point_budget_s=1.0, fit_stat="median", interleave=True,
     ),
     "cpu": dict(
