@@ -25,8 +25,8 @@ Features of a step (:data:`FEATURES`), all computed from the :class:`ScheduledBa
 and head, which walks its whole context: with few tiles the longest context is the critical path),
 ``n_dec`` decode items (one query token), ``dec_kv`` the KV tokens they read, ``dec_max`` the
 longest decode context, ``dec_shared`` how many of ``dec_kv`` come from a prefix-cache hit (blocks
-other sequences read too: served from L2 more often than from HBM), ``rows`` items that sample (LM-head rows), ``copies``, ``swap_out`` and
-``swap_in`` block counts.
+other sequences read too: served from L2 more often than from HBM), ``rows`` items that sample
+(LM-head rows), ``copies``, ``swap_out`` and ``swap_in`` block counts.
 
 The model (:class:`StepModel`), all terms non-negative, fitted by non-negative least squares on
 relative error, prices the compute stream of a step::
@@ -79,8 +79,8 @@ FIT_VERSION = 7
 #: ``token_sizes``, versions 5-6 lack the ``dec_shared`` terms: those then price as zero / no
 #: padding / as private KV tokens, and the old predictions are unchanged)
 LOADABLE_FIT_VERSIONS = (5, 6, 7)
-FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "dec_shared", "rows",
-            "copies", "swap_out", "swap_in")
+FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "dec_shared",
+            "rows", "copies", "swap_out", "swap_in")
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
 FORWARD_FEATURES = FEATURES[:10]
 #: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
@@ -480,8 +480,7 @@ class StepModel:
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
-                swap_in: int = 0,
-                cuda_graphs: bool = True, host: bool = True) -> float:
+                swap_in: int = 0, cuda_graphs: bool = True, host: bool = True) -> float:
         """Seconds of one engine step's compute stream as the live executor reports it when no
         swap-in delays it (``host`` adds the engine's own time between steps, which live
         ``elapsed_s`` includes). The sim's hot path: a few microseconds, block-operation terms
@@ -489,8 +488,8 @@ class StepModel:
         if n_pre == 0 and n_dec == 0:
             t = 0.0
         else:
-            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
-                               cuda_graphs)
+            t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared,
+                               rows, cuda_graphs)
             if host:
                 h0, h1, h2 = self._h
                 t += h0 + h1 * (n_pre + n_dec) + h2 * n_pre
