@@ -135,6 +135,17 @@ def step_kind(batch, n_pre: int, n_dec: int) -> str:
     return "mixed" if n_dec else "prefill"
 
 
+def replay_summary(replay: list[dict]) -> dict:
+    """Per-step relative errors of a (non-empty) replay: median, p90, total, and per step kind."""
+    live_t = np.asarray([r["live_s"] for r in replay])
+    sim_t = np.asarray([r["sim_s"] for r in replay])
+    e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
+    return {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
+            "p90_abs_rel_err": float(np.percentile(e, 90)),
+            "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
+            "by_kind": replay_breakdown(replay)}
+
+
 def replay_breakdown(replay: list[dict]) -> dict:
     """Replay totals per step kind, plus the engine's time between steps ("host": live
     ``elapsed_s`` minus the time inside ``execute``, vs the profile's host term)."""
@@ -266,12 +277,8 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
 
     live_t = np.asarray([r["live_s"] for r in replay])
     sim_t = np.asarray([r["sim_s"] for r in replay])
-    if live_t.size:
-        e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
-        res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
-                         "p90_abs_rel_err": float(np.percentile(e, 90)),
-                         "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
-                         "by_kind": replay_breakdown(replay)}
+    if replay:
+        res["replay"] = replay_summary(replay)
     res.update(live=live_m, sim=sim_m, engine=resolved)
     if plots:
         plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /

@@ -82,7 +82,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     """See the module doc. ``cfg``: this run's config (``resim``, ``profile``, ``refit``,
     ``only_workloads``, ``only_policies``, ``plots``); everything else comes from the earlier run."""
     from kvrl import plugins
-    from kvrl.apps.fidelity import _engine, plot_pair, replay_breakdown, summarize, write_report
+    from kvrl.apps.fidelity import _engine, plot_pair, replay_summary, summarize, write_report
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.workloads import build_workload
@@ -130,18 +130,12 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s", "live_gc")
                if k in old_res}
         res.update(sim=summarize(seng), sim_wall_s=time.perf_counter() - wall, engine=ecfg)
-        out = out_dir / "runs" / wname / pname
         replay_csv = run_dir / "runs" / wname / pname / "replay.csv"
         if replay_csv.exists():
             rp = reprice(replay_csv, profile.model, graphs)
-            live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])
-            e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
-            res["replay"] = {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
-                             "p90_abs_rel_err": float(np.percentile(e, 90)),
-                             "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
-                             "by_kind": replay_breakdown(rp)}
+            res["replay"] = replay_summary(rp)
             if cfg.get("plots", True):
-                out.mkdir(parents=True, exist_ok=True)
+                live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])
                 plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
                           f"{wname} / {pname} (re-simulated)")
         results[(wname, pname)] = res
