@@ -15,12 +15,9 @@ import gc
 import time
 
 import numpy as np
-from omegaconf import OmegaConf
-
 from kvrl import plugins
-from kvrl.apps.fidelity import _engine, warmup
+from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
 from kvrl.apps.profile_app import build_live
-from kvrl.workloads import build_workload
 
 
 class Probe:
@@ -57,18 +54,12 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=0)
     args = ap.parse_args()
     plugins.load_entry_points()
-    cfg = OmegaConf.load("conf/fidelity.yaml")
-    cfg.pop("hydra")
-    cfg = OmegaConf.to_container(cfg, resolve=True)
-    model = OmegaConf.to_container(OmegaConf.load(f"conf/model/{args.model}.yaml"), resolve=True)
-    live = build_live(model, cfg["live"])
+    cfg = load_config(args.model)
+    live = build_live(cfg["model"], cfg["live"])
     w = cfg["workloads"][args.workload]
-    base = {k: v for k, v in cfg["engine"].items() if k != "cpu_device_num_blocks"}
-    ecfg = {**base, **(w.get("engine") or {})}
-    if not ecfg.get("num_blocks"):
-        ecfg["num_blocks"] = live.kv_capacity_blocks(16, 0.9)
-    wl = dict(w["workload"], **({"max_requests": args.max_requests} if args.max_requests else {}))
-    reqs = build_workload(wl, vocab_size=live.vocab_size, max_model_len=live.max_model_len)
+    # the modes below set the collector up themselves: the engine must not pause it
+    ecfg = dict(workload_engine(shared_engine(cfg, live), w), pause_gc=False)
+    reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
     warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
     pol = cfg["policies"]["vllm"]
     for mode in ("gc as is", "gc frozen", "gc as is again"):

@@ -14,12 +14,9 @@ import gc
 import time
 import traceback
 
-from omegaconf import OmegaConf
-
 from kvrl import plugins
-from kvrl.apps.fidelity import _engine, warmup
+from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
 from kvrl.apps.profile_app import build_live
-from kvrl.workloads import build_workload
 
 
 class Collections:
@@ -46,23 +43,17 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=0)
     args = ap.parse_args()
     plugins.load_entry_points()
-    cfg = OmegaConf.load("conf/fidelity.yaml")
-    cfg.pop("hydra")
-    cfg = OmegaConf.to_container(cfg, resolve=True)
-    model = OmegaConf.to_container(OmegaConf.load(f"conf/model/{args.model}.yaml"), resolve=True)
-    live = build_live(model, cfg["live"])
+    cfg = load_config(args.model)
+    live = build_live(cfg["model"], cfg["live"])
+    base = shared_engine(cfg, live)
     print(f"before anything: gc enabled {gc.isenabled()}, frozen {gc.get_freeze_count()}, "
           f"thresholds {gc.get_threshold()}")
     hook = Collections()
     gc.callbacks.append(hook)
     for name in args.workloads:
         w = cfg["workloads"][name]
-        base = {k: v for k, v in cfg["engine"].items() if k != "cpu_device_num_blocks"}
-        ecfg = {**base, **(w.get("engine") or {})}
-        if not ecfg.get("num_blocks"):
-            ecfg["num_blocks"] = live.kv_capacity_blocks(16, 0.9)
-        wl = dict(w["workload"], **({"max_requests": args.max_requests} if args.max_requests else {}))
-        reqs = build_workload(wl, vocab_size=live.vocab_size, max_model_len=live.max_model_len)
+        ecfg = workload_engine(base, w)
+        reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
         warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
         hook.rows.clear()
         eng = _engine(ecfg, live, cfg["policies"]["vllm"], cfg["slo"])

@@ -275,12 +275,11 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     write_json(out / "sim" / "metrics.json", sim_m)
     atomic_write(out / "sim" / "steps.csv", seng.metrics.write_steps_csv)
 
-    live_t = np.asarray([r["live_s"] for r in replay])
-    sim_t = np.asarray([r["sim_s"] for r in replay])
     if replay:
         res["replay"] = replay_summary(replay)
     res.update(live=live_m, sim=sim_m, engine=resolved)
     if plots:
+        live_t, sim_t = np.asarray([r["live_s"] for r in replay]), np.asarray([r["sim_s"] for r in replay])
         plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
                   f"steps_{out.parent.name}_{out.name}.png", title)
     return res
@@ -519,13 +518,57 @@ def write_report(results: dict, out_dir: Path, header: list[str], final: bool) -
 
 
 # --------------------------------------------------------------------------------- main
+def load_config(model: str) -> dict:
+    """``conf/fidelity.yaml`` composed with ``conf/model/<model>.yaml``, resolved, without Hydra's
+    own section: the configuration kvrl-fidelity runs with by default (for scripts)."""
+    import importlib.resources
+
+    from omegaconf import OmegaConf
+
+    conf = importlib.resources.files("kvrl.conf")
+    cfg = OmegaConf.load(str(conf.joinpath("fidelity.yaml")))
+    cfg.pop("hydra")
+    cfg.pop("defaults")
+    cfg["model"] = OmegaConf.load(str(conf.joinpath("model", f"{model}.yaml")))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def shared_engine(cfg: dict, live) -> dict:
+    """The engine keys every workload shares (``cfg["engine"]``), with ``num_blocks: 0`` resolved
+    once: the pool that fits the live GPU's free memory, or ``cpu_device_num_blocks`` on CPU."""
+    base = dict(cfg["engine"])
+    cpu_blocks = int(base.pop("cpu_device_num_blocks", 2048))
+    if not base.get("num_blocks"):
+        base["num_blocks"] = (live.kv_capacity_blocks(base.get("block_size", 16), base.get("gpu_memory_utilization", 0.9))
+                              if live.device.type == "cuda" else cpu_blocks)
+    return base
+
+
+def workload_engine(base: dict, w: dict) -> dict:
+    """A workload's engine configuration: ``base`` with the workload's ``engine`` overrides (its
+    ``num_blocks: 0`` meaning the shared pool)."""
+    ecfg = {**base, **(w.get("engine") or {})}
+    if ecfg.get("num_blocks", 0) == 0:
+        ecfg["num_blocks"] = base["num_blocks"]
+    return ecfg
+
+
+def workload_requests(w: dict, max_requests: Optional[int], vocab_size: int, max_model_len: int) -> list:
+    """The requests of workload entry ``w``, capped at ``max_requests`` when given."""
+    from kvrl.workloads import build_workload
+
+    wl = dict(w["workload"])
+    if max_requests:
+        wl["max_requests"] = min(int(max_requests), int(wl.get("max_requests") or 1 << 30))
+    return build_workload(wl, vocab_size=vocab_size, max_model_len=max_model_len)
+
+
 def main_impl(cfg: dict, out_dir: Path) -> dict:
     import torch
 
     from kvrl import plugins
     from kvrl.apps.profile_app import build_live, configure_cpu, device_name
     from kvrl.executors.sim import SimExecutor
-    from kvrl.workloads import build_workload
 
     plugins.load_entry_points()
     seed = int(cfg.get("seed", 0))
@@ -539,11 +582,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
     slo = dict(cfg.get("slo") or {})
 
-    base = dict(cfg["engine"])
-    cpu_blocks = int(base.pop("cpu_device_num_blocks", 2048))
-    if not base.get("num_blocks"):
-        base["num_blocks"] = (live.kv_capacity_blocks(base.get("block_size", 16), base.get("gpu_memory_utilization", 0.9))
-                              if live.device.type == "cuda" else cpu_blocks)
+    base = shared_engine(cfg, live)
     workloads = dict(cfg["workloads"])
     policies = dict(cfg["policies"])
     only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
@@ -580,14 +619,9 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                 f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
     for wname, w in workloads.items():
-        ecfg = {**base, **(w.get("engine") or {})}
-        if ecfg.get("num_blocks", 0) == 0:
-            ecfg["num_blocks"] = base["num_blocks"]
-        wl = dict(w["workload"])
-        if cfg.get("max_requests"):
-            wl["max_requests"] = min(int(cfg["max_requests"]), int(wl.get("max_requests") or 1 << 30))
-        requests = build_workload(wl, vocab_size=live.vocab_size,
-                                  max_model_len=ecfg.get("max_model_len") or live.max_model_len)
+        ecfg = workload_engine(base, w)
+        requests = workload_requests(w, cfg.get("max_requests"), live.vocab_size,
+                                     ecfg.get("max_model_len") or live.max_model_len)
         key = (ecfg["num_blocks"], ecfg.get("num_cpu_blocks"), ecfg.get("swap_space_gb"), ecfg["block_size"])
         if key != warmed:
             warmup(live, ecfg, int(cfg.get("warmup_requests", 0)), seed)

@@ -82,10 +82,9 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     """See the module doc. ``cfg``: this run's config (``resim``, ``profile``, ``refit``,
     ``only_workloads``, ``only_policies``, ``plots``); everything else comes from the earlier run."""
     from kvrl import plugins
-    from kvrl.apps.fidelity import _engine, plot_pair, replay_summary, summarize, write_report
+    from kvrl.apps.fidelity import _engine, plot_pair, replay_summary, summarize, workload_requests, write_report
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
-    from kvrl.workloads import build_workload
 
     plugins.load_entry_points()
     run_dir = Path(str(cfg["resim"])).expanduser()
@@ -119,10 +118,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
             continue
         w, pcfg = old_cfg["workloads"][wname], old_cfg["policies"][pname]
         ecfg = dict(old_res["engine"])
-        wl = dict(w["workload"])
-        if old_cfg.get("max_requests"):
-            wl["max_requests"] = min(int(old_cfg["max_requests"]), int(wl.get("max_requests") or 1 << 30))
-        requests = build_workload(wl, vocab_size=shape.vocab_size, max_model_len=ecfg["max_model_len"])
+        requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
         sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs)
         seng = _engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
