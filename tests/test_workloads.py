@@ -454,6 +454,8 @@ def test_transforms(azure):
     reqs = take(azure, 1000)
     fast = scale_rate(reqs, 2.0)
     assert [r.arrival_s for r in fast] == [r.arrival_s / 2.0 for r in reqs]
+    with pytest.raises(ValueError, match="workload.rate_scale=.* keeps arrival times finite"):
+        scale_rate(reqs, 2.2250738585e-313)     # a denormal factor: arrivals overflow (found by test_fuzz)
     win = time_window(reqs, 200.0, 50.0)
     assert win and all(0 <= r.arrival_s < 50.0 for r in win)
     assert len(win) == sum(200.0 <= r.arrival_s < 250.0 for r in reqs)

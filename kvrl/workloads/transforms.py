@@ -28,7 +28,14 @@ def scale_rate(requests: Sequence[Request], factor: float) -> list[Request]:
         raise ValueError(f"rate_scale must be a finite number > 0, got {factor!r}")
     if factor == 1.0:
         return list(requests)
-    return [_replace(r, arrival_s=r.arrival_s / factor) for r in requests]
+    out = []
+    for r in requests:
+        t = r.arrival_s / factor
+        if not math.isfinite(t):
+            raise ValueError(f"workload.rate_scale={factor!r} turns request {r.request_id!r}'s arrival time "
+                             f"{r.arrival_s} s into {t}: use a rate_scale that keeps arrival times finite")
+        out.append(_replace(r, arrival_s=t))
+    return out
 
 
 def time_window(requests: Sequence[Request], start_s: float = 0.0,
