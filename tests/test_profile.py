@@ -304,6 +304,26 @@ def test_sim_with_a_profile_is_deterministic_and_uses_it(cpu_profile):
     assert 0 < sim.estimate_swap_s(1) < sim.estimate_swap_s(16)
 
 
+def test_sim_prices_a_step_as_the_model_prices_its_batch_features(cpu_profile):
+    """The sim's hot path counts a step's features inline; it must agree with batch_features (what
+    kvrl-profile fits on and the fidelity replay prices), prefix-cache hits (dec_shared) included."""
+    from kvrl.apps.profile_app import BatchFactory
+
+    prof = P.StepProfile.load(cpu_profile)
+    factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
+    sim = SimExecutor(TINY, CPU, seed=0, profile=str(cpu_profile))
+    sim.allocate_kv(4096, 0, 16)
+    for kw in ({"decode_lens": [40, 300, 17]}, {"prefills": [(64, 0), (16, 200)]},
+               {"decode_lens": [90, 500], "prefills": [(32, 64)], "copies": 2}):
+        batch = factory.batch(**kw)
+        for i, item in enumerate(batch.seqs):
+            item.seq.num_cached_prompt_tokens = 48 * (i % 2)    # every other sequence had a prefix hit
+        f = P.batch_features(batch)
+        assert f["dec_shared"] == sum(min(48 * (i % 2), it.start + 1) for i, it in enumerate(batch.seqs)
+                                      if it.num_tokens == 1)
+        assert sim.execute(batch).elapsed_s == pytest.approx(prof.model.predict_features(f, host=True), rel=1e-12)
+
+
 def test_profile_for_another_gpu_or_shape_is_not_used(cpu_profile, caplog, monkeypatch):
     roofline = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], profile="none")
     caplog.set_level(logging.INFO, logger="kvrl.executors.sim")
