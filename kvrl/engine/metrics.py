@@ -35,6 +35,7 @@ class RequestRecord:
     slo_tpot_s: Optional[float] = None
     num_preemptions: int = 0
     error: Optional[str] = None
+    clipped: str = ""              # what the workload changed to fit max_model_len ("" = nothing)
 
     @property
     def ttft_s(self) -> Optional[float]:
@@ -67,6 +68,7 @@ class MetricsCollector:
     steps: list[tuple] = field(default_factory=list)
     requests: dict[str, RequestRecord] = field(default_factory=dict)
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)   # (request_id, reason): never submitted
     finished_output_lens: list[int] = field(default_factory=list)
     preemptions: int = 0
     policy_errors: int = 0
@@ -86,7 +88,7 @@ class MetricsCollector:
     def add_request(self, request) -> RequestRecord:
         rec = RequestRecord(
             request_id=request.request_id, tenant=request.tenant, arrival_s=request.arrival_s,
-            prompt_len=request.prompt_len,
+            prompt_len=request.prompt_len, clipped=request.clipped or "",
             slo_ttft_s=request.slo_ttft_s if request.slo_ttft_s is not None else self.default_slo_ttft_s,
             slo_tpot_s=request.slo_tpot_s if request.slo_tpot_s is not None else self.default_slo_tpot_s)
         self.requests[request.request_id] = rec
@@ -109,7 +111,9 @@ class MetricsCollector:
                                occ, reserved_blocks, self.preemptions, self.num_finished))
 
     def summary(self) -> dict[str, float]:
-        """Run-level metrics (DESIGN.md §5) plus ``rejected`` and ``aborted`` counts."""
+        """Run-level metrics (DESIGN.md §5) plus ``rejected``, ``aborted``, ``clipped`` (accepted requests
+        whose lengths the workload cut to fit ``max_model_len``) and ``dropped`` (requests the workload
+        removed, never submitted; not in ``requests``) counts."""
         recs = list(self.requests.values())
         done = [r for r in recs if r.finish_s is not None and not r.error]
         duration = max(self.end_s - self.start_s, 1e-12)
@@ -123,6 +127,8 @@ class MetricsCollector:
             "finished": len(done),
             "rejected": len(self.rejected),
             "aborted": sum(1 for r in recs if r.error),
+            "clipped": sum(1 for r in recs if r.clipped),
+            "dropped": len(self.dropped),
             "output_tokens": out_tokens,
             "duration_s": duration,
             "throughput_tok_s": out_tokens / duration,
@@ -150,13 +156,16 @@ class MetricsCollector:
         writer.writerows(self.steps)
 
     def write_requests_csv(self, f) -> None:
-        """Write one row per request (rejected ones included) to the open text file ``f``."""
+        """Write one row per request (rejected and dropped ones included) to the open text file ``f``;
+        ``clipped`` says what the workload changed in a request ("" = nothing)."""
         cols = ("request_id", "tenant", "arrival_s", "prompt_len", "output_tokens", "ttft_s", "tpot_s",
-                "finish_s", "num_preemptions", "meets_slo", "error")
+                "finish_s", "num_preemptions", "meets_slo", "error", "clipped")
         writer = csv.writer(f)
         writer.writerow(cols)
         for r in self.requests.values():
             writer.writerow((r.request_id, r.tenant, r.arrival_s, r.prompt_len, r.output_tokens, r.ttft_s,
-                             r.tpot_s, r.finish_s, r.num_preemptions, r.meets_slo, r.error or ""))
+                             r.tpot_s, r.finish_s, r.num_preemptions, r.meets_slo, r.error or "", r.clipped))
         for rid, reason in self.rejected:
-            writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"rejected: {reason}"))
+            writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"rejected: {reason}", ""))
+        for rid, reason in self.dropped:
+            writer.writerow((rid, "", "", "", 0, "", "", "", 0, False, f"dropped: {reason}", ""))

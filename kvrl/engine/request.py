@@ -32,6 +32,8 @@ class Request:
         slo_ttft_s / slo_tpot_s: per-request latency objectives in seconds; None = use the run default.
         cache_salt: extra key mixed into prefix-cache block hashes; None = derived from the tenant
             when the cache is tenant-scoped.
+        clipped: what the workload changed to fit ``max_model_len`` (e.g. ``"prompt 3000->255,
+            output 200->1"``); None = served as the workload gave it.
     """
 
     request_id: str
@@ -45,6 +47,7 @@ class Request:
     slo_ttft_s: Optional[float] = None
     slo_tpot_s: Optional[float] = None
     cache_salt: Optional[str] = None
+    clipped: Optional[str] = None
     prompt_len: int = field(init=False, repr=False)  # derived: len(prompt_token_ids)
 
     def __post_init__(self) -> None:
