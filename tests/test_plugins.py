@@ -9,6 +9,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvrl import plugins
@@ -16,7 +17,7 @@ from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
 
 BUILTINS = {
     "scheduler": {"fcfs", "priority", "sjf", "lpm"},
-    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future"},
+    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit"},
     "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "cost_aware"},
     "prefix_cache": {"none", "hash_lru", "hash_lfu", "radix_lru"},
 }
@@ -147,3 +148,130 @@ def test_plugin_reference_doc_is_current():
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
     assert doc.read_text().strip() == render().strip(), "regenerate: python -m kvrl.plugins.docs > docs/plugins.md"
+
+
+# ---------------------------------------------------------------- adaptive watermark controllers
+class _View:
+    """The engine counters the controllers read, set by hand (engine seconds, counts)."""
+
+    def __init__(self, ttft_slo=2.0, tpot_slo=0.005):
+        self.now, self.step_index, self.num_blocks, self.block_size = 0.0, 0, 1000, 16
+        self.num_arrived = self.num_accepted = self.arrived_prompt_tokens = 0
+        self.num_preemptions = self.recomputed_tokens = 0
+        self.slo_ttft_s, self.slo_tpot_s = ttft_slo, tpot_slo
+
+
+class _Seq:
+    def __init__(self, arrival_s, first_token_s, num_output, ttft_slo=2.0, tpot_slo=0.005):
+        self.arrival_s, self.first_token_s, self.num_output = arrival_s, first_token_s, num_output
+        self.slo_ttft_s, self.slo_tpot_s = ttft_slo, tpot_slo
+
+
+def _advance(policy, view, seconds, dt=0.1, preemptions_per_step=0):
+    """Run ``seconds`` of engine time in steps of ``dt``, with preemptions at a steady rate."""
+    for _ in range(round(seconds / dt)):
+        view.now += dt
+        view.step_index += 1
+        view.num_preemptions += preemptions_per_step
+        policy.on_step_end()
+
+
+def test_pi_raises_the_reserve_under_preemptions_and_lowers_it_when_they_stop():
+    pi = plugins.create("watermark", "pi", signal="preemptions", kp=0.1, ki=0.05, low=0.0, high=0.4, init=0.0)
+    view = _View()
+    pi.bind(view)
+    _advance(pi, view, 5.0)
+    assert pi.fraction == 0.0 and pi.reserved_blocks() == 0           # no preemptions: stays at low
+    _advance(pi, view, 10.0, preemptions_per_step=1)                   # 10 preemptions / s
+    raised = pi.fraction
+    assert raised > 0.2 and pi.reserved_blocks() == int(raised * 1000)
+    _advance(pi, view, 60.0)                                           # the signal goes back
+    assert pi.fraction == 0.0
+
+
+def test_pi_anti_windup_leaves_saturation_quickly():
+    pi = plugins.create("watermark", "pi", signal="preemptions", kp=0.0, ki=0.1, low=0.0, high=0.3, init=0.0,
+                        tau_s=1.0)
+    view = _View()
+    pi.bind(view)
+    _advance(pi, view, 200.0, preemptions_per_step=1)                  # saturated at high for a long time
+    assert pi.fraction == 0.3
+    assert pi.integral * pi.params.ki == pytest.approx(0.3)          # no wind-up past the bound
+    stopped = view.now
+    while pi.fraction == 0.3:                                          # preemptions stop
+        _advance(pi, view, 0.5)
+    assert view.now - stopped < 10.0     # leaves the bound once the preemption rate falls below target
+
+
+def test_pi_slo_signal_throttles_when_tpot_is_the_tighter_objective():
+    def run(ttft, tpot):
+        pi = plugins.create("watermark", "pi", signal="slo", low=0.0, high=0.5, init=0.2)
+        view = _View()
+        pi.bind(view)
+        for _ in range(100):
+            view.now += 0.1
+            pi.on_finish(_Seq(view.now - ttft - 100 * tpot, view.now - 100 * tpot, 101))
+            _advance(pi, view, 0.1)
+        return pi.fraction
+    assert run(ttft=0.2, tpot=0.010) > 0.3      # TPOT at 2x its SLO, TTFT well inside: admit less
+    assert run(ttft=6.0, tpot=0.002) < 0.1      # TTFT at 3x its SLO: admit more
+
+
+def test_bandit_converges_to_the_best_arm_on_a_stationary_reward():
+    rng = np.random.default_rng(0)
+    means = [300.0, 900.0, 600.0, 100.0]
+    bandit = plugins.create("watermark", "bandit", fractions=[0.0, 0.1, 0.2, 0.3], discount=0.98, exploration=0.3)
+    plays = []
+    for _ in range(400):
+        arm = bandit.choose()
+        bandit.reward(arm, max(rng.normal(means[arm], 100.0), 0.0))
+        plays.append(arm)
+    assert plays[:4] == [0, 1, 2, 3]                        # each arm once, in order
+    assert np.mean(np.asarray(plays[-200:]) == 1) > 0.8      # then mostly the best one
+
+
+def test_bandit_follows_a_best_arm_that_changes():
+    bandit = plugins.create("watermark", "bandit", fractions=[0.0, 0.3], discount=0.9, exploration=0.3)
+    for t in range(300):
+        arm = bandit.choose()
+        best = 0 if t < 150 else 1
+        bandit.reward(arm, 1000.0 if arm == best else 200.0)
+    assert bandit.choose() == 1
+
+
+def test_bandit_epoch_reward_counts_only_tokens_that_met_the_slo():
+    bandit = plugins.create("watermark", "bandit", fractions=[0.0, 0.5], epoch_s=1.0)
+    view = _View()
+    bandit.bind(view)
+    assert bandit.reserved_blocks() == 0
+    bandit.on_finish(_Seq(arrival_s=0.0, first_token_s=0.5, num_output=101))        # TTFT 0.5 s, meets
+    view.now = 1.0   # TPOT (1.0 - 0.5) / 100 = 5 ms: meets (<=)
+    bandit.on_finish(_Seq(arrival_s=0.0, first_token_s=0.0, num_output=11))         # TPOT 0.1 s: misses
+    bandit.on_finish(_Seq(arrival_s=-3.0, first_token_s=0.9, num_output=7))         # TTFT 3.9 s: misses
+    bandit.on_step_end()
+    assert bandit.sums[0] == 101.0 and bandit.counts[0] == 1.0
+    assert bandit.reserved_blocks() == 500                          # next epoch: the untried arm
+
+
+@pytest.mark.parametrize("name,params,key", [
+    ("pi", {"high": 0.1, "low": 0.2}, "high"), ("pi", {"signal": "latency"}, "signal"),
+    ("pi", {"init": 0.9}, "init"), ("pi", {"ki": -1.0}, "ki"), ("pi", {"interval_s": 0.0}, "interval_s"),
+    ("bandit", {"fractions": []}, "fractions"), ("bandit", {"fractions": [0.1, 1.0]}, r"fractions\[1\]"),
+    ("bandit", {"discount": 0.0}, "discount"), ("bandit", {"epoch_s": -1.0}, "epoch_s"),
+])
+def test_controller_parameters_are_validated(name, params, key):
+    with pytest.raises(ValueError, match=key):
+        plugins.create("watermark", name, **params)
+
+
+@pytest.mark.parametrize("name", ["pi", "bandit"])
+def test_controllers_serve_a_pressured_workload_deterministically(name):
+    from tests.helpers import make_engine, make_request
+
+    def serve():
+        engine = make_engine(num_blocks=48, block_size=4, watermark=name,
+                             watermark_params={"interval_s": 0.01} if name == "pi" else {"epoch_s": 0.01})
+        reqs = [make_request(f"r{i}", prompt_len=12, output_len=40, arrival_s=0.002 * i, seed=i) for i in range(40)]
+        return engine.run(reqs)
+    first = serve()
+    assert first["finished"] == 40 and first == serve()

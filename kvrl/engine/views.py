@@ -53,6 +53,18 @@ class SeqView:
         return self._engine.config.max_model_len - self._seq.request.prompt_len
 
     @property
+    def slo_ttft_s(self) -> "float | None":
+        """The TTFT objective this request is judged by (its own, else the run's; None = none)."""
+        own = self._seq.request.slo_ttft_s
+        return own if own is not None else self._engine.metrics.default_slo_ttft_s
+
+    @property
+    def slo_tpot_s(self) -> "float | None":
+        """The TPOT objective this request is judged by (its own, else the run's; None = none)."""
+        own = self._seq.request.slo_tpot_s
+        return own if own is not None else self._engine.metrics.default_slo_tpot_s
+
+    @property
     def cached_prefix_tokens(self) -> int:
         """Prompt tokens a new admission would find in the prefix cache now (0 if disabled)."""
         return self._engine.allocator.peek_cached_tokens(self._seq)
@@ -86,6 +98,8 @@ class EngineView:
     recomputed_tokens = property(lambda self: self._engine.metrics.recomputed_tokens)
     swapped_out_blocks = property(lambda self: self._engine.metrics.swapped_out_blocks)
     swapped_in_blocks = property(lambda self: self._engine.metrics.swapped_in_blocks)
+    slo_ttft_s = property(lambda self: self._engine.metrics.default_slo_ttft_s)   # the run's TTFT SLO (s) or None
+    slo_tpot_s = property(lambda self: self._engine.metrics.default_slo_tpot_s)   # the run's TPOT SLO (s) or None
 
     @property
     def reserved_blocks(self) -> int:

@@ -1,0 +1,225 @@
+"""Adaptive watermark controllers that need no training: ``pi`` (feedback control) and ``bandit``
+(an online discounted-UCB bandit over watermark values).
+
+Both move the watermark (reserved / total GPU blocks) while the engine serves, from what a real
+server measures: preemptions, the latencies of finished requests against their SLOs, goodput.
+They are the non-learning bar a learned watermark policy has to clear (issue 17).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from kvrl.envs.config import DEFAULT_TPOT_REF_S, DEFAULT_TTFT_REF_S, FeatureConfig
+from kvrl.envs.features import FeatureTracker
+from kvrl.plugins.base import WatermarkPolicy, check_choice, check_range
+from kvrl.plugins.registry import register
+
+if TYPE_CHECKING:
+    from kvrl.engine.views import SeqView
+
+SIGNALS = ("slo", "preemptions", "both")
+
+
+def balance(x: float, y: float) -> float:
+    """``(x - y) / (x + y)`` for ``x, y >= 0``: in [-1, 1], 0 where they are equal (and when
+    both are 0)."""
+    total = x + y
+    return (x - y) / total if total > 0 else 0.0
+
+
+@register("watermark", "pi")
+class PIWatermark(WatermarkPolicy):
+    """A PI feedback controller on the watermark. Every ``interval_s`` engine seconds it measures
+    a signal in [-1, 1] and moves the reserved fraction, ``clip(init + kp * e + ki * I, low,
+    high)`` with error ``e = signal - setpoint`` and integral ``I`` (the sum of ``e *
+    interval_s`` over updates); positive error raises the reserve. Anti-windup by clamping:
+    the integral term ``ki * I`` is kept within [low - init, high - init], so it never holds more
+    than it takes to reach a bound and leaves a bound as soon as the error changes sign. Signals (``signal``): ``preemptions``: ``(r - r*) / (r + r*)`` with ``r``
+    the preemption rate (preemptions per engine second, moving average with time constant
+    ``tau_s``) and ``r*`` = ``preemption_target``, so it is -1 with no preemptions, 0 at the
+    target, towards 1 far above it; ``slo``: ``(p - f) / (p + f)`` with ``p`` the recent TPOT and
+    ``f`` the recent TTFT of finished requests (moving averages, weight ``latency_alpha`` per
+    request), each over its SLO (the run's; 1 s and 50 ms without one): positive when TPOT is
+    the tighter objective (throttle admission), negative when TTFT is (admit more); ``both``:
+    the larger of the two, so preemptions above the target raise the reserve whatever the
+    latencies say. The rates and latencies come from :class:`kvrl.envs.features.FeatureTracker`
+    (the agents' features). Parameters: ``signal`` (both), ``setpoint`` (0.0, in [-1, 1]),
+    ``kp`` (0.1), ``ki`` (0.05 per engine second), ``low`` (0.0), ``high`` (0.5), ``init``
+    (0.01, the reserve before the first update and the output's bias, in [low, high]),
+    ``interval_s`` (0.5), ``preemption_target`` (0.1 per second), ``tau_s`` (5.0),
+    ``latency_alpha`` (0.05)."""
+
+    @dataclass
+    class Params:
+        signal: str = "both"
+        setpoint: float = 0.0
+        kp: float = 0.1
+        ki: float = 0.05
+        low: float = 0.0
+        high: float = 0.5
+        init: float = 0.01
+        interval_s: float = 0.5
+        preemption_target: float = 0.1
+        tau_s: float = 5.0
+        latency_alpha: float = 0.05
+
+        def __post_init__(self):
+            check_choice("signal", self.signal, SIGNALS)
+            check_range("setpoint", self.setpoint, -1.0, 1.0)
+            check_range("kp", self.kp, 0.0)
+            check_range("ki", self.ki, 0.0)
+            check_range("low", self.low, 0.0, 1.0, hi_inclusive=False)
+            check_range("high", self.high, self.low, 1.0, hi_inclusive=False)
+            check_range("init", self.init, self.low, self.high)
+            check_range("interval_s", self.interval_s, 1e-9)
+            check_range("preemption_target", self.preemption_target, 1e-9)
+            check_range("tau_s", self.tau_s, 1e-9)
+            check_range("latency_alpha", self.latency_alpha, 1e-9, 1.0)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.fraction = params.init
+        self.integral = 0.0
+        self.error = 0.0
+        self.tracker: Optional[FeatureTracker] = None
+        self._last_update = 0.0
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        p = self.params
+        self.tracker = FeatureTracker(FeatureConfig(
+            tau_s=p.tau_s, latency_alpha=p.latency_alpha,
+            ttft_ref_s=engine.slo_ttft_s or DEFAULT_TTFT_REF_S, tpot_ref_s=engine.slo_tpot_s or DEFAULT_TPOT_REF_S))
+        self.tracker.bind(engine)
+        self._last_update = engine.now
+
+    def measure(self) -> float:
+        """The controlled signal now, in [-1, 1]."""
+        t, p = self.tracker, self.params
+        preempt = balance(t.preemption_rate, p.preemption_target)
+        slo = balance(t.tpot_s / t.config.tpot_ref_s, t.ttft_s / t.config.ttft_ref_s)
+        return {"preemptions": preempt, "slo": slo, "both": max(preempt, slo)}[p.signal]
+
+    def update(self) -> None:
+        """One controller update: measure, integrate (clamped), set the fraction."""
+        p = self.params
+        e = self.measure() - p.setpoint
+        if p.ki > 0:
+            self.integral = min(max(self.integral + e * p.interval_s, (p.low - p.init) / p.ki), (p.high - p.init) / p.ki)
+        self.error = e
+        self.fraction = min(max(p.init + p.kp * e + p.ki * self.integral, p.low), p.high)
+
+    def on_step_end(self) -> None:
+        self.tracker.on_step_end()
+        if self.engine.now - self._last_update >= self.params.interval_s:
+            self._last_update = self.engine.now
+            self.update()
+
+    def on_finish(self, seq) -> None:
+        self.tracker.on_finish(seq)
+
+    def reserved_blocks(self) -> int:
+        return int(self.fraction * self.engine.num_blocks)
+
+
+def met_slo(seq: "SeqView", now: float) -> bool:
+    """Whether a sequence finishing at ``now`` met its TTFT and TPOT objectives (the engine's
+    rule for a one-sample request: TTFT from arrival to first token, TPOT over the decode)."""
+    ttft_slo, tpot_slo = seq.slo_ttft_s, seq.slo_tpot_s
+    if ttft_slo is not None and seq.first_token_s - seq.arrival_s > ttft_slo:
+        return False
+    if tpot_slo is not None and seq.num_output > 1 and (now - seq.first_token_s) / (seq.num_output - 1) > tpot_slo:
+        return False
+    return True
+
+
+@register("watermark", "bandit")
+class BanditWatermark(WatermarkPolicy):
+    """An online bandit over watermark values that needs no training: discounted UCB (Garivier
+    and Moulines 2011), for rewards that drift. Engine time is cut into epochs of ``epoch_s``
+    engine seconds; each epoch holds one arm (a fraction of ``fractions``) and earns its goodput
+    (output tokens per engine second of the sequences that finished in the epoch and met their
+    SLOs). Past epochs count with weight ``discount`` per epoch since, so the bandit follows a
+    changing best arm. An epoch's arm: each arm once in the listed order, then the largest
+    ``m_i / M + exploration * sqrt(ln n / n_i)`` (``n_i``, ``m_i``: discounted count and mean
+    reward of arm i; ``n``: their sum; ``M``: the largest epoch goodput seen, so means are in
+    [0, 1]); ties go to the first listed arm. Deterministic: no random numbers, the same run
+    gives the same decisions. Parameters: ``fractions`` ([0.0, 0.01, 0.05, 0.1, 0.2, 0.3], each
+    in [0, 1)), ``epoch_s`` (2.0), ``discount`` (0.9, in (0, 1]), ``exploration`` (0.5)."""
+
+    @dataclass
+    class Params:
+        fractions: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2, 0.3])
+        epoch_s: float = 2.0
+        discount: float = 0.9
+        exploration: float = 0.5
+
+        def __post_init__(self):
+            if isinstance(self.fractions, (str, bytes)) or not hasattr(self.fractions, "__len__") \
+                    or len(self.fractions) == 0:
+                raise ValueError(f"fractions must be a non-empty list of numbers, got {self.fractions!r}")
+            for i, f in enumerate(self.fractions):
+                check_range(f"fractions[{i}]", f, 0.0, 1.0, hi_inclusive=False)
+            check_range("epoch_s", self.epoch_s, 1e-9)
+            check_range("discount", self.discount, 1e-9, 1.0)
+            check_range("exploration", self.exploration, 0.0)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        k = len(params.fractions)
+        self.counts = np.zeros(k)        # discounted epochs per arm
+        self.sums = np.zeros(k)          # discounted goodput (tok/s) per arm
+        self.best_reward = 0.0           # largest epoch goodput seen (tok/s): the reward scale
+        self.epochs_played = np.zeros(k, dtype=np.int64)   # undiscounted epochs per arm
+        self.arm = 0
+        self._good_tokens = 0
+        self._epoch_start = 0.0
+
+    @property
+    def fraction(self) -> float:
+        return float(self.params.fractions[self.arm])
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        self._epoch_start = engine.now
+
+    def choose(self) -> int:
+        """The arm of the next epoch."""
+        untried = np.flatnonzero(self.epochs_played == 0)
+        if untried.size:
+            return int(untried[0])
+        scale = self.best_reward if self.best_reward > 0 else 1.0
+        means = self.sums / self.counts / scale
+        bonus = self.params.exploration * np.sqrt(math.log(self.counts.sum()) / self.counts) \
+            if self.counts.sum() > 1 else np.zeros_like(means)
+        return int(np.argmax(means + bonus))
+
+    def reward(self, arm: int, goodput: float) -> None:
+        """Fold one epoch's goodput (tok/s) of ``arm`` into the discounted statistics."""
+        g = self.params.discount
+        self.counts *= g
+        self.sums *= g
+        self.counts[arm] += 1.0
+        self.sums[arm] += goodput
+        self.epochs_played[arm] += 1
+        self.best_reward = max(self.best_reward, goodput)
+
+    def on_finish(self, seq) -> None:
+        if met_slo(seq, self.engine.now):
+            self._good_tokens += seq.num_output
+
+    def on_step_end(self) -> None:
+        now = self.engine.now
+        elapsed = now - self._epoch_start
+        if elapsed < self.params.epoch_s:
+            return
+        self.reward(self.arm, self._good_tokens / elapsed)
+        self._good_tokens, self._epoch_start = 0, now
+        self.arm = self.choose()
+
+    def reserved_blocks(self) -> int:
+        return int(self.fraction * self.engine.num_blocks)
