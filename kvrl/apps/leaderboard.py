@@ -12,25 +12,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kvrl.analysis.stats import mean_ci
 from kvrl.apps.outputs import atomic_write
 
 METRICS = ("goodput_tok_s", "throughput_tok_s", "slo_attainment", "ttft_p99_s", "tpot_p99_s", "preemptions",
            "recomputed_tokens")
 RANK_BY = "goodput_tok_s"
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)   # two-sided 95% Student t quantiles, 1..30 degrees of freedom
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """``(mean, half-width of the 95% CI)``; the half-width is NaN for fewer than two values."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if x.size == 0:
-        return math.nan, math.nan
-    if x.size == 1:
-        return float(x[0]), math.nan
-    t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.960
-    return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size))
 
 
 @dataclass

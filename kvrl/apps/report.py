@@ -1,27 +1,42 @@
-"""``kvrl-report <sweep dir>``: one table and plots from every job of a sweep.
+"""``kvrl-report <sweep dir> [baseline=<setting>] [holm=true]``: one table, paired comparisons and
+plots from every job of a sweep.
 
 A *job* is a directory under the sweep directory holding ``.hydra/overrides.yaml`` (Hydra writes
 it for every job, whatever the launcher or sweeper) or a ``metrics.json``. Each job with a
-``metrics.json`` is one row: ``job`` (its path relative to the sweep directory), one column per
-override key whose value differs between jobs (the swept parameters; a config group shows the
-chosen option, other keys their value in the job's resolved ``config.yaml``), then one column per
-numeric metric. Jobs without ``metrics.json`` (failed, still running) are skipped and listed.
+readable ``metrics.json`` is one row: ``job`` (its path relative to the sweep directory), one
+column per override key whose value differs between jobs (the swept parameters; a config group
+shows the chosen option, other keys their value in the job's resolved ``config.yaml``),
+``invalid`` (the job's aborted requests and policy errors, empty for a clean job), then one column
+per numeric metric. Jobs without ``metrics.json`` (failed, still running) or with an unreadable
+one are skipped and listed with the reason.
 
 Replicates: the seed column is ``seed`` if swept, else ``workload.seed`` if swept. A *setting* is
-one combination of the other swept parameters; its rows are its seeds.
+one combination of the other swept parameters; its rows are its seeds. Settings are ranked by
+``--rank`` (default ``goodput_tok_s``) in the metric's direction, a setting with an invalid job
+always after every clean one. With ``baseline=<setting>`` (``eviction=lifo``, or
+``eviction=lifo,prefix_cache=none``, or just ``lifo`` when one parameter is swept) every other
+setting is compared with it per seed (the jobs of one seed serve the same requests): mean paired
+difference with its 95% t-interval, % change, p-value (paired t-test; Holm-adjusted over the
+settings with ``holm=true``) and a verdict (better / worse / no significant difference, in the
+metric's direction; kvrl/analysis/stats.py).
 
-Writes into ``--out`` (default ``<sweep dir>/report``):
+Warnings (printed and at the top of ``report.md``): invalid jobs; seeds that gave identical jobs
+(their intervals are not shown: there was no variation to estimate); a sweep whose settings all
+gave identical metrics (the swept parameters changed nothing in this scenario).
+
+Writes atomically into ``--out`` (default ``<sweep dir>/report``):
 
 * ``jobs.csv``, ``jobs.md`` and ``jobs.parquet`` (with pyarrow) or else ``jobs.jsonl``: the table;
-* ``summary.csv``: per setting, the number of seeds ``n`` and each metric's mean and 95%
-  confidence half-width (Student t; empty for n = 1);
-* ``report.md``: common overrides, skipped jobs, the summary as ``mean ± ci`` and the Pareto front;
+* ``summary.csv``: per setting, ``rank``, ``n`` seeds, ``invalid_jobs``, each metric's mean and 95%
+  confidence half-width (Student t; empty for n = 1 or identical seeds), and with a baseline the
+  paired comparison of each compared metric;
+* ``report.md``: warnings, common overrides, skipped jobs, the ranked summary as ``mean ± ci``,
+  the paired comparisons, the Pareto front;
 * ``vs_<param>.png`` for each numeric swept parameter: the plot metrics against it, one line per
   setting of the other swept parameters (plugins), mean with a 95% CI band over seeds;
-* ``bars.png`` when no swept parameter is numeric (e.g. plugin against plugin): the plot metrics
-  per setting, 95% CI error bars;
-* ``pareto.png``: throughput against p99 TTFT per setting, the Pareto front (higher throughput,
-  lower TTFT) marked.
+  ``bars.png`` when no swept parameter is numeric; ``pareto.png``: throughput against p99 TTFT
+  per setting, the Pareto front of clean settings marked. Each figure also as a vector PDF, with
+  axis labels and units from kvrl/analysis/metrics.py and a caption naming the workload and seeds.
 """
 from __future__ import annotations
 
@@ -37,17 +52,26 @@ from typing import Any, Iterable, Optional, Sequence
 
 import yaml
 
-METRIC_ORDER = ("requests", "finished", "output_tokens", "duration_s", "throughput_tok_s", "goodput_tok_s",
+from kvrl.analysis import stats
+from kvrl.analysis.metrics import spec
+from kvrl.analysis.stats import mean_ci  # noqa: F401  (re-exported: the interval every app reports)
+from kvrl.apps import figures
+from kvrl.apps.outputs import atomic_write
+
+METRIC_ORDER = ("requests", "finished", "rejected", "aborted", "clipped", "dropped", "policy_errors",
+                "output_tokens", "duration_s", "throughput_tok_s", "goodput_tok_s", "slo_attainment",
                 "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "kv_utilization", "kv_occupancy",
                 "preemptions", "swapped_out_blocks", "swapped_in_blocks", "recomputed_tokens",
-                "prefix_hit_rate")
+                "prefix_hit_rate", "policy_time_s")
 PLOT_METRICS = ("goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "preemptions")
 PARETO = ("throughput_tok_s", "ttft_p99_s")   # maximise x, minimise y
+RANK_BY = "goodput_tok_s"
 SEED_KEYS = ("seed", "workload.seed")
-# Student t quantile 0.975 for 1..30 degrees of freedom; above 30 a Cornish-Fisher expansion.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+#: Wall-clock measurements: they differ between two runs of one config, so they are left out when
+#: deciding whether two jobs are identical.
+WALL_CLOCK = ("wall_s", "policy_time_s")
+#: A job with any of these above zero is invalid: it did not serve all of its requests cleanly.
+INVALID_IF = ("aborted", "policy_errors")
 
 
 # ------------------------------------------------------------------------------------- collect
@@ -61,6 +85,7 @@ class Sweep:
     metrics: list[str]                 # metric columns
     common: dict[str, Any]             # overrides equal in every job
     skipped: dict[str, str] = field(default_factory=dict)   # job -> reason
+    workload: Optional[str] = None     # the workload's name in the first job's config
 
     @property
     def seed(self) -> Optional[str]:
@@ -117,65 +142,173 @@ def _override_items(job: Path, config: dict) -> list[tuple[str, Any]]:
     return items
 
 
+def invalid_reason(metrics: dict[str, Any]) -> str:
+    """``aborted=N; policy_errors=M`` for the counts of :data:`INVALID_IF` above zero ("" if none;
+    a metrics.json from before these counts existed reads as 0)."""
+    return "; ".join(f"{k}={metrics.get(k) or 0:g}" for k in INVALID_IF if (metrics.get(k) or 0) > 0)
+
+
+def _read_job(job: Path) -> tuple[dict, dict]:
+    """``(config, metrics)`` of a job; raises ``ValueError`` naming the file that cannot be read."""
+    config_file = next((p for p in (job / "config.yaml", job / ".hydra" / "config.yaml") if p.is_file()), None)
+    try:
+        config = (yaml.safe_load(config_file.read_text()) or {}) if config_file else {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"unreadable {config_file}: {type(exc).__name__}: {exc}") from None
+    path = job / "metrics.json"
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"unreadable {path}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(metrics, dict):
+        raise ValueError(f"unreadable {path}: expected a JSON object, got {type(metrics).__name__}")
+    return config, metrics
+
+
 def collect(root: Path) -> Sweep:
-    """Read every job under ``root``; raises ``FileNotFoundError`` if no job has metrics."""
+    """Read every job under ``root``; raises ``FileNotFoundError`` if no job has readable metrics."""
     root = Path(root)
     values: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     skipped = {}
+    workload = None
     for job in find_jobs(root):
         name = str(job.relative_to(root))
         if not (job / "metrics.json").is_file():
             skipped[name] = "no metrics.json"
             continue
-        config_file = next((p for p in (job / "config.yaml", job / ".hydra" / "config.yaml") if p.is_file()), None)
-        config = yaml.safe_load(config_file.read_text()) if config_file else {}
-        metrics = json.loads((job / "metrics.json").read_text())
-        values.append((name, dict(_override_items(job, config)), metrics))
+        try:
+            config, metrics = _read_job(job)
+            params = dict(_override_items(job, config))
+        except (ValueError, yaml.YAMLError) as exc:
+            skipped[name] = str(exc)
+            print(f"kvrl-report: skipping job {job}: {exc}", file=sys.stderr)
+            continue
+        if workload is None:
+            workload = _select(config, "workload.name")
+        values.append((name, params, metrics))
     if not values:
-        raise FileNotFoundError(f"no job with a metrics.json under {root}")
+        raise FileNotFoundError(f"no job with a readable metrics.json under {root}"
+                                + (f" ({len(skipped)} skipped)" if skipped else ""))
     keys = list(dict.fromkeys(k for _, params, _ in values for k in params))
     swept = [k for k in keys if len({json.dumps(p.get(k)) for _, p, _ in values}) > 1]
     common = {k: values[0][1].get(k) for k in keys if k not in swept}
     numeric = {k for _, _, m in values for k, v in m.items() if _is_number(v) or v is None}
     metrics = [k for k in METRIC_ORDER if k in numeric] + sorted(numeric - set(METRIC_ORDER))
-    rows = [{"job": name, **{k: params.get(k) for k in swept}, **{k: m.get(k) for k in metrics}}
-            for name, params, m in values]
-    return Sweep(root, rows, swept, metrics, common, skipped)
+    rows = [{"job": name, **{k: params.get(k) for k in swept}, "invalid": invalid_reason(m),
+             **{k: m.get(k) for k in metrics}} for name, params, m in values]
+    return Sweep(root, rows, swept, metrics, common, skipped, workload)
 
 
 # ------------------------------------------------------------------------------------ statistics
-def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` >= 1 degrees of freedom."""
-    if df <= len(T975):
-        return T975[df - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+def _key(row: dict, params: Sequence[str]) -> tuple:
+    return tuple(json.dumps(row[p]) for p in params)
 
 
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and 95% confidence half-width of ``values`` (NaN half-width for fewer than two)."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t975(n - 1) * sd / math.sqrt(n)
+def _same_jobs(rows: Sequence[dict], metrics: Sequence[str]) -> bool:
+    """Whether every row has the same value of every metric but the wall-clock ones."""
+    keep = [m for m in metrics if m not in WALL_CLOCK]
+    return len({json.dumps([r.get(m) for m in keep]) for r in rows}) == 1
 
 
 def summarize(sweep: Sweep) -> list[dict[str, Any]]:
-    """One row per setting: its parameters, ``n`` and ``<metric>_mean``/``<metric>_ci95``."""
+    """One row per setting, in discovery order: its parameters, ``n``, ``invalid_jobs``,
+    ``identical_seeds`` (its n >= 2 seeds gave identical jobs: half-widths left empty) and
+    ``<metric>_mean``/``<metric>_ci95``."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in sweep.rows:
-        groups[tuple(json.dumps(row[p]) for p in sweep.settings)].append(row)
+        groups[_key(row, sweep.settings)].append(row)
     out = []
     for rows in groups.values():
-        summary = {p: rows[0][p] for p in sweep.settings} | {"n": len(rows)}
+        same = len(rows) > 1 and _same_jobs(rows, sweep.metrics)
+        summary = {p: rows[0][p] for p in sweep.settings} | {
+            "n": len(rows), "invalid_jobs": sum(1 for r in rows if r["invalid"]), "identical_seeds": same}
         for metric in sweep.metrics:
             mean, ci = mean_ci([r[metric] for r in rows if _is_number(r[metric])])
-            summary[f"{metric}_mean"], summary[f"{metric}_ci95"] = mean, ci
+            summary[f"{metric}_mean"], summary[f"{metric}_ci95"] = mean, (math.nan if same else ci)
         out.append(summary)
+    return out
+
+
+def rank(summary: Sequence[dict], metric: str) -> list[int]:
+    """Indices of ``summary`` best first by ``metric``'s mean in its direction (higher is better when
+    it has none); settings with an invalid job after every clean one, NaN means last in each part."""
+    sign = -1.0 if spec(metric).direction == "lower" else 1.0
+
+    def order(i: int) -> tuple:
+        mean = summary[i].get(f"{metric}_mean", math.nan)
+        return (summary[i]["invalid_jobs"] > 0, math.isnan(mean), -sign * mean if not math.isnan(mean) else 0.0)
+    return sorted(range(len(summary)), key=order)
+
+
+def warnings_of(sweep: Sweep, summary: Sequence[dict]) -> list[str]:
+    """What a reader must know before trusting the tables (see the module docs)."""
+    out = []
+    bad = [r for r in sweep.rows if r["invalid"]]
+    if bad:
+        out.append(f"{len(bad)} of {len(sweep.rows)} jobs are invalid (aborted requests or policy errors; "
+                   "their settings are ranked after every clean one): "
+                   + ", ".join(f"{r['job']} ({r['invalid']})" for r in bad[:8]) + (" ..." if len(bad) > 8 else ""))
+    same = [s for s in summary if s["identical_seeds"]]
+    if same and sweep.seed:
+        names = ", ".join(_label(s, sweep.settings) for s in same[:6]) + (" ..." if len(same) > 6 else "")
+        out.append(f"the seeds over `{sweep.seed}` gave identical jobs in {len(same)} of {len(summary)} settings "
+                   f"({names}): they are not replicates, so no interval is shown (does `{sweep.seed}` change "
+                   "this run? in a sim run it must reach the workload's random draws)")
+    if len(summary) > 1:
+        keep = [m for m in sweep.metrics if m not in WALL_CLOCK]
+        if len({json.dumps([s[f"{m}_mean"] for m in keep]) for s in summary}) == 1:
+            out.append(f"all {len(summary)} settings gave identical metrics: the swept parameters "
+                       f"({', '.join(sweep.settings)}) changed nothing in this scenario (is there memory pressure?)")
+    return out
+
+
+def parse_setting(text: str, sweep: Sweep, summary: Sequence[dict]) -> int:
+    """The index in ``summary`` of the setting ``text`` names: ``key=value[,key=value...]`` (a key
+    may be the swept parameter or its last dotted part) or, with one swept parameter, its value.
+    Raises ``ValueError`` listing the settings when none or several match."""
+    settings = sweep.settings
+    if not settings:
+        raise ValueError("baseline: this sweep has no swept parameter other than the seed")
+    wanted: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            if len(settings) != 1:
+                raise ValueError(f"baseline={text!r}: name the parameter (key=value), one of {', '.join(settings)}")
+            key, value = settings[0], part
+        match = [p for p in settings if p == key or p.endswith("." + key)]
+        if len(match) != 1:
+            raise ValueError(f"baseline={text!r}: {key!r} is not a swept parameter ({', '.join(settings)})")
+        wanted[match[0]] = value
+
+    def equal(cell: Any, value: str) -> bool:
+        if _is_number(cell):
+            try:
+                return float(value) == float(cell)
+            except ValueError:
+                return False
+        return str(cell) == value
+    hits = [i for i, s in enumerate(summary) if all(equal(s[k], v) for k, v in wanted.items())]
+    if len(hits) != 1:
+        known = "; ".join(_label(s, settings) for s in summary)
+        raise ValueError(f"baseline={text!r} matches {len(hits)} settings; the settings are: {known}")
+    return hits[0]
+
+
+def compare(sweep: Sweep, summary: Sequence[dict], baseline: int, metrics: Sequence[str],
+            correct: bool = False) -> dict[str, dict[int, stats.Comparison]]:
+    """Per metric, every setting but ``baseline`` (an index of ``summary``) against it, paired by
+    seed (:func:`kvrl.analysis.stats.compare_to_baseline`)."""
+    keys = [_key(s, sweep.settings) for s in summary]
+    groups: dict[str, dict[Any, Any]] = {str(i): {} for i in range(len(summary))}
+    for row in sweep.rows:
+        seed = json.dumps(row[sweep.seed]) if sweep.seed else row["job"]
+        groups[str(keys.index(_key(row, sweep.settings)))][seed] = row
+    out = {}
+    for metric in metrics:
+        values = {g: {s: r.get(metric) for s, r in rows.items()} for g, rows in groups.items()}
+        result = stats.compare_to_baseline(values, str(baseline), metric, correct=correct)
+        out[metric] = {int(g): c for g, c in result.items()}
     return out
 
 
@@ -209,11 +342,12 @@ def _fmt_csv(x: Any) -> Any:
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
-    """``rows`` as CSV, full float precision, missing values empty."""
-    with open(path, "w", newline="") as f:
+    """``rows`` as CSV, full float precision, missing values empty; written atomically."""
+    def write(f):
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows({c: _fmt_csv(r.get(c)) for c in columns} for r in rows)
+    atomic_write(path, write)
 
 
 def write_columnar(stem: Path, rows: Sequence[dict]) -> Path:
@@ -223,13 +357,12 @@ def write_columnar(stem: Path, rows: Sequence[dict]) -> Path:
         import pyarrow.parquet as pq
     except ImportError:
         path = stem.with_suffix(".jsonl")
-        with open(path, "w") as f:
-            for row in rows:
-                f.write(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
-                                    for k, v in row.items()}) + "\n")
+        atomic_write(path, lambda f: f.writelines(
+            json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}) + "\n"
+            for row in rows))
         return path
     path = stem.with_suffix(".parquet")
-    pq.write_table(pa.Table.from_pylist(list(rows)), path)
+    atomic_write(path, lambda f: pq.write_table(pa.Table.from_pylist(list(rows)), f), mode="wb")
     return path
 
 
@@ -238,23 +371,13 @@ def _label(row: dict, params: Iterable[str]) -> str:
     return ", ".join(f"{p}={_fmt(row[p])}" for p in params) or "all"
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def _color(i: int) -> Any:
-    return _pyplot().get_cmap("tab10" if i < 10 else "tab20")(i % 20)
+    return figures.pyplot().get_cmap("tab10" if i < 10 else "tab20")(i % 20)
 
 
-def _save(fig: Any, path: Path, legend_ax: Any = None) -> None:
-    """Save ``fig``; ``legend_ax``'s legend goes to the right of the figure."""
-    if legend_ax is not None and legend_ax.get_legend_handles_labels()[0]:
-        legend_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+def _legend_right(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
 
 
 def _groups(summary: Sequence[dict], params: Sequence[str]) -> dict[str, list[dict]]:
@@ -270,64 +393,67 @@ def _ci(row: dict, metric: str) -> float:
 
 
 def plot_vs_param(summary: Sequence[dict], param: str, others: Sequence[str], metrics: Sequence[str],
-                  path: Path) -> None:
-    """Each metric against ``param``: one line per setting of ``others``, mean ± 95% CI band."""
-    plt = _pyplot()
+                  path: Path, caption: str = "") -> list[Path]:
+    """Each metric against ``param``: one line per setting of ``others``, mean ± 95% CI band
+    (clipped to the metric's range)."""
+    plt = figures.pyplot()
     lines = _groups(summary, others)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.3 * len(metrics), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 2.7), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for i, (label, rows) in enumerate(lines.items()):
             rows = sorted(rows, key=lambda r: r[param])
             x, mean = [r[param] for r in rows], [r[f"{metric}_mean"] for r in rows]
-            ci = [_ci(r, metric) for r in rows]
-            ax.plot(x, mean, marker="o", markersize=3, color=_color(i), label=label if others else None)
-            ax.fill_between(x, [m - c for m, c in zip(mean, ci)], [m + c for m, c in zip(mean, ci)],
-                            color=_color(i), alpha=0.2)
+            ax.plot(x, mean, marker="o", markersize=2.5, color=_color(i), label=label if others else None)
+            figures.band(ax, x, mean, [_ci(r, metric) for r in rows], metric, color=_color(i), alpha=0.2,
+                         linewidth=0)
         ax.set_xlabel(param)
-        ax.set_ylabel(metric)
+        figures.set_metric_label(ax, metric)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"mean and 95% CI over seeds vs {param}", fontsize=10)
     fig.tight_layout()
-    _save(fig, path, axes[0][-1])
+    _legend_right(axes[0][-1])
+    return figures.save(fig, path, caption)
 
 
-def plot_bars(summary: Sequence[dict], categorical: Sequence[str], metrics: Sequence[str], path: Path) -> None:
+def plot_bars(summary: Sequence[dict], categorical: Sequence[str], metrics: Sequence[str], path: Path,
+              caption: str = "") -> list[Path]:
     """Each metric per setting of a sweep without numeric parameters: groups along x by all but
-    the last categorical parameter, one bar per value of the last, 95% CI error bars."""
-    plt = _pyplot()
+    the last categorical parameter, one bar per value of the last, 95% CI error bars (clipped to
+    the metric's range)."""
+    plt = figures.pyplot()
     *outer, inner = categorical
     groups = _groups(summary, outer)
     bars = list(dict.fromkeys(_fmt(r[inner]) for r in summary))
     width = 0.8 / len(bars)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(max(4.3, 0.3 * len(summary)) * len(metrics), 3.8),
+    fig, axes = plt.subplots(1, len(metrics), figsize=(max(3.2, 0.25 * len(summary)) * len(metrics), 2.9),
                              squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for j, bar in enumerate(bars):
             cells = [(x, next((r for r in rows if _fmt(r[inner]) == bar), None))
                      for x, rows in enumerate(groups.values())]
             cells = [(x, r) for x, r in cells if r is not None]
-            ax.bar([x + (j - (len(bars) - 1) / 2) * width for x, _ in cells], [r[f"{metric}_mean"] for _, r in cells],
-                   width, yerr=[_ci(r, metric) for _, r in cells], color=_color(j), capsize=2,
-                   label=f"{inner}={bar}")
-        ax.set_xticks(range(len(groups)), list(groups) if outer else [""], rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel(metric)
+            means = [r[f"{metric}_mean"] for _, r in cells]
+            ax.bar([x + (j - (len(bars) - 1) / 2) * width for x, _ in cells], means, width,
+                   yerr=figures.error_bars(metric, means, [_ci(r, metric) for _, r in cells]), color=_color(j),
+                   capsize=2, label=f"{inner}={bar}")
+        ax.set_xticks(range(len(groups)), list(groups) if outer else [""], rotation=30, ha="right")
+        figures.set_metric_label(ax, metric)
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle("mean and 95% CI over seeds", fontsize=10)
     fig.tight_layout()
-    _save(fig, path, axes[0][-1])
+    _legend_right(axes[0][-1])
+    return figures.save(fig, path, caption)
 
 
 def plot_pareto(summary: Sequence[dict], settings: Sequence[str], categorical: Sequence[str],
-                front: Sequence[int], path: Path) -> None:
-    """Throughput against p99 TTFT per setting, the Pareto front joined and labelled. Colour: the
-    categorical parameters (with two or more, the last one is the marker instead); without
+                front: Sequence[int], path: Path, caption: str = "") -> list[Path]:
+    """Throughput against p99 TTFT per setting, the Pareto front ringed, joined and labelled. Colour:
+    the categorical parameters (with two or more, the last one is the marker instead); without
     categorical parameters the colour shows the first swept (numeric) parameter."""
-    plt = _pyplot()
+    plt = figures.pyplot()
     x_key, y_key = (f"{m}_mean" for m in PARETO)
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
     if not categorical:
         shade = [r[settings[0]] for r in summary] if settings else None
-        dots = ax.scatter([r[x_key] for r in summary], [r[y_key] for r in summary], s=22, c=shade, cmap="viridis")
+        dots = ax.scatter([r[x_key] for r in summary], [r[y_key] for r in summary], s=18, c=shade, cmap="viridis")
         if settings:
             fig.colorbar(dots, ax=ax, label=settings[0])
     by_color, by_marker = (categorical[:-1], categorical[-1]) if len(categorical) > 1 else (categorical, None)
@@ -335,79 +461,192 @@ def plot_pareto(summary: Sequence[dict], settings: Sequence[str], categorical: S
     for i, (label, rows) in enumerate(_groups(summary, by_color).items() if categorical else ()):
         for j, marker in enumerate(markers):
             mine = [r for r in rows if marker is None or _fmt(r[by_marker]) == marker]
+            if not mine:
+                continue
             name = label if marker is None else f"{label}, {by_marker}={marker}"
-            ax.scatter([r[x_key] for r in mine], [r[y_key] for r in mine], s=22, color=_color(i),
+            ax.scatter([r[x_key] for r in mine], [r[y_key] for r in mine], s=18, color=_color(i),
                        marker="osD^v<>ph*"[j % 10], alpha=0.8, label=name)
     best = sorted((summary[i] for i in front), key=lambda r: r[x_key])
-    ax.plot([r[x_key] for r in best], [r[y_key] for r in best], "k--", linewidth=1, label="Pareto front")
+    if best:   # rings round the front's points, joined: visible (and in the legend) even for one point
+        ax.plot([r[x_key] for r in best], [r[y_key] for r in best], "k--", linewidth=0.8, marker="o", markersize=9,
+                markerfacecolor="none", label="Pareto front (clean settings)")
     for row in best:
         ax.annotate(_label(row, settings), (row[x_key], row[y_key]), fontsize=6, xytext=(-3, 3),
                     textcoords="offset points", ha="right")
-    ax.set_xlabel(f"{PARETO[0]} (mean over seeds)")
-    ax.set_ylabel(f"{PARETO[1]} (mean over seeds)")
+    figures.set_metric_label(ax, PARETO[0], "x", ", mean over seeds")
+    figures.set_metric_label(ax, PARETO[1], "y", ", mean over seeds")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    if not categorical:
-        ax.legend(fontsize=7)
-    _save(fig, path, ax if categorical else None)
+    if categorical:
+        _legend_right(ax)
+    elif best:
+        ax.legend()
+    return figures.save(fig, path, caption)
 
 
 # ---------------------------------------------------------------------------------------- report
-def report(root: Path, out: Optional[Path] = None, plot_metrics: Sequence[str] = PLOT_METRICS) -> dict[str, Path]:
+def caption_of(sweep: Sweep, summary: Sequence[dict]) -> str:
+    """The figures' caption: workload and common overrides, seeds, what the marks are."""
+    seeds = sorted({r[sweep.seed] for r in sweep.rows}, key=str) if sweep.seed else []
+    scenario = " ".join(f"{k}={_fmt(v)}" for k, v in sweep.common.items() if k.split(".")[0] in
+                        ("workload", "engine", "backend", "model", "device", "scheduler", "watermark", "eviction",
+                         "prefix_cache", "slo"))
+    text = f"Workload {sweep.workload or '?'}" + (f" ({scenario})" if scenario else "") + ". "
+    text += (f"Mean and 95% CI (Student t) over {len(seeds)} seeds ({sweep.seed} = "
+             f"{', '.join(_fmt(s) for s in seeds)})." if seeds else "One job per setting (no seeds swept; no CI).")
+    if any(s["identical_seeds"] for s in summary):
+        text += " Seeds that gave identical jobs: no interval."
+    return text
+
+
+def report(root: Path, out: Optional[Path] = None, plot_metrics: Sequence[str] = PLOT_METRICS,
+           baseline: Optional[str] = None, holm: bool = False, rank_by: str = RANK_BY) -> dict[str, Path]:
     """Collect the sweep under ``root`` and write the tables and plots into ``out`` (default
-    ``root/report``); returns the written files by name (``jobs.csv``, ``vs_<param>.png``, ...)."""
+    ``root/report``); returns the written files by name (``jobs.csv``, ``vs_<param>.png``, ...).
+    A ``baseline`` that names no single setting raises ``ValueError`` listing the settings."""
     sweep = collect(root)
     out = Path(out) if out is not None else Path(root) / "report"
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
-    columns = ["job", *sweep.params, *sweep.metrics]
+    columns = ["job", *sweep.params, "invalid", *sweep.metrics]
     write_csv(files.setdefault("jobs.csv", out / "jobs.csv"), sweep.rows, columns)
-    (files.setdefault("jobs.md", out / "jobs.md")).write_text(markdown_table(sweep.rows, columns))
+    atomic_write(files.setdefault("jobs.md", out / "jobs.md"), lambda f: f.write(markdown_table(sweep.rows, columns)))
     table = write_columnar(out / "jobs", sweep.rows)
     files[table.name] = table
 
     summary = summarize(sweep)
-    stats = [f"{m}_{s}" for m in sweep.metrics for s in ("mean", "ci95")]
-    write_csv(files.setdefault("summary.csv", out / "summary.csv"), summary, [*sweep.settings, "n", *stats])
-
+    rank_by = rank_by if rank_by in sweep.metrics else next(iter(sweep.metrics))
+    for place, i in enumerate(rank(summary, rank_by), 1):
+        summary[i]["rank"] = place
     plot_metrics = [m for m in plot_metrics if m in sweep.metrics]
+    shown = list(dict.fromkeys([rank_by, *plot_metrics, *(m for m in PARETO if m in sweep.metrics)]))
+    base = parse_setting(baseline, sweep, summary) if baseline else None
+    comparisons = compare(sweep, summary, base, shown, holm) if base is not None else {}
+    stat_columns = [f"{m}_{s}" for m in sweep.metrics for s in ("mean", "ci95")]
+    cmp_columns = []
+    for metric, result in comparisons.items():
+        for i, c in result.items():
+            summary[i].update({f"{metric}_delta": c.delta, f"{metric}_delta_ci95": c.delta_ci,
+                               f"{metric}_pct_change": c.pct_change, f"{metric}_p": c.p_value,
+                               f"{metric}_p_holm": c.p_adjusted if holm else None, f"{metric}_verdict": c.verdict})
+        cmp_columns += [f"{metric}_{s}" for s in ("delta", "delta_ci95", "pct_change", "p", "p_holm", "verdict")]
+    write_csv(files.setdefault("summary.csv", out / "summary.csv"), summary,
+              [*sweep.settings, "rank", "n", "invalid_jobs", "identical_seeds", *stat_columns, *cmp_columns])
+
+    caption = caption_of(sweep, summary)
     numeric = [p for p in sweep.settings if sweep.numeric(p)]
     categorical = [p for p in sweep.settings if p not in numeric]
+
+    def add(name: str, paths: list[Path]) -> None:
+        files[name] = paths[0]
+        files[Path(name).with_suffix(".pdf").name] = paths[1]
     for param in numeric if plot_metrics else []:
-        path = files.setdefault(f"vs_{param}.png", out / f"vs_{param}.png")
-        plot_vs_param(summary, param, [p for p in sweep.settings if p != param], plot_metrics, path)
+        add(f"vs_{param}.png", plot_vs_param(summary, param, [p for p in sweep.settings if p != param],
+                                             plot_metrics, out / f"vs_{param}.png", caption))
     if plot_metrics and categorical and not numeric:
-        plot_bars(summary, categorical, plot_metrics, files.setdefault("bars.png", out / "bars.png"))
+        add("bars.png", plot_bars(summary, categorical, plot_metrics, out / "bars.png", caption))
     front: list[int] = []
     if all(m in sweep.metrics for m in PARETO):
-        front = pareto_front([(r[f"{PARETO[0]}_mean"], r[f"{PARETO[1]}_mean"]) for r in summary])
-        plot_pareto(summary, sweep.settings, categorical, front, files.setdefault("pareto.png", out / "pareto.png"))
-    files["report.md"] = out / "report.md"
-    files["report.md"].write_text(_report_md(sweep, summary, front, plot_metrics, files))
+        clean = [i for i, s in enumerate(summary) if not s["invalid_jobs"]]
+        front = [clean[i] for i in pareto_front([(summary[i][f"{PARETO[0]}_mean"], summary[i][f"{PARETO[1]}_mean"])
+                                                 for i in clean])]
+        add("pareto.png", plot_pareto(summary, sweep.settings, categorical, front, out / "pareto.png", caption))
+    warnings = warnings_of(sweep, summary)
+    for w in warnings:
+        print(f"kvrl-report: warning: {w}", file=sys.stderr)
+    text = _report_md(sweep, summary, front, shown, files, warnings, rank_by, base, comparisons, holm, caption)
+    atomic_write(files.setdefault("report.md", out / "report.md"), lambda f: f.write(text))
     return files
 
 
-def _report_md(sweep: Sweep, summary: list[dict], front: list[int], metrics: Sequence[str],
-               files: dict[str, Path]) -> str:
-    shown = [m for m in (*metrics, *(m for m in PARETO if m not in metrics)) if m in sweep.metrics]
-    rows = [{**{p: r[p] for p in sweep.settings}, "n": r["n"],
-             **{m: f"{_fmt(r[f'{m}_mean'])} ± {_fmt(r[f'{m}_ci95']) or '–'}" for m in shown}} for r in summary]
+def _cell(row: dict, metric: str) -> str:
+    mean, ci = _fmt(row[f"{metric}_mean"]), _fmt(row[f"{metric}_ci95"])
+    if row["identical_seeds"]:
+        return f"{mean} (identical seeds)"
+    return f"{mean} ± {ci}" if ci else mean
+
+
+def _report_md(sweep: Sweep, summary: list[dict], front: list[int], shown: Sequence[str], files: dict[str, Path],
+               warnings: Sequence[str], rank_by: str, base: Optional[int],
+               comparisons: dict[str, dict[int, stats.Comparison]], holm: bool, caption: str) -> str:
+    ranked = sorted(summary, key=lambda r: r["rank"])
     parts = [f"# Sweep report: {sweep.root}\n",
              f"{len(sweep.rows)} jobs with metrics, {len(summary)} settings"
              + (f", seeds over `{sweep.seed}`" if sweep.seed else "") + f"; {len(sweep.skipped)} skipped.\n"]
+    if warnings:
+        parts.append("**Warnings**\n\n" + "".join(f"- {w}\n" for w in warnings))
     if sweep.common:
         parts.append("Common overrides: " + " ".join(f"`{k}={_fmt(v)}`" for k, v in sweep.common.items()) + "\n")
     if sweep.skipped:
         parts.append("Skipped jobs:\n\n" + "".join(f"- `{j}`: {why}\n" for j, why in sweep.skipped.items()))
-    parts.append("## Mean ± 95% CI over seeds\n\n" + markdown_table(rows, [*sweep.settings, "n", *shown]))
+    rows = [{"rank": r["rank"], **{p: r[p] for p in sweep.settings}, "n": r["n"],
+             "invalid": f"{r['invalid_jobs']} jobs" if r["invalid_jobs"] else "",
+             **{m: _cell(r, m) for m in shown}} for r in ranked]
+    direction = spec(rank_by).direction or "higher"
+    parts.append(f"## Mean ± 95% CI over seeds (ranked by {rank_by}, {direction} first; invalid settings last)\n\n"
+                 + markdown_table(rows, ["rank", *sweep.settings, "n", "invalid", *shown]))
+    if base is not None:
+        parts.append(_comparison_md(sweep, summary, base, comparisons, holm, rank_by))
     if front:
         best = sorted((summary[i] for i in front), key=lambda r: -r[f"{PARETO[0]}_mean"])
-        parts.append(f"## Pareto front ({PARETO[0]} up, {PARETO[1]} down)\n\n"
+        parts.append(f"## Pareto front ({PARETO[0]} up, {PARETO[1]} down; clean settings)\n\n"
                      + markdown_table(best, [*sweep.settings, *(f"{m}_mean" for m in PARETO)]))
     plots = [name for name in files if name.endswith(".png")]
     if plots:
-        parts.append("## Plots\n\n" + "".join(f"![{name}]({name})\n" for name in plots))
+        parts.append("## Plots\n\n" + caption + " Vector copies: the `.pdf` beside each PNG.\n\n"
+                     + "".join(f"![{name}]({name})\n" for name in plots))
     return "\n".join(parts)
+
+
+def _comparison_md(sweep: Sweep, summary: list[dict], base: int, comparisons: dict[str, dict[int, stats.Comparison]],
+                   holm: bool, rank_by: str) -> str:
+    """The paired comparisons as a Markdown section: the rank metric in full, the others as % change
+    and verdict."""
+    main, others = comparisons[rank_by], [m for m in comparisons if m != rank_by]
+    p_name = "p (Holm)" if holm else "p"
+    rows = []
+    for i in sorted(main, key=lambda i: summary[i]["rank"]):
+        c = main[i]
+        row = {**{p: summary[i][p] for p in sweep.settings}, "pairs": c.n,
+               f"Δ {rank_by}": f"{_fmt(c.delta)} ± {_fmt(c.delta_ci) or '–'}",
+               "% change": f"{c.pct_change:+.1f}%" if math.isfinite(c.pct_change) else "",
+               p_name: f"{c.p_adjusted:.2g}" if math.isfinite(c.p_adjusted) else "", "verdict": c.verdict,
+               "invalid": "yes" if summary[i]["invalid_jobs"] else ""}
+        row.update({m: comparisons[m][i].text() for m in others})
+        rows.append(row)
+    columns = [*sweep.settings, "pairs", f"Δ {rank_by}", "% change", p_name, "verdict", "invalid", *others]
+    return (f"## Paired differences vs {_label(summary[base], sweep.settings)} (per seed)\n\n"
+            f"Each setting minus the baseline on the same seed (same requests): mean ± 95% CI, % of the "
+            f"baseline's mean, paired t-test{' with Holm correction over the settings' if holm else ''}; "
+            "verdict at 95% in the metric's direction.\n\n" + markdown_table(rows, columns))
+
+
+def terminal_summary(path: Path) -> str:
+    """The ranked summary (and comparison) sections of ``report.md`` as plain text for the terminal."""
+    text = path.read_text()
+    keep = [s for s in text.split("\n## ") if s.startswith(("Mean ± 95% CI", "Paired differences"))]
+    head = text.split("\n## ")[0].strip()
+    return "\n\n".join([head, *("## " + s.strip() for s in keep)])
+
+
+def _argv(argv: Sequence[str]) -> list[str]:
+    """Hydra-style ``key=value`` arguments (baseline, holm, out, metrics, rank) as ``--key value``."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key in ("baseline", "holm", "out", "metrics", "rank"):
+            out += [f"--{key}", value]
+        else:
+            out.append(arg)
+    return out
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"holm: expected true or false, got {text!r}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -416,15 +655,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <sweep_dir>/report)")
     parser.add_argument("--metrics", default=",".join(PLOT_METRICS),
                         help="comma-separated metrics to plot against each numeric swept parameter")
-    args = parser.parse_args(argv)
+    parser.add_argument("--baseline", default=None,
+                        help="setting to compare every other with, per seed (e.g. eviction=lifo)")
+    parser.add_argument("--holm", type=_bool, nargs="?", const=True, default=False,
+                        help="Holm-correct the comparisons' p-values over the settings")
+    parser.add_argument("--rank", default=RANK_BY, help="metric the settings are ranked by")
+    args = parser.parse_args(_argv(sys.argv[1:] if argv is None else argv))
     try:
-        files = report(args.sweep_dir, args.out, [m for m in args.metrics.split(",") if m])
-    except FileNotFoundError as exc:
+        files = report(args.sweep_dir, args.out, [m for m in args.metrics.split(",") if m], args.baseline,
+                       args.holm, args.rank)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"kvrl-report: {exc}", file=sys.stderr)
         return 1
-    sweep_md = files["report.md"].read_text().split("\n## ")[0]
-    print(sweep_md.strip())
-    print("wrote " + ", ".join(str(p) for p in files.values()))
+    print(terminal_summary(files["report.md"]))
+    print("wrote:")
+    for path in files.values():
+        print(f"  {path}")
     return 0
 
 
