@@ -339,3 +339,87 @@ def test_a_bad_value_anywhere_in_a_sweep_fails_it_before_the_first_job(tmp_path)
     assert "sweep job #2" in proc.stderr and "watermark.fraction=1.5" in proc.stderr
     assert "fraction must be < 1.0" in proc.stderr
     assert not list(sweep.glob("*/.hydra"))
+
+
+# --------------------------------------------------------------- kvrl-report: validity, verdicts
+def _seeded_sweep(root: Path, goodput: dict[str, list[float]], extra: dict[str, dict] | None = None,
+                  key: str = "eviction") -> None:
+    """Fake jobs: one per (setting, seed) with the given goodput per seed (TTFT falls with it)."""
+    num = 0
+    for setting, values in goodput.items():
+        for seed, g in enumerate(values):
+            metrics = {"goodput_tok_s": g, "throughput_tok_s": g * 1.1, "ttft_p99_s": 100.0 / g, "aborted": 0,
+                       "wall_s": 0.1 * num, **(extra or {}).get(setting, {})}
+            _fake_job(root, str(num), [f"{key}={setting}", f"seed={seed}"],
+                      {key.split(".")[0]: {"name": setting}, "seed": seed, "workload": {"name": "synthetic"}}, metrics)
+            num += 1
+
+
+def test_report_ranks_an_aborting_plugin_last_and_flags_it(tmp_path, capsys):
+    _seeded_sweep(tmp_path, {"lifo": [100, 120, 90], "broken": [160, 170, 150], "most_blocks": [105, 126, 94]},
+                  extra={"broken": {"aborted": 169, "policy_errors": 3}})
+    files = report.report(tmp_path, plot_metrics=("goodput_tok_s",))
+    summary = {s["eviction"]: s for s in read_csv(files["summary.csv"])}
+    assert summary["broken"]["rank"] == "3" and summary["broken"]["invalid_jobs"] == "3"
+    assert summary["most_blocks"]["rank"] == "1"
+    jobs = {r["job"]: r for r in read_csv(files["jobs.csv"])}
+    assert jobs["3"]["invalid"] == "aborted=169; policy_errors=3" and jobs["0"]["invalid"] == ""
+    text = files["report.md"].read_text()
+    assert "3 of 9 jobs are invalid" in text and "3 of 9 jobs are invalid" in capsys.readouterr().err
+    ranked = text.split("## Mean")[1]
+    assert ranked.index("most_blocks") < ranked.index("lifo") < ranked.index("broken")
+    front = text.split("## Pareto front")[1].split("##")[0]
+    assert "broken" not in front and "most_blocks" in front
+
+
+def test_report_skips_an_unreadable_metrics_json_naming_it(tmp_path, capsys):
+    _seeded_sweep(tmp_path, {"lifo": [100, 120], "most_blocks": [105, 126]})
+    (tmp_path / "2" / "metrics.json").write_text('{"goodput_tok_s": 1')       # truncated
+    (tmp_path / "3" / "metrics.json").write_text('[1, 2]')                      # not an object
+    files = report.report(tmp_path)
+    assert [r["job"] for r in read_csv(files["jobs.csv"])] == ["0", "1"]
+    text = files["report.md"].read_text()
+    assert f"unreadable {tmp_path / '2' / 'metrics.json'}: JSONDecodeError" in text
+    assert "expected a JSON object, got list" in text
+    assert str(tmp_path / "2" / "metrics.json") in capsys.readouterr().err
+
+
+def test_report_warns_on_identical_seeds_and_identical_settings(tmp_path):
+    _seeded_sweep(tmp_path, {"lifo": [100, 100, 100], "most_blocks": [100, 100, 100]})   # wall_s differs
+    files = report.report(tmp_path)
+    text = files["report.md"].read_text()
+    assert "the seeds over `seed` gave identical jobs in 2 of 2 settings" in text
+    assert "all 2 settings gave identical metrics" in text
+    assert "± 0" not in text and "100 (identical seeds)" in text
+    assert {s["goodput_tok_s_ci95"] for s in read_csv(files["summary.csv"])} == {""}
+
+
+def test_report_paired_comparison_against_a_baseline(tmp_path, capsys):
+    # seeds vary a lot (unpaired intervals overlap) but most_blocks is 5% above lifo on every seed
+    base = [100.0, 130.0, 90.0, 115.0]
+    _seeded_sweep(tmp_path, {"lifo": base, "most_blocks": [v * 1.05 for v in base],
+                             "fewest_computed": [v + d for v, d in zip(base, (3, -2, 1, -2.5))]},
+                  key="eviction")
+    assert report.main([str(tmp_path), "baseline=eviction=lifo", "holm=true"]) == 0
+    out = capsys.readouterr().out
+    assert "Paired differences vs eviction=lifo" in out and "+5.0%" in out and "better" in out
+    summary = {s["eviction"]: s for s in read_csv(tmp_path / "report" / "summary.csv")}
+    mb = summary["most_blocks"]
+    assert mb["goodput_tok_s_verdict"] == "better" and float(mb["goodput_tok_s_pct_change"]) == pytest.approx(5.0)
+    assert mb["ttft_p99_s_verdict"] == "better"                   # lower TTFT is better
+    assert summary["fewest_computed"]["goodput_tok_s_verdict"] == "no significant difference"
+    assert summary["lifo"]["goodput_tok_s_verdict"] == ""         # the baseline itself
+    assert float(mb["goodput_tok_s_p_holm"]) >= float(mb["goodput_tok_s_p"])
+    # a bare value with one swept parameter; an unknown one lists the settings
+    assert report.main([str(tmp_path), "--baseline", "most_blocks"]) == 0
+    assert report.main([str(tmp_path), "baseline=eviction=fifo"]) == 1
+    assert "eviction=lifo; eviction=most_blocks; eviction=fewest_computed" in capsys.readouterr().err
+
+
+def test_report_figures_are_vector_too_with_units_and_caption(tmp_path):
+    _seeded_sweep(tmp_path, {"0.0": [100, 120], "0.1": [90, 100]}, key="watermark.fraction")
+    files = report.report(tmp_path)
+    for name in ("pareto", "vs_watermark.fraction"):
+        assert files[f"{name}.pdf"].read_bytes()[:4] == b"%PDF" and files[f"{name}.png"].is_file()
+    text = files["report.md"].read_text()
+    assert "Workload synthetic" in text and "2 seeds (seed = 0, 1)" in text

@@ -453,7 +453,8 @@ def plot_pareto(summary: Sequence[dict], settings: Sequence[str], categorical: S
     fig, ax = plt.subplots(figsize=(5.0, 3.6))
     if not categorical:
         shade = [r[settings[0]] for r in summary] if settings else None
-        dots = ax.scatter([r[x_key] for r in summary], [r[y_key] for r in summary], s=18, c=shade, cmap="viridis")
+        dots = ax.scatter([r[x_key] for r in summary], [r[y_key] for r in summary], s=18, c=shade,
+                          cmap="viridis" if settings else None)
         if settings:
             fig.colorbar(dots, ax=ax, label=settings[0])
     by_color, by_marker = (categorical[:-1], categorical[-1]) if len(categorical) > 1 else (categorical, None)
