@@ -510,7 +510,10 @@ def test_build_workload_common_keys(azure):
                            "slo_ttft_s": 1.0}, vocab_size=VOCAB, max_model_len=4096)
     assert len(reqs) == 2000
     assert reqs[-1].arrival_s == pytest.approx(azure[1999].arrival_s / 2.0)
-    assert all(r.prompt_len + r.output_len <= 4096 for r in reqs)
+    # overlong=reject (the default): over-long requests reach the engine unchanged, and are counted
+    assert [r.prompt_len for r in reqs] == [r.prompt_len for r in azure[:2000]]
+    assert reqs.overlong == sum(r.prompt_len + r.output_len > 4096 for r in azure[:2000]) == 277
+    assert reqs.clipped == 0 and reqs.dropped == [] and not any(r.clipped for r in reqs)
     assert all(r.slo_ttft_s == 1.0 and r.slo_tpot_s is None for r in reqs)
     off = build_workload({"name": "synthetic", "offline": True, "num_requests": 10}, vocab_size=VOCAB)
     assert len(off) == 10 and all(r.arrival_s == 0 for r in off)
@@ -567,6 +570,7 @@ def test_every_yaml_builds_through_omegaconf(tmp_path, azure):
     for name in WORKLOADS:
         cfg = OmegaConf.load(workload_config_path(name))
         cfg.max_requests = 300
+        cfg.overlong = "clip"
         if name in paths:
             cfg.path = paths[name]
         reqs = build_workload(cfg, vocab_size=VOCAB, max_model_len=4096)

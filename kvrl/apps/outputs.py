@@ -4,22 +4,34 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Callable
 
 
 def atomic_write(path: os.PathLike, write: Callable[[Any], None], mode: str = "w") -> None:
     """Write ``path`` through a temporary file in the same directory and rename it into place,
-    so readers never see a half-written file."""
+    so readers never see a half-written file (a full disk leaves the old file, or none).
+
+    The file gets mode 0666 less the process umask (0644 under the usual 022), like ``open``.
+    Text is UTF-8; a character it cannot encode (a lone surrogate in a request id given through
+    the Python API) is written as a backslash escape rather than losing the whole file.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # the umask applies
+            break
+        except FileExistsError:
+            continue
     try:
-        with os.fdopen(fd, mode) as f:
+        text = {} if "b" in mode else {"encoding": "utf-8", "errors": "backslashreplace"}
+        with os.fdopen(fd, mode, **text) as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -37,11 +49,14 @@ def summary_table(title: str, metrics: dict[str, float]) -> str:
     table = Table(title=title, show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("requests", "finished", "rejected", "aborted", "output_tokens", "duration_s", "throughput_tok_s",
+    for key in ("requests", "finished", "rejected", "aborted", "clipped", "dropped", "policy_errors",
+                "policy_time_s", "output_tokens", "duration_s", "throughput_tok_s",
                 "goodput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "kv_utilization",
                 "kv_occupancy", "preemptions", "swapped_out_blocks", "swapped_in_blocks", "recomputed_tokens",
                 "prefix_hit_rate"):
-        value = metrics.get(key)
+        if key not in metrics:
+            continue
+        value = metrics[key]
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
         table.add_row(key, text)
     console = Console(width=80, record=True, force_terminal=False)

@@ -1,8 +1,9 @@
 """``kvrl-run``: serve a workload through the engine with the configured policies.
 
-Writes into the Hydra run directory (``runs/run/<date>/<time>`` by default): ``metrics.json``
-(DESIGN.md §5), ``steps.csv`` (one row per engine step), ``requests.csv``, ``kv_usage.png`` and
-``config.yaml`` (the resolved config), then prints a summary table. With ``logger=csv|wandb`` the
+Writes into the Hydra run directory (``runs/run/<date>/<HH-MM-SS-microseconds-random>`` by default,
+unique per launch): ``metrics.json`` (DESIGN.md §5), ``steps.csv`` (one row per engine step),
+``requests.csv`` (one row per request: rejected and dropped ones too, with what clipping changed),
+``kv_usage.png`` and ``config.yaml`` (the resolved config), then prints a summary table. With ``logger=csv|wandb`` the
 job's metrics and plot also go to the tracker (kvrl/apps/tracking.py), inside the job.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     engine = build_engine(cfg)
     requests = build_workload(to_dict(cfg.workload), vocab_size=engine.executor.vocab_size,
                               max_model_len=engine.config.max_model_len)
+    engine.metrics.dropped.extend(requests.dropped)    # overlong=drop: counted and listed in requests.csv
     log.info("workload: %d requests; engine: %d GPU blocks of %d tokens, %d CPU blocks; backend %s",
              len(requests), engine.config.num_blocks, engine.config.block_size, engine.config.num_cpu_blocks,
              engine.executor.name)

@@ -13,8 +13,8 @@ from .arrivals import (ArrivalProcess, constant_arrivals, gamma_arrivals, offlin
                        poisson_arrivals)
 from .azure import load_azure_csv, read_azure_csv, write_azure_csv
 from .burstgpt import load_burstgpt_csv, read_burstgpt_csv, write_burstgpt_csv
-from .config import (BUILDERS, COMMON, WORKLOADS, apply_common, build_workload, default_config,
-                     load_workload_config, resolve_config, workload_yaml)
+from .config import (BUILDERS, COMMON, WORKLOADS, Workload, apply_common, build_workload,
+                     default_config, load_workload_config, resolve_config, workload_yaml)
 from .errors import TraceFormatError, WorkloadConfigError
 from .formats import FORMATS, convert, detect_format, load_trace, packaged_trace_path, write_trace
 from .generators import TenantSpec, multi_tenant, multi_turn, shared_prefix, synthetic
@@ -23,11 +23,11 @@ from .lengths import LengthDist, empirical_lengths
 from .stats import format_stats, plot_stats, trace_stats
 from .tokens import fill_prompts
 from .trace import LengthTrace, LoadedTrace
-from .transforms import (clip_lengths, make_offline, scale_rate, select_split, split_by_time,
+from .transforms import (OVERLONG, clip_lengths, fit_lengths, make_offline, scale_rate, select_split, split_by_time,
                          split_windows, subsample, take, time_window, with_default_slos)
 
 __all__ = [
-    "build_workload", "resolve_config", "default_config", "apply_common", "workload_yaml",
+    "build_workload", "Workload", "resolve_config", "default_config", "apply_common", "workload_yaml",
     "load_workload_config", "BUILDERS", "COMMON", "WORKLOADS",
     "TraceFormatError", "WorkloadConfigError",
     "load_azure_csv", "read_azure_csv", "write_azure_csv",
@@ -38,7 +38,7 @@ __all__ = [
     "LengthDist", "empirical_lengths", "TenantSpec",
     "synthetic", "shared_prefix", "multi_turn", "multi_tenant",
     "fill_and_squeeze", "prefix_probe", "probe_label",
-    "scale_rate", "time_window", "subsample", "take", "clip_lengths", "make_offline",
+    "scale_rate", "time_window", "subsample", "take", "clip_lengths", "fit_lengths", "OVERLONG", "make_offline",
     "with_default_slos", "split_by_time", "split_windows", "select_split",
     "trace_stats", "format_stats", "plot_stats",
 ]

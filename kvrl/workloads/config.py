@@ -8,6 +8,7 @@ transform keys of :data:`COMMON`. Unknown keys and values of the wrong type rais
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -24,6 +25,8 @@ from .lengths import DISTS, FIELDS as LENGTH_FIELDS, LengthDist
 from .arrivals import PROCESSES, ArrivalProcess
 from .schema import Param, defaults, render_yaml, validate
 from .tokens import check_vocab_size
+
+log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ nested schemas
 LENGTH = {
@@ -114,8 +117,8 @@ COMMON = {
                         nullable=True, gt=0),
     "slo_tpot_s": Param("float", None, "default TPOT SLO (s) for requests without one",
                         nullable=True, gt=0),
-    "overlong": Param("str", "clip", "requests over max_model_len: clip or drop",
-                      choices=("clip", "drop")),
+    "overlong": Param("str", "reject", "requests over max_model_len: reject (engine says why), "
+                      "clip or drop", choices=transforms.OVERLONG),
 }
 _COMMON_ORDER_NOTE = ("common keys apply in this order: start_s/duration_s, split, subsample,\n"
                       "rate_scale, max_requests, overlong (with max_model_len), offline, SLO defaults")
@@ -124,10 +127,13 @@ _COMMON_ORDER_NOTE = ("common keys apply in this order: start_s/duration_s, spli
 # ------------------------------------------------------------------------------ builders
 @dataclass(frozen=True)
 class Builder:
+    """``sized``: the builder's own keys say how many requests it makes (a generator); False for
+    trace loaders, whose size is the file's."""
     name: str
     doc: str
     params: dict
     make: Callable[[dict, int, Optional[int]], list]
+    sized: bool = True
 
 
 def _need(p: dict, key: str) -> Any:
@@ -260,19 +266,19 @@ PREFIX_PROBE = {
 BUILDERS: dict[str, Builder] = {}
 
 
-def _register(name: str, doc: str, params: dict, make) -> None:
-    BUILDERS[name] = Builder(name, doc, params, make)
+def _register(name: str, doc: str, params: dict, make, sized: bool = True) -> None:
+    BUILDERS[name] = Builder(name, doc, params, make, sized)
 
 
 _register("azure_code", "the packaged Azure LLM inference 2023 code trace (8,819 requests, 1 hour)", {
     "path": Param("str", None, "trace file (null = the packaged copy)", nullable=True),
     "skip_bad_rows": SKIP,
-}, _azure_code)
+}, _azure_code, sized=False)
 _register("azure_csv", "any Azure LLM inference CSV (2023 or 2024: TIMESTAMP,ContextTokens,"
                        "GeneratedTokens)", {
     "path": Param("str", None, "trace file (required)", nullable=True),
     "skip_bad_rows": SKIP,
-}, _azure_csv)
+}, _azure_csv, sized=False)
 _register("burstgpt", "a BurstGPT CSV (Timestamp,Model,Request tokens,Response tokens,...)", {
     "path": Param("str", None, "trace file (required)", nullable=True),
     "skip_bad_rows": SKIP,
@@ -282,11 +288,11 @@ _register("burstgpt", "a BurstGPT CSV (Timestamp,Model,Request tokens,Response t
                        nullable=True),
     "tenant_from": Param("str", "none", "tenant name from: none | model | log_type",
                          choices=TENANT_FROM),
-}, _burstgpt)
+}, _burstgpt, sized=False)
 _register("jsonl", "a kvrl JSONL trace (one request per line)", {
     "path": Param("str", None, "trace file (required)", nullable=True),
     "skip_bad_rows": SKIP,
-}, _jsonl)
+}, _jsonl, sized=False)
 _register("synthetic", "independent requests with random lengths", {
     "num_requests": Param("int", 200, "number of requests", lo=0),
     "arrival": _arrival_param("arrival process (offline = all at t=0)", "poisson", 5.0),
@@ -409,9 +415,26 @@ def _semantic(where: str, key: str, fn: Callable[[], Any]) -> None:
         raise WorkloadConfigError(f"{where}: key {key!r}: {e}") from None
 
 
+class Workload(list):
+    """The requests a workload config built (a ``list[Request]`` sorted by arrival), plus what its
+    transforms changed: ``dropped`` = ``(request_id, reason)`` of every request ``overlong: drop``
+    removed; ``clipped`` = how many requests ``overlong: clip`` shortened (each carries
+    ``Request.clipped``); ``overlong`` = how many kept requests exceed ``max_model_len`` (with
+    ``overlong: reject`` the engine rejects them); ``truncated`` = requests ``max_requests`` cut."""
+
+    def __init__(self, requests=(), *, dropped=(), overlong: int = 0, truncated: int = 0):
+        super().__init__(requests)
+        self.dropped = list(dropped)
+        self.clipped = sum(1 for r in self if r.clipped)
+        self.overlong = overlong
+        self.truncated = truncated
+
+
 def apply_common(requests: Sequence[Request], params: Mapping[str, Any],
-                 max_model_len: Optional[int] = None) -> list[Request]:
-    """The common transforms, in a fixed order (see the module docs)."""
+                 max_model_len: Optional[int] = None) -> Workload:
+    """The common transforms, in a fixed order (see the module docs); logs every request count they
+    change (max_requests, overlong)."""
+    where = f"workload {params.get('name')!r}"
     reqs = list(requests)
     if params["start_s"] or params["duration_s"] is not None:
         reqs = transforms.time_window(reqs, params["start_s"], params["duration_s"])
@@ -420,20 +443,44 @@ def apply_common(requests: Sequence[Request], params: Mapping[str, Any],
     if params["subsample"] is not None:
         reqs = transforms.subsample(reqs, params["subsample"], params["seed"])
     reqs = transforms.scale_rate(reqs, params["rate_scale"])
+    before = len(reqs)
     reqs = transforms.take(reqs, params["max_requests"])
+    truncated = before - len(reqs)
+    if truncated:
+        log.info("%s: max_requests=%d keeps the first %d of %d requests", where,
+                 params["max_requests"], len(reqs), before)
+    dropped: list[tuple[str, str]] = []
+    overlong = 0
     if max_model_len is not None:
-        reqs = transforms.clip_lengths(reqs, max_model_len, drop=params["overlong"] == "drop")
+        mode = params["overlong"]
+        n = len(reqs)
+        reqs, dropped = transforms.fit_lengths(reqs, max_model_len, mode)
+        changed = len(dropped) if mode == "drop" else sum(1 for r in reqs if r.clipped)
+        overlong = sum(1 for r in reqs if r.prompt_len + r.output_len > max_model_len)
+        if mode == "reject" and overlong:
+            log.warning("%s: %d of %d requests exceed max_model_len=%d (prompt + output); "
+                        "workload.overlong=reject: the engine rejects them, with the reason in "
+                        "requests.csv (overlong=clip or drop changes them instead)", where,
+                        overlong, n, max_model_len)
+        elif changed:
+            log.warning("%s: workload.overlong=%s %s %d of %d requests longer than max_model_len=%d "
+                        "(per request in requests.csv; metrics '%s')", where, mode,
+                        "clipped" if mode == "clip" else "dropped", changed, n, max_model_len,
+                        "clipped" if mode == "clip" else "dropped")
     if params["offline"]:
         reqs = transforms.make_offline(reqs)
-    return transforms.with_default_slos(reqs, params["slo_ttft_s"], params["slo_tpot_s"])
+    reqs = transforms.with_default_slos(reqs, params["slo_ttft_s"], params["slo_tpot_s"])
+    return Workload(reqs, dropped=dropped, overlong=overlong, truncated=truncated)
 
 
 def build_workload(cfg: Mapping, *, vocab_size: int,
-                   max_model_len: Optional[int] = None) -> list[Request]:
+                   max_model_len: Optional[int] = None) -> Workload:
     """Build the requests a workload config describes (sorted by arrival, unique ids, validated).
 
-    ``vocab_size`` bounds random token ids; ``max_model_len`` (if given) clips or drops requests
-    longer than the model accepts (``overlong``) and sizes max-length adversarial requests.
+    ``vocab_size`` bounds random token ids; ``max_model_len`` (if given) applies ``overlong`` to
+    requests longer than the model accepts (``reject`` keeps them for the engine to reject,
+    ``clip`` shortens, ``drop`` removes them; counts logged and kept on the result) and sizes
+    max-length adversarial requests. Returns a :class:`Workload` (a ``list[Request]``).
     Raises ``ValueError`` (:class:`WorkloadConfigError` for config problems, ``TraceFormatError``
     for bad trace files).
     """
@@ -452,7 +499,8 @@ def build_workload(cfg: Mapping, *, vocab_size: int,
         seen.add(r.request_id)
     if not reqs:
         raise ValueError(f"workload {params['name']!r} has no requests after its transforms "
-                         f"(check max_requests, split, start_s/duration_s, subsample)")
+                         f"(check max_requests, split, start_s/duration_s, subsample"
+                         f"{', overlong' if reqs.dropped else ''})")
     return reqs
 
 

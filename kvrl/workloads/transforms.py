@@ -72,26 +72,50 @@ def take(requests: Sequence[Request], max_requests: Optional[int]) -> list[Reque
     return list(requests[: int(max_requests)])
 
 
-def clip_lengths(requests: Sequence[Request], max_model_len: int, *,
-                 drop: bool = False) -> list[Request]:
-    """Make every request fit ``prompt_len + output_len <= max_model_len``.
+#: What a workload does with a request longer than ``max_model_len`` (``workload.overlong``).
+OVERLONG = ("reject", "clip", "drop")
 
-    Clipping follows vLLM's semantics: a prompt longer than ``max_model_len - 1`` is truncated to it
-    (its head is kept, so shared prefixes survive), then the output is capped at what is left, as if
-    generation stopped at the model length. ``drop=True`` removes over-long requests instead.
+
+def _overlong_text(r: Request, m: int) -> str:
+    return f"prompt ({r.prompt_len}) + output ({r.output_len}) tokens exceed max_model_len={m}"
+
+
+def fit_lengths(requests: Sequence[Request], max_model_len: int,
+                overlong: str = "reject") -> tuple[list[Request], list[tuple[str, str]]]:
+    """Apply ``overlong`` to every request with ``prompt_len + output_len > max_model_len``.
+
+    ``reject`` keeps it unchanged (the engine rejects it with the reason); ``clip`` follows vLLM: a
+    prompt longer than ``max_model_len - 1`` is truncated to it (its head is kept, so shared prefixes
+    survive), then the output is capped at what is left, as if generation stopped at the model
+    length; the clipped request's ``clipped`` field says what changed (``"prompt 3000->255, output
+    200->1"``). ``drop`` removes it. Returns ``(kept, dropped)`` with ``(request_id, reason)`` per
+    dropped request.
     """
     if isinstance(max_model_len, bool) or int(max_model_len) != max_model_len or max_model_len < 2:
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
     m = int(max_model_len)
-    out = []
+    out: list[Request] = []
+    dropped: list[tuple[str, str]] = []
     for r in requests:
-        if r.prompt_len + r.output_len <= m:
+        if r.prompt_len + r.output_len <= m or overlong == "reject":
             out.append(r)
-        elif not drop:
+        elif overlong == "drop":
+            dropped.append((r.request_id, f"{_overlong_text(r, m)} (workload.overlong=drop)"))
+        else:
             p = min(r.prompt_len, m - 1)
-            out.append(_replace(r, prompt_token_ids=r.prompt_token_ids[:p],
-                                output_len=min(r.output_len, m - p)))
-    return out
+            o = min(r.output_len, m - p)
+            out.append(_replace(r, prompt_token_ids=r.prompt_token_ids[:p], output_len=o,
+                                clipped=f"prompt {r.prompt_len}->{p}, output {r.output_len}->{o}"))
+    return out, dropped
+
+
+def clip_lengths(requests: Sequence[Request], max_model_len: int, *,
+                 drop: bool = False) -> list[Request]:
+    """Make every request fit ``prompt_len + output_len <= max_model_len``: :func:`fit_lengths`
+    with ``clip`` (or ``drop`` when ``drop=True``), returning the kept requests."""
+    return fit_lengths(requests, max_model_len, "drop" if drop else "clip")[0]
 
 
 def make_offline(requests: Sequence[Request]) -> list[Request]:
