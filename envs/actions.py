@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from kvrl.envs.config import PreemptionActionConfig, WatermarkActionConfig
+from kvrl.envs.config import AUTO_BINS, PreemptionActionConfig, WatermarkActionConfig
 from kvrl.plugins.base import PreemptionMode
 
 MODES = (PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)   # mode index 0, 1
@@ -43,6 +43,9 @@ class WatermarkActions:
     ``box``: ``Box(-1, 1, (1,))``, action ``a`` sets it to ``low + (a + 1) / 2 * (high - low)``."""
 
     def __init__(self, config: WatermarkActionConfig) -> None:
+        if config.type == "discrete" and config.bins == AUTO_BINS:
+            raise ValueError("env.action.bins=auto is resolved by kvrl-train (a validation sweep of fixed "
+                             "watermarks, docs/rl.md); to build an environment directly, give the bins as a list")
         self.config = config
         if config.type == "discrete":
             self.space: spaces.Space = spaces.Discrete(len(config.bins))

@@ -127,4 +127,12 @@ def load_agent(path: str | Path, role: Optional[str] = None, deterministic: bool
     if role is not None and ROLES[env_id] != role:
         raise ValueError(f"{model_file} is a {ROLES[env_id]} agent ({env_id}), not a {role} agent")
     model = algo_class(meta["algo"]).load(str(model_file), device="cpu", custom_objects=INFERENCE_ONLY)
-    return Agent(model, meta["algo"], env_id, make_config(TASKS[env_id], meta["env"]), model_file, deterministic)
+    return Agent(model, meta["algo"], env_id, saved_env_config(meta), model_file, deterministic)
+
+
+def saved_env_config(meta: dict) -> Any:
+    """The typed env config of an ``agent.json``. One saved before ``episode.rate_scales_relative``
+    existed held absolute rate scales: it reads as ``rate_scales_relative: false``."""
+    env = json.loads(json.dumps(meta["env"]))
+    env.setdefault("episode", {}).setdefault("rate_scales_relative", False)
+    return make_config(TASKS[meta["env_id"]], env)

@@ -82,13 +82,18 @@ class EpisodeConfig:
     ``reset(options={"workload": requests or workload config})`` override it for one episode.
     ``rate_scales``: null = every episode at the scenario's ``workload.rate_scale``; a list = each
     episode's rate scale drawn uniformly from it at reset (training over a range of loads; the
-    window is cut from the split at the drawn rate).
+    window is cut from the split at the drawn rate). ``rate_scales_relative``: true (default) =
+    the list holds multipliers of ``workload.rate_scale`` (``[0.5, 1.0]`` at ``rate_scale: 20`` is
+    10x and 20x the trace's rate, so the loads follow the scenario it is pointed at); false = the
+    list holds absolute rate scales of the trace. :func:`episode_rate_scales` gives the absolute
+    values.
     """
 
     split: Optional[str] = "train"
     window_s: Optional[float] = 120.0
     start_s: Optional[float] = None
     rate_scales: Optional[list] = None
+    rate_scales_relative: bool = True
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -137,22 +142,54 @@ class FeatureConfig:
         check_range("features.top_k", self.top_k, 1)
 
 
+AUTO_BINS = "auto"
+DEFAULT_SWEEP = [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5]
+
+
+@dataclass
+class AutoBinsConfig:
+    """How ``bins: auto`` is resolved (by ``kvrl-train``, :mod:`kvrl.apps.bins`): every fixed
+    watermark of ``sweep`` serves the whole ``val`` split once (seed 0, the scenario's
+    ``workload.rate_scale``); the bins are the values of ``sweep`` from the lowest to the highest
+    whose val goodput is at least ``(1 - tolerance)`` times the best one (the best included)."""
+
+    sweep: List[float] = field(default_factory=lambda: list(DEFAULT_SWEEP))
+    tolerance: float = 0.35
+
+    def __post_init__(self) -> None:
+        if not self.sweep:
+            raise ValueError("action.auto.sweep must not be empty")
+        for f in self.sweep:
+            check_range("action.auto.sweep[*]", f, 0.0, 1.0, hi_inclusive=False)
+        check_range("action.auto.tolerance", self.tolerance, 0.0, 1.0)
+
+
 @dataclass
 class WatermarkActionConfig:
     """The watermark action: ``discrete`` picks one of ``bins`` (fractions of the GPU blocks to
-    keep free); ``box`` is one float in [-1, 1] mapped linearly onto [``low``, ``high``]."""
+    keep free); ``box`` is one float in [-1, 1] mapped linearly onto [``low``, ``high``].
+    ``bins: auto``: ``kvrl-train`` replaces it, before it builds an environment, with the useful
+    range of a validation sweep of fixed watermarks (``auto``, :class:`AutoBinsConfig`); an
+    environment cannot be built with ``auto`` still in place."""
 
     type: str = "discrete"
-    bins: List[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5])
+    bins: Any = field(default_factory=lambda: list(DEFAULT_SWEEP))    # a list of fractions, or "auto"
     low: float = 0.0
     high: float = 0.5
+    auto: AutoBinsConfig = field(default_factory=AutoBinsConfig)
 
     def __post_init__(self) -> None:
         check_choice("action.type", self.type, ("discrete", "box"))
-        if not self.bins:
-            raise ValueError("action.bins must not be empty")
-        for b in self.bins:
-            check_range("action.bins[*]", b, 0.0, 1.0, hi_inclusive=False)
+        if isinstance(self.bins, str):
+            if self.bins != AUTO_BINS:
+                raise ValueError(f"action.bins must be a list of fractions or {AUTO_BINS!r}, got {self.bins!r}")
+        else:
+            if isinstance(self.bins, (int, float)) or not self.bins:
+                raise ValueError(f"action.bins must be a non-empty list of fractions or {AUTO_BINS!r}, "
+                                 f"got {self.bins!r}")
+            self.bins = [float(b) for b in self.bins]
+            for b in self.bins:
+                check_range("action.bins[*]", b, 0.0, 1.0, hi_inclusive=False)
         check_range("action.low", self.low, 0.0, 1.0, hi_inclusive=False)
         check_range("action.high", self.high, self.low, 1.0, hi_inclusive=False)
 
@@ -257,6 +294,30 @@ def env_config_from_app(cfg: Any, split: Optional[str] = None, **episode: Any) -
         episode["split"] = split
     node.setdefault("episode", {}).update(episode)
     return env_id, make_config(TASKS[env_id], node)
+
+
+def episode_rate_scales(config: EnvConfig) -> Optional[list[float]]:
+    """The absolute rate scales training episodes draw from (null: the scenario's own rate):
+    ``episode.rate_scales`` times ``run.workload.rate_scale`` when ``rate_scales_relative``."""
+    ep = config.episode
+    if ep.rate_scales is None:
+        return None
+    if not ep.rate_scales_relative:
+        return list(ep.rate_scales)
+    base = float((config.run.get("workload") or {}).get("rate_scale", 1.0))
+    return [r * base for r in ep.rate_scales]
+
+
+def describe_workload(workload: Mapping[str, Any]) -> str:
+    """What a workload config loads, for outputs: the builder and, where it reads one, the file
+    (``azure_code (file /data/x.csv)``; ``azure_code (packaged trace)`` for the packaged copy)."""
+    name = workload.get("name")
+    path = workload.get("path")
+    if path:
+        return f"{name} (file {path})"
+    if name == "azure_code":
+        return f"{name} (packaged trace)"
+    return str(name)
 
 
 def load_task(name: str = "watermark", overrides: Sequence[str] = ()) -> tuple[str, Any]:

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from kvrl.builder import build_engine, build_executor
 from kvrl.engine.request import Request
-from kvrl.envs.config import EnvConfig, resolve_features
+from kvrl.envs.config import EnvConfig, episode_rate_scales, resolve_features
 from kvrl.envs.driver import EngineDriver
 from kvrl.workloads import build_workload
 
@@ -51,6 +51,7 @@ class EngineSession:
         max_model_len = run["engine"].get("max_model_len") or self.executor.max_model_len
         self._max_model_len = max_model_len
         self._by_rate: dict[float, tuple[list[Request], list[float]]] = {}
+        self._rate_scales = episode_rate_scales(config)
         self.requests = self._build(run["workload"], max_model_len)
         self._arrivals = [r.arrival_s for r in self.requests]
 
@@ -77,8 +78,8 @@ class EngineSession:
             return requests, None
         ep = self.config.episode
         everything, arrivals = self.requests, self._arrivals
-        if ep.rate_scales is not None:
-            everything, arrivals = self._at_rate(ep.rate_scales[int(rng.integers(len(ep.rate_scales)))])
+        if self._rate_scales is not None:
+            everything, arrivals = self._at_rate(self._rate_scales[int(rng.integers(len(self._rate_scales)))])
         if ep.window_s is None:
             return everything, None
         start = options.get("start_s", ep.start_s)

@@ -21,8 +21,10 @@ import csv
 import json
 import logging
 import os
+import queue
 import shlex
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -38,15 +40,14 @@ from kvrl.apps import tracking
 from kvrl.apps.leaderboard import build_rows, markdown, plot_bars, plot_traces, text_table, write_csv
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
+from kvrl.apps.scenario import describe_differences, newest_agent, task_differences
 from kvrl.apps.schema import validate_config
-from kvrl.envs.agent_io import META_NAME, ROLES, model_path, read_meta
-from kvrl.envs.config import env_config_from_app
+from kvrl.envs.agent_io import ROLES, model_path, read_meta
+from kvrl.envs.config import describe_workload, env_config_from_app
 
 log = logging.getLogger("kvrl.eval")
 
 register_rl_schemas()
-
-IGNORED_SCENARIO_KEYS = ("seed", "workload.split", "workload.seed", "watermark", "eviction", "backend")
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace)
     metrics = engine.run(cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len))
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
-           "backend": cfg["backend"]["name"], **metrics}
+           "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}
@@ -141,55 +142,95 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     return out
 
 
-def _init_worker() -> None:
+_DONE: Any = None         # in a worker process: the queue that reports each finished job
+
+
+def _init_worker(done: Any = None) -> None:
+    global _DONE
     os.environ["OMP_NUM_THREADS"] = "1"        # before torch is imported by an agent plugin
     os.environ["MKL_NUM_THREADS"] = "1"
+    _DONE = done
+
+
+def _run_chunk(run: dict, role: str, jobs: Sequence[tuple[int, Job]], resample: Optional[float],
+               live_warmup: int) -> list[dict]:
+    """A worker's share: the jobs one after another, each reported on ``_DONE`` as
+    ``(index, goodput, wall seconds)`` when it finishes."""
+    out = []
+    for index, job in jobs:
+        wall = time.perf_counter()
+        out.append(run_job(run, role, job, resample, live_warmup))
+        _DONE.put((index, out[-1]["goodput_tok_s"], time.perf_counter() - wall))
+    return out
+
+
+class JobProgress:
+    """Reports each finished job as it completes: a log line (``[done/total] policy on split, seed:
+    goodput, wall time``) and, on a terminal, a tqdm bar of jobs done / total."""
+
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        from tqdm.auto import tqdm
+
+        self.jobs = jobs
+        self.done = 0
+        self.bar = tqdm(total=len(jobs), unit="job", desc="kvrl-eval jobs", disable=None, leave=False)
+
+    def report(self, index: int, goodput: float, wall_s: float) -> None:
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        self.done += 1
+        job = self.jobs[index]
+        with logging_redirect_tqdm():
+            log.info("[%d/%d] %s on %s, seed %d: goodput %.1f tok/s (%.1f s)", self.done, len(self.jobs),
+                     job.policy.label, job.split, job.seed, goodput, wall_s)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def run_jobs(run: dict, role: str, jobs: Sequence[Job], resample: Optional[float], workers: int,
              chunk: int = 1, live_warmup: int = 0) -> list[dict]:
-    """Every job, in order; ``workers`` > 1 spreads them over fresh (spawned) processes in chunks
+    """Every job's result, in the order of ``jobs``; each job is reported as it finishes
+    (:class:`JobProgress`). ``workers`` > 1 spreads them over fresh (spawned) processes in chunks
     of ``chunk`` consecutive jobs (jobs of one split and seed share their workload in a chunk).
     The live backend runs every job in this process, one after another (one accelerator)."""
     if run["backend"]["name"] == "live":
         workers = 1
-    if workers <= 1 or len(jobs) <= 1:
-        results = []
-        for job in jobs:
-            results.append(run_job(run, role, job, resample, live_warmup))
-            log.info("%s on %s, seed %d: goodput %.1f tok/s", job.policy.label, job.split, job.seed,
-                     results[-1]["goodput_tok_s"])
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-        return list(pool.map(run_job, [run] * len(jobs), [role] * len(jobs), jobs, [resample] * len(jobs),
-                             chunksize=chunk))
+    progress = JobProgress(jobs)
+    try:
+        if workers <= 1 or len(jobs) <= 1:
+            results = []
+            for index, job in enumerate(jobs):
+                wall = time.perf_counter()
+                results.append(run_job(run, role, job, resample, live_warmup))
+                progress.report(index, results[-1]["goodput_tok_s"], time.perf_counter() - wall)
+            return results
+        context = get_context("spawn")
+        done = context.Queue()
+        indexed = list(enumerate(jobs))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(done,)) as pool:
+            futures = [pool.submit(_run_chunk, run, role, indexed[i:i + chunk], resample, live_warmup)
+                       for i in range(0, len(jobs), max(chunk, 1))]
+            while progress.done < len(jobs):
+                try:
+                    progress.report(*done.get(timeout=0.5))
+                except queue.Empty:
+                    failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+                    if failed is not None:
+                        raise failed.exception()
+            return [r for f in futures for r in f.result()]
+    finally:
+        progress.close()
 
 
-def find_agents(specs: Sequence[str], env_id: str, train_dir: Path) -> list[Path]:
+def find_agents(specs: Sequence[str], env_id: str, train_dir: Path, run: dict) -> list[Path]:
     """Model zips for ``specs`` (paths, or ``latest``: the newest run under ``train_dir`` trained
-    on ``env_id``). A missing path raises naming it."""
-    out = []
-    for spec in specs:
-        if spec == "latest":
-            metas = sorted((p for p in train_dir.rglob(META_NAME) if json.loads(p.read_text())["env_id"] == env_id),
-                           key=lambda p: p.stat().st_mtime)
-            if not metas:
-                raise FileNotFoundError(f"agents=[latest]: no agent trained on {env_id} under {train_dir} "
-                                        f"(run kvrl-train first, set train_dir, or list agents=[<run dir>, ...])")
-            out.append(model_path(metas[-1].parent))
-        else:
-            out.append(model_path(spec))
-    return out
-
-
-def scenario_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested run configs (ignoring the policy slots,
-    seeds and split)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted(set(a) | set(b))
-        return [d for k in keys if f"{prefix}{k}" not in IGNORED_SCENARIO_KEYS
-                for d in scenario_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+    on ``env_id`` in the scenario ``run``, :func:`kvrl.apps.scenario.newest_agent`). A missing
+    path raises naming it."""
+    return [newest_agent(env_id, run, train_dir, ROLES[env_id]) if spec == "latest" else model_path(spec)
+            for spec in specs]
 
 
 def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[Policy], list[str]]:
@@ -202,9 +243,9 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
             raise ValueError(f"{path} is a {ROLES[meta['env_id']]} agent ({meta['env_id']}); this evaluation "
                              f"(env={role}) needs a {role} agent")
         label = f"agent {meta['algo']} ({path.parent.parent.name}/{path.parent.name}/{path.name})"
-        diff = scenario_diff(meta["env"]["run"], run)
+        diff = task_differences(meta["env"]["run"], run, role)
         if diff:
-            notes.append(f"{label} was trained on another scenario (differs in: {', '.join(diff)})")
+            notes.append(f"{label} was trained on another scenario (differs in: {describe_differences(diff)})")
             log.warning(notes[-1])
         trained_on = meta["env"]["run"].get("backend", {}).get("name")
         if trained_on != run["backend"]["name"]:     # the executor, not the scenario: said, not flagged
@@ -261,7 +302,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     resample = cfg.resample
     baselines = OmegaConf.to_container(cfg.baselines, resolve=True).get(role, [])
     policies = [Policy(label_of(p), "heuristic", p) for p in baselines]
-    agent_paths = find_agents(list(cfg.agents), env_id, Path(cfg.train_dir))
+    agent_paths = find_agents(list(cfg.agents), env_id, Path(cfg.train_dir), run)
     agents, notes = agent_policies(agent_paths, env_id, run)
     results: list[dict] = []
     if role == "watermark" and cfg.fixed_best is not None:
@@ -286,7 +327,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     notes = [f"Command: `{command}`",
              f"Task {env_id} on split=test; {len(seeds)} seeds {seeds}; resample={resample}; "
              f"backend={run['backend']['name']}, model={run['model']['name']}, device={run['device']['name']}, "
-             f"engine.num_blocks={run['engine']['num_blocks']}, workload={run['workload']['name']} "
+             f"engine.num_blocks={run['engine']['num_blocks']}, workload={describe_workload(run['workload'])} "
              f"rate_scale={run['workload']['rate_scale']}, slo={run['slo']}",
              "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
              "difference to the reference policy (same requests), mean ± 95% CI.", *notes]

@@ -11,7 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from kvrl import plugins
-from kvrl.apps.schema import EngineKeys, register_schemas
+from kvrl.apps.schema import ConfigError, EngineKeys, register_schemas
 
 
 @dataclass
@@ -73,6 +73,21 @@ class EvalSchema(_RunKeys):
     baselines: Any = field(default_factory=dict)
     workers: int = 2
     plots: bool = True
+
+
+def validate_train(cfg: Any) -> None:
+    """Check ``train.*`` beyond its types; :class:`~kvrl.apps.schema.ConfigError` names the key
+    (e.g. ``train.total_timesteps=0`` would save an untrained model)."""
+    t = cfg.train
+    try:
+        plugins.check_range("train.total_timesteps", t.total_timesteps, 1)
+        plugins.check_range("train.n_envs", t.n_envs, 1)
+        plugins.check_choice("train.vec_env", t.vec_env, ("subproc", "dummy"))
+        plugins.check_range("train.eval_every", t.eval_every, 0)
+        plugins.check_range("train.checkpoint_every", t.checkpoint_every, 1)
+        plugins.check_range("train.torch_threads", t.torch_threads, 1)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
 
 
 def register_rl_schemas() -> None:

@@ -7,14 +7,16 @@ run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_mode
 ``checkpoints/``, ``agent.json`` (what :func:`kvrl.envs.agent_io.load_agent` needs),
 ``progress.csv`` (SB3's log), ``evaluations.npz``, ``config.yaml``, ``summary.json``.
 
-``resume=true hydra.run.dir=<that run directory>`` continues from its latest checkpoint up to
-``train.total_timesteps``. ``logger=csv|wandb`` also sends SB3's log to the tracker (W&B: plus
+``resume=true hydra.run.dir=<that run directory>`` continues the run with its own config from
+its newest readable checkpoint up to ``train.total_timesteps``, appending to its history
+(:mod:`kvrl.apps.resume`). ``env.action.bins=auto`` takes the watermark bins from a validation
+sweep of fixed watermarks on the scenario (:mod:`kvrl.apps.bins`; the sweep is logged and kept in
+``bins_sweep.json``). ``logger=csv|wandb`` also sends SB3's log to the tracker (W&B: plus
 ``WandbCallback``), inside the job, always finished.
 """
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -24,20 +26,20 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from kvrl.apps import tracking
+from kvrl.apps import resume, tracking
 from kvrl.apps.leaderboard import key_value_table
 from kvrl.apps.outputs import atomic_write, write_json
-from kvrl.apps.rl_schema import register_rl_schemas
+from kvrl.apps.rl_schema import register_rl_schemas, validate_train
 from kvrl.apps.schema import validate_config
 from kvrl.envs.agent_io import algo_class, write_meta
-from kvrl.envs.config import env_config_from_app
+from kvrl.envs.config import AUTO_BINS, describe_workload, env_config_from_app, episode_rate_scales
 
 log = logging.getLogger("kvrl.train")
 
 register_rl_schemas()
 
 OFF_POLICY = ("sac", "dqn")
-CHECKPOINT_PREFIX = "agent"
+CHECKPOINT_PREFIX = resume.CHECKPOINT_PREFIX
 
 
 def check_compatible(algo: str, env_id: str, env_cfg: Any) -> None:
@@ -54,20 +56,6 @@ def check_compatible(algo: str, env_id: str, env_cfg: Any) -> None:
     if algo == "maskable_ppo" and "Preemption" not in env_id:
         raise ValueError(f"agent=maskable_ppo needs action masks, which only kvrl/Preemption-v0 has; "
                          f"use agent=ppo for {env_id}")
-
-
-def latest_checkpoint(run_dir: Path) -> Optional[tuple[Path, int]]:
-    """``(zip, timesteps)`` of the checkpoint with the most timesteps in ``run_dir/checkpoints``
-    (CheckpointCallback's names), or None."""
-    found = []
-    for path in (run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}_*_steps.zip"):
-        m = re.fullmatch(rf"{CHECKPOINT_PREFIX}_(\d+)_steps\.zip", path.name)
-        if m:
-            found.append((int(m.group(1)), path))
-    if not found:
-        return None
-    steps, path = max(found)
-    return path, steps
 
 
 def make_envs(env_id: str, env_cfg: Any, n_envs: int, seed: int, subproc: bool):
@@ -115,7 +103,8 @@ def _episode_metrics_callback():
     return EpisodeMetrics()
 
 
-def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg: Any):
+def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg: Any,
+               evaluations: Optional[dict] = None):
     from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
     t = cfg.train
@@ -130,9 +119,7 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
             from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as cls
         evaluator = cls(eval_env, n_eval_episodes=1, eval_freq=max(t.eval_every // n, 1), deterministic=True,
                         best_model_save_path=str(out_dir), log_path=str(out_dir), verbose=0)
-        previous = out_dir / "evaluations.npz"
-        if previous.is_file():       # resumed: the best model so far stays the one to beat
-            evaluator.best_mean_reward = float(np.load(previous)["results"].mean(axis=1).max())
+        resume.restore_evaluations(evaluator, evaluations)     # resumed: appends; the best so far stays to beat
         callbacks.append(evaluator)
     if cfg.logger.name == "wandb":
         from wandb.integration.sb3 import WandbCallback
@@ -140,18 +127,52 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
     return callbacks
 
 
+def resolve_bins(cfg: DictConfig, out_dir: Path) -> None:
+    """``env.action.bins=auto``: replace it in ``cfg`` with the useful range of a validation sweep
+    of fixed watermarks on the scenario (:func:`kvrl.apps.bins.sweep_fixed`), logged and written
+    to ``bins_sweep.json``."""
+    from kvrl.apps.bins import sweep_fixed
+
+    env_id, env_cfg = env_config_from_app(cfg)
+    auto = env_cfg.action.auto
+    log.info("env.action.bins=auto: serving the whole val split with fixed watermarks %s (%s)",
+             auto.sweep, describe_workload(env_cfg.run["workload"]))
+    sweep = sweep_fixed(env_cfg.run, auto.sweep, auto.tolerance, workers=int(cfg.train.n_envs))
+    log.info("env.action.bins=auto: %s", sweep.describe())
+    cfg.env.action.bins = list(sweep.bins)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "bins_sweep.json", sweep.as_dict())
+
+
+def _new_model(cls: type, cfg: DictConfig, env: Any) -> Any:
+    kwargs = OmegaConf.to_container(cfg.agent.kwargs, resolve=True)
+    return cls(cfg.agent.policy, env, seed=int(cfg.seed), device="cpu", verbose=0, **kwargs)
+
+
 def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
-    """Train as ``cfg`` says, writing into ``out_dir``; returns the summary."""
+    """Train as ``cfg`` says, writing into ``out_dir``; returns the summary. With ``cfg.resume``,
+    ``cfg`` must already be the run's own (:func:`kvrl.apps.resume.restore_config`)."""
     import torch
-    from stable_baselines3.common.logger import CSVOutputFormat, Logger
+    from stable_baselines3.common.logger import Logger
 
     torch.set_num_threads(cfg.train.torch_threads)
+    if cfg.env.get("action", {}).get("bins") == AUTO_BINS and cfg.env.action.get("type", "discrete") == "discrete":
+        resolve_bins(cfg, out_dir)
     env_id, env_cfg = env_config_from_app(cfg)
     # validation: the whole val split at the scenario's rate (no load randomisation)
     _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=None)
     algo = cfg.agent.name
     check_compatible(algo, env_id, env_cfg)
     cls = algo_class(algo)
+    ep = env_cfg.episode
+    rate_scale = env_cfg.run["workload"]["rate_scale"]
+    if ep.rate_scales is None:
+        log.info("training loads: every episode at workload.rate_scale=%g (%s)", rate_scale,
+                 describe_workload(env_cfg.run["workload"]))
+    else:
+        log.info("training loads: env.episode.rate_scales=%s, rate_scales_relative=%s (workload.rate_scale=%g): "
+                 "episodes drawn from rate scales %s of %s", ep.rate_scales, str(ep.rate_scales_relative).lower(),
+                 rate_scale, [round(r, 6) for r in episode_rate_scales(env_cfg)], describe_workload(env_cfg.run["workload"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_meta(out_dir, algo, env_id, env_cfg)
     atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
@@ -159,30 +180,31 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
     t = cfg.train
     env = make_envs(env_id, env_cfg, t.n_envs, int(cfg.seed), subproc=t.vec_env == "subproc")
     try:
-        found = latest_checkpoint(out_dir) if cfg.resume else None
-        checkpoint = found[0] if found else None
+        found = resume.load_newest(cls, out_dir, env, algo in OFF_POLICY) if cfg.resume else None
+        history, evaluations = "", None
         if found is not None:
-            log.info("resuming from %s", checkpoint)
-            model = cls.load(str(checkpoint), env=env, device="cpu")
-            buffer = checkpoint.with_name(f"{CHECKPOINT_PREFIX}_replay_buffer_{found[1]}_steps.pkl")
-            if algo in OFF_POLICY and buffer.is_file():
-                model.load_replay_buffer(str(buffer))
+            log.info("resuming from %s (%d timesteps)", found.path, found.timesteps)
+            model = found.model
+            history, evaluations = resume.keep_history(out_dir, found.timesteps)
         else:
             if cfg.resume:
                 log.warning("resume=true but %s holds no checkpoint: starting from scratch", out_dir / "checkpoints")
-            kwargs = OmegaConf.to_container(cfg.agent.kwargs, resolve=True)
-            model = cls(cfg.agent.policy, env, seed=int(cfg.seed), device="cpu", verbose=0, **kwargs)
-        model.set_logger(Logger(str(out_dir), [CSVOutputFormat(str(out_dir / "progress.csv")),
+            model = _new_model(cls, cfg, env)
+        model.set_logger(Logger(str(out_dir), [resume.appending_csv(out_dir / "progress.csv", history),
                                                _tracker_writer(tracker)]))
         remaining = max(t.total_timesteps - model.num_timesteps, 0)
         wall = time.perf_counter()
-        model.learn(total_timesteps=remaining, callback=_callbacks(cfg, out_dir, algo, env_id, eval_cfg),
+        model.learn(total_timesteps=remaining, callback=_callbacks(cfg, out_dir, algo, env_id, eval_cfg, evaluations),
                     reset_num_timesteps=False, progress_bar=cfg.progress)
         model.save(str(out_dir / "model.zip"))
     finally:
         env.close()
     summary = {"algo": algo, "env_id": env_id, "timesteps": int(model.num_timesteps),
-               "wall_s": time.perf_counter() - wall, "resumed_from": str(checkpoint) if checkpoint else None}
+               "wall_s": time.perf_counter() - wall, "workload": describe_workload(env_cfg.run["workload"]),
+               "bins": getattr(env_cfg.action, "bins", None) if env_cfg.action.type == "discrete" else None,
+               "training_rate_scales": episode_rate_scales(env_cfg),
+               "resumed_from": str(found.path) if found else None,
+               "unreadable_checkpoints": found.unreadable if found else []}
     evaluations = out_dir / "evaluations.npz"
     if evaluations.is_file():
         data = np.load(evaluations)
@@ -195,7 +217,22 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
 @hydra.main(config_path="pkg://kvrl.conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> Optional[float]:
     validate_config(cfg)
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    validate_train(cfg)
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    if cfg.resume:
+        restored = resume.restore_config(cfg, out_dir, list(hydra_cfg.overrides.task))
+        if restored is not None:
+            log.info("resume=true: continuing %s with its own config.yaml (agent=%s, env=%s)", out_dir,
+                     restored.agent.name, restored.env.id)
+            cfg = restored
+            validate_config(cfg)
+            validate_train(cfg)
+        done = resume.finished_timesteps(out_dir, int(cfg.train.total_timesteps))
+        if done is not None:
+            print(f"kvrl-train: {out_dir} is finished ({done} timesteps, train.total_timesteps="
+                  f"{cfg.train.total_timesteps}); nothing to resume. Raise train.total_timesteps to continue it.")
+            return resume.read_summary(out_dir).get("best_val_reward")
     with tracking.start_run(cfg, out_dir, app="train") as tracker:
         summary = train(cfg, out_dir, tracker)
     print(key_value_table(f"kvrl-train ({summary['algo']} on {summary['env_id']}) -> {out_dir}", summary))
