@@ -7,7 +7,11 @@ whole split of a task's scenario: how docs/rl.md chose the scenarios.
 
 Each cell is one whole-split run (seed 0, no resample) in the task's scenario, through the same
 ``run_job`` as kvrl-eval; prints a Markdown table (goodput tok/s; the best of each row in bold)
-and, below it, SLO attainment and p50 TTFT/TPOT per cell.
+and, below it, SLO attainment and p50 TTFT/TPOT per cell. The watermark task's columns are the
+fixed watermarks of ``env.action.auto.sweep``, and the val row gives the suggested
+``env.action.bins``: what ``kvrl-train env.action.bins=auto`` would choose (kvrl/apps/bins.py).
+Arguments are Hydra overrides of the task's scenario, as in kvrl-train and kvrl-eval; one that is
+not a key of the config is an error.
 """
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ import argparse
 import logging
 import os
 
-FRACTIONS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 EVICTIONS = ("lifo", "fewest_computed", "cost_aware")
 
 
@@ -28,18 +31,19 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
+    from kvrl.apps.bins import useful_bins
     from kvrl.apps.eval import Job, Policy, label_of, run_job
     from kvrl.envs.agent_io import ROLES
-    from kvrl.envs.config import load_task
+    from kvrl.envs.config import describe_workload, load_task
 
     env_id, cfg = load_task(args.task, args.overrides)
     role = ROLES[env_id]
-    plugins = ([{"name": "fixed", "fraction": f} for f in FRACTIONS] if role == "watermark"
+    plugins = ([{"name": "fixed", "fraction": f} for f in cfg.action.auto.sweep] if role == "watermark"
                else [{"name": n} for n in EVICTIONS])
     heads = [str(p["fraction"]) if role == "watermark" else p["name"] for p in plugins]
     run = cfg.run
     print(f"scenario: model={run['model']['name']} device={run['device']['name']} "
-          f"engine.num_blocks={run['engine']['num_blocks']} workload={run['workload']['name']} "
+          f"engine.num_blocks={run['engine']['num_blocks']} workload={describe_workload(run['workload'])} "
           f"rate_scale={run['workload']['rate_scale']} slo={run['slo']} overrides={args.overrides}\n")
     print("| split | " + " | ".join(heads) + " |")
     print("|---|" + "---|" * len(heads))
@@ -56,6 +60,15 @@ def main() -> None:
         print(split + ": " + "; ".join(
             f"{h} {r['slo_attainment']:.2f}/{r['ttft_p50_s']:.2f}/{1000 * r['tpot_p50_s']:.1f}/{r['preemptions']}/"
             f"{r['duration_s']:.0f}" for h, r in zip(heads, results)))
+    val = dict(details).get("val")
+    if role == "watermark" and val is not None:
+        sweep = useful_bins([p["fraction"] for p in plugins], [r["goodput_tok_s"] for r in val],
+                            cfg.action.auto.tolerance)
+        print(f"\nsuggested env.action.bins: {list(sweep.bins)} (the val row: the sweep values from the lowest to the "
+              f"highest within {sweep.tolerance:.0%} of the best, {sweep.best:g}; env.action.auto.tolerance; what "
+              f"kvrl-train env.action.bins=auto chooses)")
+    elif role == "watermark":
+        print("\nsuggested env.action.bins: add val to --splits (they come from the val row)")
 
 
 if __name__ == "__main__":

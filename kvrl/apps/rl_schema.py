@@ -1,7 +1,7 @@
-"""Structured configs of ``kvrl-train`` and ``kvrl-eval`` (Hydra ConfigStore ``train_schema`` and
-``eval_schema``): the run keys of ``kvrl-run`` plus the task (``env``), the agent and the app's
-own settings. The ``env`` and ``agent`` nodes are checked when the apps build them
-(:func:`kvrl.envs.config.env_config_from_app`, :func:`kvrl.envs.agent_io.algo_class`)."""
+"""Structured configs of ``kvrl-train``, ``kvrl-eval`` and ``kvrl-select`` (Hydra ConfigStore
+``train_schema``, ``eval_schema``, ``select_schema``): the run keys of ``kvrl-run`` plus the task
+(``env``), the agent and the app's own settings. The ``env`` and ``agent`` nodes are checked
+when the apps build them (:func:`kvrl.envs.config.env_config_from_app`, :func:`kvrl.envs.agent_io.algo_class`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,6 +75,16 @@ class EvalSchema(_RunKeys):
     plots: bool = True
 
 
+@dataclass
+class SelectSchema(_RunKeys):
+    """``kvrl-select``: see ``conf/select.yaml`` for the meaning of each key."""
+
+    agents: List[str] = MISSING
+    split: str = "val"
+    workers: int = 1
+    top: int = 5
+
+
 def validate_train(cfg: Any) -> None:
     """Check ``train.*`` beyond its types; :class:`~kvrl.apps.schema.ConfigError` names the key
     (e.g. ``train.total_timesteps=0`` would save an untrained model)."""
@@ -91,11 +101,13 @@ def validate_train(cfg: Any) -> None:
 
 
 def register_rl_schemas() -> None:
-    """Store ``train_schema`` and ``eval_schema``, the kvrl-run schemas they build on, and every
-    plugin's config option (built-ins and entry points), so Hydra can compose the apps."""
+    """Store ``train_schema``, ``eval_schema`` and ``select_schema``, the kvrl-run schemas they
+    build on, and every plugin's config option (built-ins and entry points), so Hydra can compose
+    the apps."""
     plugins.load_entry_points()
     plugins.available("scheduler")
     register_schemas()
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainSchema)
     store.store(name="eval_schema", node=EvalSchema)
+    store.store(name="select_schema", node=SelectSchema)

@@ -1,0 +1,108 @@
+"""``kvrl-select``: model selection on the validation split (``conf/select.yaml``).
+
+Every saved agent of ``agents`` (kvrl-train run directories, model zips, or glob patterns such as
+``runs/train/x/checkpoints/agent_*_steps.zip``) serves the whole ``split`` (``val``) of the
+scenario once, with seed ``seed`` and no resample, through the same ``run_job`` as ``kvrl-eval``.
+The scenario is composed exactly as in kvrl-train and kvrl-eval (``env=<task>`` plus any
+overrides, e.g. ``workload=azure_csv workload.path=<file>``), so agents are scored on the
+scenario the command names; an agent trained on another scenario is scored all the same, with a
+warning naming the task keys that differ. Writes ``selection.csv`` (best first: goodput, SLO
+attainment, path) into the Hydra run directory (``runs/select/<date>/<time>``) and prints the
+ranking.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from kvrl.apps.eval import Job, Policy, run_jobs
+from kvrl.apps.outputs import atomic_write
+from kvrl.apps.rl_schema import register_rl_schemas
+from kvrl.apps.scenario import describe_differences, task_differences
+from kvrl.apps.schema import ConfigError, validate_config
+from kvrl.envs.agent_io import META_NAME, ROLES, model_path, read_meta
+from kvrl.envs.config import describe_workload, env_config_from_app
+
+log = logging.getLogger("kvrl.select")
+
+register_rl_schemas()
+
+COLUMNS = ("goodput_tok_s", "slo_attainment", "ttft_p99_s", "tpot_p99_s", "path")
+
+
+def expand(specs: Sequence[str]) -> list[Path]:
+    """The model zips ``specs`` name (paths or glob patterns; a directory is its best model),
+    sorted and without repeats. A spec that matches nothing raises naming it."""
+    paths = []
+    for i, spec in enumerate(specs):
+        matches = sorted(glob.glob(str(Path(spec).expanduser()))) if glob.has_magic(spec) else [spec]
+        if not matches:
+            raise FileNotFoundError(f"agents[{i}]={spec!r} matches no file")
+        paths += [model_path(m) for m in matches]
+    return sorted(set(paths))
+
+
+def select(cfg: DictConfig, out_dir: Path) -> list[dict]:
+    """Score every agent of ``cfg.agents`` on ``cfg.split`` of the scenario; rows best first."""
+    env_id, env_cfg = env_config_from_app(cfg)
+    role = ROLES[env_id]
+    run = env_cfg.run
+    paths = expand(list(cfg.agents))
+    warned = set()
+    for path in paths:
+        meta = read_meta(path)
+        if ROLES[meta["env_id"]] != role:
+            raise ValueError(f"{path} is a {ROLES[meta['env_id']]} agent ({meta['env_id']}); env={env_id} "
+                             f"needs a {role} agent")
+        diff = task_differences(meta["env"]["run"], run, role)
+        source = next(p for p in (path.parent / META_NAME, path.parent.parent / META_NAME) if p.is_file())
+        if diff and source not in warned:
+            warned.add(source)
+            log.warning("%s was trained on another scenario (differs in: %s); scored on this one", source.parent,
+                        describe_differences(diff))
+    workload = describe_workload(run["workload"])
+    log.info("scoring %d agent(s) on the whole %s split of %s, seed %d", len(paths), cfg.split, workload, cfg.seed)
+    jobs = [Job(Policy(str(p), "agent", {"name": "agent", "policy_path": str(p)}), cfg.split, int(cfg.seed))
+            for p in paths]
+    results = run_jobs(run, role, jobs, None, int(cfg.workers))
+    rows = sorted(({**{k: r[k] for k in COLUMNS if k != "path"}, "path": r["policy"], "split": cfg.split,
+                    "workload": workload} for r in results), key=lambda r: -r["goodput_tok_s"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(f):
+        w = csv.DictWriter(f, [*COLUMNS, "split", "workload"])
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(out_dir / "selection.csv", write)
+    return rows
+
+
+@hydra.main(config_path="pkg://kvrl.conf", config_name="select", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    validate_config(cfg)
+    if cfg.split not in ("train", "val", "test"):
+        raise ConfigError(f"invalid config: split must be one of ['train', 'val', 'test'], got {cfg.split!r}")
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    rows = select(cfg, out_dir)
+    env_id, env_cfg = env_config_from_app(cfg)
+    print(f"kvrl-select: {env_id} on the whole {cfg.split} split of {describe_workload(env_cfg.run['workload'])} "
+          f"(seed {cfg.seed}) -> {out_dir / 'selection.csv'}")
+    print(f"{'goodput tok/s':>14}  {'SLO att.':>8}  path")
+    for r in rows:
+        print(f"{r['goodput_tok_s']:14.1f}  {r['slo_attainment']:8.3f}  {r['path']}")
+    if len(rows) > cfg.top:
+        print(f"\nbest {cfg.top}:")
+        for r in rows[:cfg.top]:
+            print(f"{r['goodput_tok_s']:14.1f}  {r['slo_attainment']:8.3f}  {r['path']}")
+    return rows[0]["goodput_tok_s"]
+
+
+if __name__ == "__main__":
+    main()
