@@ -37,7 +37,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl.apps import tracking
-from kvrl.apps.leaderboard import build_rows, markdown, plot_bars, plot_traces, text_table, write_csv
+from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
+                                   write_csv)
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
 from kvrl.apps.scenario import describe_differences, newest_agent, task_differences
@@ -312,7 +313,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick)
         results += sweep_results
         policies.append(best)
-    policies += agents
+    policies = dedupe_policies(policies + agents)     # one row per distinct plugin config
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies),
                             live_warmup=cfg.live_warmup)
@@ -335,17 +336,18 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
     images = {}
     if cfg.plots:
-        plot_bars(rows, out_dir / "goodput.png")
+        plot_bars(rows, out_dir / "goodput.png", caption=notes[1])
         traces = {r["policy"]: r["trace"] for r in test_results if "trace" in r}
         shown = {p: t for p, t in traces.items()
                  if role == "eviction" or p.startswith(("fixed(fraction=0.01)", "agent")) or "[val-best]" in p}
-        plot_traces(shown, out_dir / "traces.png")
+        plot_traces(shown, out_dir / "traces.png", caption=notes[1])
         images = {"goodput": out_dir / "goodput.png", "traces": out_dir / "traces.png"}
     best = rows[0]
     tracker.log({"best_goodput_tok_s": best.stats["goodput_tok_s"][0]}, images=images)
     if cfg.logger.name == "wandb":
         _log_wandb_table(tracker, rows)
-    print(text_table(rows, f"kvrl-eval: {env_id} on split=test ({len(seeds)} seeds) -> {out_dir}"))
+    print(text_table(rows, f"kvrl-eval: {env_id} on split=test ({len(seeds)} seeds)",
+                     files=[out_dir / "leaderboard.md", out_dir / "leaderboard.csv"]))
     return rows
 
 
