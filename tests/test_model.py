@@ -329,3 +329,27 @@ def test_missing_weights_file(tmp_path):
     shutil.rmtree(path)
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model(path)
+
+
+def test_checkpoint_with_more_layers_than_config_names_the_unused_weights(tmp_path):
+    path = make_random_checkpoint(tmp_path / "ckpt", family="qwen3")
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        raw = json.load(f)
+    last = raw["num_hidden_layers"] - 1
+    raw["num_hidden_layers"] = last                   # config.json describes one layer fewer
+    with open(config_path, "w") as f:
+        json.dump(raw, f)
+    with pytest.raises(CheckpointError, match=rf"not used .*model\.layers\.{last}\."):
+        load_model(path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_fail_at_load_naming_the_tensor(tmp_path, bad):
+    path = make_random_checkpoint(tmp_path / "ckpt", family="qwen3")
+    weights_path = os.path.join(path, "model.safetensors")
+    tensors = load_file(weights_path)
+    tensors["model.layers.0.self_attn.k_proj.weight"][3, 1] = bad
+    save_file(tensors, weights_path, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight.*NaN or infinite"):
+        load_model(path)

@@ -19,7 +19,9 @@ from kvrl.workloads import (WORKLOADS, ArrivalProcess, LengthDist, TraceFormatEr
                             prefix_probe, probe_label, scale_rate, shared_prefix, split_by_time,
                             split_windows, subsample, synthetic, take, time_window, trace_stats,
                             with_default_slos, write_azure_csv, write_burstgpt_csv, write_jsonl)
+from kvrl.workloads import formats
 from kvrl.workloads.cli import main as cli_main
+from kvrl.workloads.formats import convert
 from kvrl.workloads.config import workload_config_path
 
 VOCAB = 32000
@@ -205,6 +207,10 @@ def test_jsonl_errors_and_skip(tmp_path):
         ({"arrival_s": 1, "prompt_len": 3, "output_len": 2, "tenant": 5}, "tenant"),
         ({"arrival_s": 1, "prompt_len": 3, "output_len": 2, "slo_ttft_s": 0}, "slo_ttft_s"),
         ({"arrival_s": 1, "prompt_tokens": [1, 2], "prompt_len": 3, "output_len": 2}, "prompt_len"),
+        ({"arrival_s": 1, "prompt_len": 3, "prefix_len": 4, "output_len": 2, "prefix_group": "g"}, "prefix_len"),
+        ({"arrival_s": 1, "prompt_tokens": [1, 2], "prefix_len": 3, "output_len": 2}, "prefix_len"),
+        ({"arrival_s": 1, "prompt_len": 3, "output_len": 2, "request_id": "a\ud800"}, "request_id"),
+        ({"arrival_s": 1, "prompt_len": 3, "output_len": 2, "tenant": "\udfff"}, "tenant"),
     ]
     for i, (obj, field) in enumerate(cases):
         p = tmp_path / f"c{i}.jsonl"
@@ -526,6 +532,33 @@ def test_build_workload_common_keys(azure):
     assert len(drop) == sum(r.prompt_len + r.output_len <= 2048 for r in azure)
 
 
+def test_overlong_requests_are_rejected_clipped_or_dropped_never_silently(azure, caplog):
+    """engine.max_model_len=256 on azure_code: 1,682 of the first 2,000 requests are too long."""
+    cfg = {"name": "azure_code", "max_requests": 2000}
+    long = [r for r in azure[:2000] if r.prompt_len + r.output_len > 256]
+    assert len(long) == 1682
+    with caplog.at_level("INFO", logger="kvrl.workloads.config"):
+        kept = build_workload(cfg, vocab_size=VOCAB, max_model_len=256)
+    assert "max_requests=2000 keeps the first 2000 of 8819 requests" in caplog.text
+    assert "1682 of 2000 requests exceed max_model_len=256" in caplog.text and "overlong=reject" in caplog.text
+    assert len(kept) == 2000 and kept.overlong == 1682 and kept.clipped == 0 and kept.truncated == 6819
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kvrl.workloads.config"):
+        clipped = build_workload({**cfg, "overlong": "clip"}, vocab_size=VOCAB, max_model_len=256)
+    assert "overlong=clip clipped 1682 of 2000 requests" in caplog.text
+    assert clipped.clipped == 1682 and clipped.overlong == 0 and clipped.dropped == []
+    first = next(r for r in clipped if r.request_id == long[0].request_id)
+    assert first.clipped == f"prompt {long[0].prompt_len}->255, output {long[0].output_len}->1"
+    assert sum(1 for r in clipped if r.clipped) == 1682
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kvrl.workloads.config"):
+        dropped = build_workload({**cfg, "overlong": "drop"}, vocab_size=VOCAB, max_model_len=256)
+    assert "overlong=drop dropped 1682 of 2000 requests" in caplog.text
+    assert len(dropped) == 318 and [rid for rid, _ in dropped.dropped] == [r.request_id for r in long]
+    assert dropped.dropped[0][1] == (f"prompt ({long[0].prompt_len}) + output ({long[0].output_len}) tokens "
+                                     f"exceed max_model_len=256 (workload.overlong=drop)")
+
+
 def test_build_workload_rejects_bad_configs(tmp_path):
     def err(cfg, match):
         with pytest.raises(ValueError, match=match):
@@ -600,6 +633,33 @@ def test_cli_stats_and_convert(tmp_path, capsys, azure):
     assert "nope.csv" in capsys.readouterr().err
     assert cli_main(["stats", "synthetic", "--set", "bogus=1"]) == 2
     assert "unknown key 'bogus'" in capsys.readouterr().err
+
+
+def test_convert_refuses_to_overwrite_its_input(tmp_path, capsys, azure):
+    src = tmp_path / "a.jsonl"
+    write_jsonl(take(azure, 5), src, tokens=False)
+    before = src.read_bytes()
+    assert cli_main(["convert", str(src), str(src)]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert cli_main(["convert", str(src), str(tmp_path / "." / "a.jsonl"), "--to", "azure"]) == 2
+    assert src.read_bytes() == before
+    with pytest.raises(ValueError, match="is the input file"):
+        convert(src, src)
+
+
+def test_convert_is_atomic_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch, azure):
+    src, dst = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_jsonl(take(azure, 5), src, tokens=False)
+    dst.write_text("the old file\n")
+
+    def full_disk(requests, path, tokens=True):
+        with open(path, "w") as f:
+            f.write('{"arrival_s": 0, "prompt_len"')          # half a line, then the disk is full
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(formats, "write_jsonl", full_disk)
+    assert cli_main(["convert", str(src), str(dst)]) == 2
+    assert dst.read_text() == "the old file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]    # no temp file left
 
 
 # ----------------------------------------------------------------------------- fuzzing

@@ -5,7 +5,9 @@ The directory holds ``config.json`` and either ``model.safetensors`` or a
 parameter ``<name>`` (``lm_head.weight`` stays as is); the rows of each fused projection are
 filled from its sibling HF projections (``q_proj``/``k_proj``/``v_proj`` -> ``qkv_proj``,
 ``gate_proj``/``up_proj`` -> ``gate_up_proj``). Checkpoint tensors kvrl has no parameter for
-(e.g. ``lm_head.weight`` of a tied model, stale ``rotary_emb.inv_freq`` buffers) are ignored.
+(``lm_head.weight`` of a tied model, stale ``rotary_emb.inv_freq`` buffers) are ignored; any other
+unused tensor (a ``config.json`` with fewer layers than the checkpoint) is an error naming them, and so
+is a tensor with a NaN or infinite value.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def load_model(
     Raises:
         ValueError: unsupported architecture (from :class:`ModelConfig`).
         FileNotFoundError: missing config, weights file or shard.
-        CheckpointError: a tensor the model needs is missing or has the wrong shape.
+        CheckpointError: a tensor the model needs is missing, has the wrong shape or a NaN/inf value;
+            or the checkpoint has tensors the model does not use (other than the ignorable ones).
     """
     config = ModelConfig.from_pretrained(path)
     if dtype is not None:
@@ -103,6 +106,14 @@ def load_model(
         if name not in files:
             raise CheckpointError(f"tensor {name!r} is missing from the checkpoint at {os.fspath(path)!r}")
         by_file[files[name]].append((dest, name))
+    used = {name for entries in by_file.values() for _, name in entries}
+    unused = sorted(n for n in files if n not in used and not _ignorable(n, config))
+    if unused:
+        more = f" and {len(unused) - 5} more" if len(unused) > 5 else ""
+        raise CheckpointError(
+            f"{len(unused)} tensor(s) of the checkpoint at {os.fspath(path)!r} are not used by the model "
+            f"config.json describes ({config.num_layers} layers): {unused[:5]}{more}; "
+            f"config.json does not match the weights")
     with torch.no_grad():
         for file, entries in by_file.items():
             with safe_open(file, framework="pt") as f:
@@ -114,4 +125,13 @@ def load_model(
                             f"expected {list(dest.shape)} from config.json"
                         )
                     dest.copy_(f.get_tensor(name))
+                    if dest.is_floating_point() and not bool(torch.isfinite(dest).all()):
+                        raise CheckpointError(
+                            f"tensor {name!r} in {os.path.basename(file)!r} has NaN or infinite values "
+                            f"(after conversion to {dest.dtype}); the checkpoint is corrupted")
     return model.eval(), config
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    """Checkpoint tensors kvrl has no parameter for, by design."""
+    return name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and config.tie_word_embeddings)

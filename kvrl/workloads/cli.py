@@ -4,6 +4,7 @@
                      [--set key=value ...] [--vocab-size N] [--max-model-len N] [--json]
     kvrl-trace convert IN OUT [--from azure|burstgpt|jsonl|workload] [--to azure|burstgpt|jsonl]
                        [--no-tokens] [--vocab-size N] [--seed S] [--skip-bad-rows]
+                       (OUT must not be IN; it is written atomically)
     kvrl-trace workloads            # list the workload configs
 
 FILE_OR_WORKLOAD is a trace file or the name of a ``conf/workload`` config (``azure_code``,
@@ -19,7 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 from .config import available_workload_configs, build_workload, load_workload_config
-from .formats import FORMATS, load_trace, write_trace
+from .formats import FORMATS, check_not_input, load_trace, write_trace
 from .stats import format_stats, plot_stats, trace_stats
 
 DEFAULT_VOCAB = 32000
@@ -65,6 +66,7 @@ def cmd_stats(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    check_not_input(args.input, args.output)
     reqs, _ = _load(args.input, args.from_format, args)
     to = args.to_format
     if to is None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import secrets
 from typing import Optional
 
 from kvrl.engine.request import Request
@@ -67,14 +68,35 @@ def load_trace(path: str | os.PathLike, format: Optional[str] = None, *, vocab_s
 
 def write_trace(requests: list[Request], path: str | os.PathLike, format: str, *,
                 tokens: bool = True) -> int:
-    """Write requests in ``format``; the CSV formats keep lengths and arrivals only."""
-    if format == "jsonl":
-        return write_jsonl(requests, path, tokens=tokens)
-    if format == "azure":
-        return write_azure_csv(requests, path)
-    if format == "burstgpt":
-        return write_burstgpt_csv(requests, path)
-    raise ValueError(f"unknown trace format {format!r} (known: {', '.join(FORMATS)})")
+    """Write requests in ``format``; the CSV formats keep lengths and arrivals only.
+
+    Atomic: the file is written next to ``path`` under a temporary name and renamed into place, so
+    a failure (a full disk) leaves any earlier ``path`` as it was and no truncated file behind.
+    """
+    writers = {"jsonl": lambda p: write_jsonl(requests, p, tokens=tokens),
+               "azure": lambda p: write_azure_csv(requests, p),
+               "burstgpt": lambda p: write_burstgpt_csv(requests, p)}
+    if format not in writers:
+        raise ValueError(f"unknown trace format {format!r} (known: {', '.join(FORMATS)})")
+    path = os.fspath(path)
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{secrets.token_hex(4)}.tmp")
+    try:
+        n = writers[format](tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n
+
+
+def check_not_input(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Raise ``ValueError`` when ``dst`` is the file ``src`` (a conversion never overwrites its
+    input: a failure half-way would lose it, and a success would replace the data with a copy)."""
+    if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
+        raise ValueError(f"output {os.fspath(dst)!r} is the input file; write the conversion to "
+                         f"another path")
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, from_format: Optional[str] = None,
@@ -82,8 +104,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, from_format: Opti
             tokens: bool = True, skip_bad_rows: bool = False) -> int:
     """Convert a trace file between formats; returns the number of requests written.
 
-    ``to_format`` None = from ``dst``'s extension (.jsonl -> jsonl, .csv -> azure).
+    ``to_format`` None = from ``dst``'s extension (.jsonl -> jsonl, .csv -> azure). ``dst`` must
+    not be ``src``; it is written atomically (:func:`write_trace`).
     """
+    check_not_input(src, dst)
     reqs = load_trace(src, from_format, vocab_size=vocab_size, seed=seed,
                       skip_bad_rows=skip_bad_rows)
     if to_format is None:

@@ -6,7 +6,7 @@ Fields (only ``arrival_s``, ``output_len`` and one of ``prompt_tokens`` / ``prom
     arrival_s    number >= 0, seconds                   (kept as is, not re-based)
     prompt_tokens list of token ids (ints >= 0)         exact prompt
     prompt_len   int >= 1                               length only: ids are seeded random
-    prefix_len   int >= 0                               with prompt_len + prefix_group: how many
+    prefix_len   int >= 0, <= the prompt's length       with prompt_len + prefix_group: how many
                                                         leading ids are the group's shared prefix
                                                         (default: the shortest prompt of the group)
     output_len   int >= 1
@@ -18,7 +18,8 @@ Fields (only ``arrival_s``, ``output_len`` and one of ``prompt_tokens`` / ``prom
     slo_tpot_s   number > 0 or null                     default null (run default)
     cache_salt   string or null                         default null
 
-Blank lines are ignored; unknown fields are errors (they are usually typos).
+Blank lines are ignored; unknown fields are errors (they are usually typos), and so are strings
+that are not valid Unicode (a lone surrogate such as ``"\\ud800"``: no output file could hold them).
 """
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ def _str(obj: dict, key: str, default: Any, *, nullable: bool) -> Any:
         return None
     if not isinstance(v, str):
         raise _FieldError(key, f"expected a string{' or null' if nullable else ''}, got {v!r}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _FieldError(key, f"not valid Unicode text ({e.reason} at character {e.start}: "
+                               f"{_short(v)}); ids and names must be writable as UTF-8") from None
     return v
 
 
@@ -145,6 +151,9 @@ def _parse_line(text: str, vocab_size: Optional[int]) -> dict:
                                             f"{rec['tokens'].shape[0]} ids in prompt_tokens")
     elif rec["prompt_len"] is None:
         raise _FieldError("prompt_tokens", "missing (give prompt_tokens or prompt_len)")
+    length = rec["prompt_len"] if rec["tokens"] is None else rec["tokens"].shape[0]
+    if rec["prefix_len"] is not None and rec["prefix_len"] > length:
+        raise _FieldError("prefix_len", f"{rec['prefix_len']} exceeds the prompt's {length} tokens")
     return rec
 
 
