@@ -73,3 +73,80 @@ def test_live_backend_on_cpu_writes_the_same_metrics_as_sim(tmp_path):
     assert set(live_m) == set(sim_m) and METRIC_KEYS <= set(live_m)
     assert live_m["finished"] == sim_m["finished"] == 6
     assert live_m["output_tokens"] == sim_m["output_tokens"]
+
+
+def test_overlong_requests_are_counted_in_metrics_and_requests_csv(tmp_path):
+    """engine.max_model_len=256 on azure_code: rejected with the reason by default, or clipped / dropped
+    on request, and every changed request is counted and listed."""
+    import csv
+    base = ["progress=false", "plots=false", "workload.max_requests=40", "engine.max_model_len=256"]
+    proc = kvrl_run("-m", f"hydra.sweep.dir={tmp_path}", *base, "workload.overlong=reject,clip,drop")
+    counts, rows = {}, {}
+    for job, mode in enumerate(("reject", "clip", "drop")):
+        counts[mode] = json.loads((tmp_path / str(job) / "metrics.json").read_text())
+        rows[mode] = list(csv.DictReader((tmp_path / str(job) / "requests.csv").read_text().splitlines()))
+    log = proc.stdout + proc.stderr                                  # each logged with its count
+    assert "requests exceed max_model_len=256" in log and "overlong=clip clipped" in log
+    assert "overlong=drop dropped" in log
+    n_long = counts["reject"]["rejected"]
+    assert n_long > 0 and counts["reject"]["finished"] == 40 - n_long
+    assert sum(r["error"].startswith("rejected: ") and "max_model_len=256" in r["error"] for r in rows["reject"]) == n_long
+    assert counts["clip"]["clipped"] == n_long and counts["clip"]["finished"] == 40 and counts["clip"]["rejected"] == 0
+    assert sum(bool(r["clipped"]) for r in rows["clip"]) == n_long
+    assert all(r["clipped"].startswith("prompt ") for r in rows["clip"] if r["clipped"])
+    assert counts["drop"]["dropped"] == n_long and counts["drop"]["requests"] == 40 - n_long
+    assert sum(r["error"].startswith("dropped: ") for r in rows["drop"]) == n_long and len(rows["drop"]) == 40
+
+
+def test_max_requests_caps_traces_not_generators_and_seed_draws_the_workload(tmp_path):
+    """run.yaml's max_requests=2000 applies to trace workloads only (logged); a generator's own size
+    wins; the top-level seed seeds the workload unless workload.seed is given."""
+    sweep = tmp_path / "s"
+    kvrl_run("-m", f"hydra.sweep.dir={sweep}", "progress=false", "plots=false", "workload=synthetic",
+             "workload.num_requests=2100", "workload.arrival.process=offline", "workload.output_len.mean=8",
+             "seed=0,1")
+    m = [json.loads((sweep / str(i) / "metrics.json").read_text()) for i in (0, 1)]
+    assert m[0]["requests"] == m[1]["requests"] == 2100
+    assert m[0]["output_tokens"] != m[1]["output_tokens"]           # different draws per seed
+    assert "seed: 1" in (sweep / "1" / "config.yaml").read_text().split("workload:")[1].split("\n\n")[0]
+    out = tmp_path / "trace"
+    proc = kvrl_run(f"hydra.run.dir={out}", "progress=false", "plots=false", "max_steps=1", "seed=3",
+                    "workload.seed=5")
+    assert "max_requests=2000 keeps the first 2000 of 8819 requests" in proc.stdout + proc.stderr
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.load(out / "config.yaml")
+    assert cfg.workload.max_requests == 2000 and cfg.workload.seed == 5 and cfg.seed == 3
+
+
+def test_runs_started_together_get_distinct_directories_with_0644_files(tmp_path):
+    import os
+    old = os.umask(0o022)
+    try:
+        cmd = [sys.executable, "-m", "kvrl.apps.run", *SMALL, "plots=false"]
+        procs = [subprocess.Popen([*cmd, f"workload.seed={i}"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for i in range(2)]
+        for p in procs:
+            assert p.wait(timeout=300) == 0, p.stderr.read()[-2000:]
+    finally:
+        os.umask(old)
+    dirs = sorted(p.parent for p in (tmp_path / "runs" / "run").glob("*/*/metrics.json"))
+    assert len(dirs) == 2
+    seeds = sorted(next(line for line in (d / ".hydra" / "overrides.yaml").read_text().splitlines()
+                        if "workload.seed" in line) for d in dirs)
+    assert seeds == ["- workload.seed=0", "- workload.seed=1"]         # each dir holds its own job
+    for d in dirs:
+        for name in ("metrics.json", "requests.csv", "steps.csv", "config.yaml"):
+            assert (d / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_outputs_respect_the_umask_and_survive_a_lone_surrogate_id(tmp_path):
+    import os
+    from kvrl.apps.outputs import atomic_write
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "r.csv", lambda f: f.write("id\nreq-\ud800\n"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.csv").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "r.csv").read_text() == "id\nreq-\\ud800\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.csv"]
