@@ -48,6 +48,10 @@ def test_paired_comparison_edge_cases():
     assert same.verdict == stats.SAME and same.p_value == 1.0 and same.delta == 0
     noisy = stats.paired_compare({0: 1.1, 1: 1.9, 2: 3.05}, base, "goodput_tok_s")
     assert noisy.verdict == stats.SAME and noisy.p_value > 0.05
+    shift2 = stats.paired_compare({0: 3.0, 1: 4.0}, {0: 1.0, 1: 2.0}, "preemptions")     # no spread, 2 pairs
+    assert shift2.p_value == pytest.approx(0.5) and shift2.verdict == stats.SAME
+    shift6 = stats.paired_compare({s: s + 2.0 for s in range(6)}, {s: float(s) for s in range(6)}, "preemptions")
+    assert shift6.p_value == pytest.approx(2 * 0.5 ** 6) and shift6.verdict == stats.WORSE
     one = stats.paired_compare({0: 5.0, 7: 1.0}, {0: 1.0, 8: 1.0}, "goodput_tok_s")     # one shared seed
     assert one.n == 1 and one.verdict == stats.TOO_FEW
     missing = stats.paired_compare({0: None, 1: 3.0, 2: 4.0}, base, "goodput_tok_s")

@@ -49,11 +49,17 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 # ------------------------------------------------------------------------------ joblib + report
 def test_joblib_sweep_and_report_match_the_job_files(tmp_path):
     sweep = tmp_path / "sweep"
-    kvrl("kvrl.apps.run", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
-         "hydra.job_logging.formatters.simple.format='%(process)d|%(message)s'",   # each job logs its process
-         *PRESSURE, "watermark.fraction=0.0,0.1,0.2", "eviction=lifo,most_blocks", "workload.seed=0,1", cwd=tmp_path)
+    proc = kvrl("kvrl.apps.run", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+                "hydra.job_logging.formatters.simple.format='%(process)d|%(message)s'",   # each job logs its process
+                *PRESSURE, "watermark.fraction=0.0,0.1,0.2", "eviction=lifo,most_blocks", "workload.seed=0,1",
+                cwd=tmp_path)
     jobs = job_dirs(sweep)
     assert len(jobs) == 12
+    # one line per finished job, counted over the whole sweep, each naming its whole job directory
+    done = [line for line in proc.stderr.splitlines() if line.startswith("[") and "] job " in line]
+    assert [line.split("]")[0] for line in done] == [f"[{i}/12" for i in range(1, 13)]
+    assert sorted(line.split(" job ")[1].split()[0] for line in done) == sorted(str(i) for i in range(12))
+    assert all(f"    {sweep / str(i)}" in proc.stderr.splitlines() for i in range(12))
     # parallel: the jobs ran in the launcher's two worker processes
     pids = {line.split("|")[0] for job in jobs for line in (job / "run.log").read_text().splitlines()}
     assert len(pids) == 2

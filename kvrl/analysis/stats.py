@@ -94,13 +94,14 @@ class Comparison:
 
 
 def _paired_p(diff: np.ndarray) -> float:
-    """Two-sided p-value of the paired t-test on the differences ``diff``: 1 when every difference
-    is 0, 0 when they are all equal and non-zero (no spread: a deterministic shift), NaN for fewer
-    than two."""
+    """Two-sided p-value of the paired t-test on the differences ``diff``; NaN for fewer than two.
+    Without spread the t statistic is undefined: 1 when every difference is 0, and when they are
+    all equal and non-zero the exact sign test's (``2 * 0.5**n``: two equal differences of a count
+    such as preemptions are no evidence, six are)."""
     if diff.size < 2:
         return math.nan
     if np.all(diff == diff[0]):
-        return 1.0 if diff[0] == 0 else 0.0
+        return 1.0 if diff[0] == 0 else float(sps.binomtest(diff.size, diff.size, 0.5).pvalue)
     return float(sps.ttest_1samp(diff, 0.0).pvalue)
 
 

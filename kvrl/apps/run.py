@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl import plugins
+from kvrl.apps.progress import job_progress
 from kvrl.apps.outputs import atomic_write, plot_steps, summary_table, write_json
 from kvrl.apps import tracking
 from kvrl.apps.schema import register_schemas, validate_config
@@ -40,7 +41,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
              len(requests), engine.config.num_blocks, engine.config.block_size, engine.config.num_cpu_blocks,
              engine.executor.name)
     wall = time.perf_counter()
-    metrics = engine.run(requests, progress=cfg.progress, max_steps=cfg.max_steps)
+    metrics = engine.run(requests, progress=job_progress(cfg.progress), max_steps=cfg.max_steps)
     metrics["wall_s"] = time.perf_counter() - wall
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
