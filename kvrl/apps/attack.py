@@ -42,6 +42,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from kvrl.analysis.stats import z_quantile
+
 log = logging.getLogger("kvrl.attack")
 
 COMMANDS = {"prefix-probe": "prefix_probe", "fill-squeeze": "fill_squeeze", "benign-cost": "benign_cost"}
@@ -83,7 +85,7 @@ def fisher_exact_p(table: list[list[int]]) -> float:
     return float(min(Fraction(tail, total), Fraction(1)))
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+def wilson_interval(successes: int, n: int, z: float = z_quantile()) -> tuple[float, float]:
     if n == 0:
         return float("nan"), float("nan")
     p = successes / n
