@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from kvrl.engine.hashing import HASHES, KEY_MODES
 from kvrl.plugins.base import check_choice, check_range
 
 
@@ -29,6 +30,14 @@ class EngineConfig:
             (prompt + output rounded up to a power of two) or ``oracle`` (exact prompt + output).
         prefix_cache_scope: ``tenant`` (each tenant's blocks match only its own requests; default,
             closes the cross-tenant timing side channel) or ``global`` (explicit opt-in to sharing).
+            A request's ``cache_salt`` narrows either scope further; it never replaces the tenant.
+        prefix_hash: block identity hash (:mod:`kvrl.engine.hashing`): ``blake2b`` (default:
+            BLAKE2b-256 keyed with a per-engine secret, every hit checked against the cached
+            block's tokens and salt), ``sha256`` (unkeyed, checked the same way) or ``xxh3``
+            (the pre-#14 64-bit hash, unchecked and forgeable: attack baseline and speed reference).
+        prefix_hash_key: key of the ``blake2b`` hash: ``random`` (default: ``os.urandom`` at start-up)
+            or ``seed`` (derived from ``seed``, for reproducible identities; guessable). Results do
+            not depend on it: identities are internal.
         policy_errors: ``isolate`` (default: a failing policy call is recorded; an eviction
             failure aborts only the request that needed the block, a scheduler failure falls back
             to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
@@ -54,6 +63,8 @@ class EngineConfig:
     allocator: str = "paged"
     contiguous_reserve: str = "max"
     prefix_cache_scope: str = "tenant"
+    prefix_hash: str = "blake2b"
+    prefix_hash_key: str = "random"
     policy_errors: str = "isolate"
     seed: int = 0
     pause_gc: bool = True
@@ -80,4 +91,6 @@ class EngineConfig:
         check_choice("engine.allocator", self.allocator, ("paged", "contiguous"))
         check_choice("engine.contiguous_reserve", self.contiguous_reserve, ("max", "pow2", "oracle"))
         check_choice("engine.prefix_cache_scope", self.prefix_cache_scope, ("tenant", "global"))
+        check_choice("engine.prefix_hash", self.prefix_hash, HASHES)
+        check_choice("engine.prefix_hash_key", self.prefix_hash_key, KEY_MODES)
         check_choice("engine.policy_errors", self.policy_errors, ("isolate", "raise"))

@@ -1,34 +1,135 @@
-"""Chained hashes that identify full KV blocks for prefix caching.
+"""Block identity for prefix caching: chained hashes of full KV blocks and the cache salt.
 
-``hash(block i) = xxh3_64(token ids of block i, seed=hash(block i-1))`` with
-``hash(block -1) = xxh3_64(salt)``, so equal hashes mean equal token prefixes under the same salt
-(up to 64-bit collisions). The salt carries the extra keys: the tenant's cache scope (and
-anything else that changes the KV, e.g. a LoRA id).
+A full block's identity is ``hash(parent identity, the block's token ids)``, and the chain starts
+at ``root(salt)``, where the salt (:func:`encode_salt`) carries every extra key that changes the
+KV or limits who may share it: the tenant (``engine.prefix_cache_scope=tenant``) and the
+request's ``cache_salt``. Equal identities therefore mean equal token prefixes under equal salts,
+as far as the hash is collision resistant. ``engine.prefix_hash`` picks the hash:
+
+* ``blake2b`` (default): BLAKE2b-256 keyed with a per-engine secret (:func:`hash_key`: 32 bytes
+  from ``os.urandom`` at start-up, unless ``engine.prefix_hash_key=seed``). Collision resistant,
+  and keyed, so nobody outside the engine can even compute an identity: a forger has no target.
+  Chosen over SHA-256 for that second property; SHA-256 is about as fast here (hashlib's C code
+  on 160-byte inputs: each block costs one Python-level call either way, see docs/security.md).
+* ``sha256``: unkeyed SHA-256 (vLLM's choice since CVE-2025-25183). Collision resistant; its
+  identities are computable by anyone, which matters only if they leak.
+* ``xxh3``: the pre-#14 identity, unkeyed 64-bit XXH3. Fast but forgeable: a generalized-birthday
+  search finds a block with a chosen identity in well under a second
+  (:mod:`kvrl.apps.forge`). It is kept only as the vulnerable baseline of ``kvrl-attack`` and for
+  the speed comparison, and it is never checked on a hit (see :attr:`BlockHasher.checked`).
+
+Block identities are internal: with a collision-resistant hash no result depends on their values,
+so a random key leaves sim runs bit-for-bit reproducible (a hit is decided by equality only, and
+no cache iterates in identity order). ``engine.prefix_hash_key=seed`` derives the key from
+``engine.seed`` for runs that must reproduce the identities themselves (debugging); any key that
+can be guessed is weaker, since it gives a forger its target back.
 """
 from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from typing import Optional, Union
 
 import numpy as np
 import xxhash
 
+HASHES = ("blake2b", "sha256", "xxh3")
+KEY_MODES = ("random", "seed")
+BlockHash = Union[bytes, int]      # bytes (32) for blake2b and sha256, int (64-bit) for xxh3
 
-def root_hash(salt: bytes) -> int:
-    """The chain's starting value for a given salt."""
-    return xxhash.xxh3_64_intdigest(salt, seed=0x9E3779B97F4A7C15)
+_XXH3_ROOT_SEED = 0x9E3779B97F4A7C15
 
 
-def extend_hashes(hashes: list[int], tokens: np.ndarray, block_size: int, num_blocks: int, salt: bytes) -> None:
-    """Append hashes to ``hashes`` until it covers ``num_blocks`` full blocks of ``tokens``.
+def encode_salt(*fields: Optional[str]) -> bytes:
+    """Unambiguous byte encoding of a tuple of optional strings: each field is ``0x00`` (None) or
+    ``0x01`` + its UTF-8 length (4 bytes, big endian) + its UTF-8 bytes, so distinct tuples never
+    encode alike (tenant ``"a"`` + salt ``"bc"`` differs from tenant ``"ab"`` + salt ``"c"``)."""
+    out = bytearray()
+    for value in fields:
+        if value is None:
+            out += b"\x00"
+        else:
+            raw = value.encode("utf-8")
+            out += b"\x01" + struct.pack(">I", len(raw)) + raw
+    return bytes(out)
 
-    ``tokens`` are the sequence's token ids from position 0 (at least ``num_blocks * block_size``).
+
+def hash_key(mode: str, seed: int) -> bytes:
+    """The 32-byte secret of the keyed hash: random (``mode="random"``) or derived from ``seed``."""
+    if mode == "random":
+        return os.urandom(32)
+    if mode == "seed":
+        return hashlib.sha256(b"kvrl prefix-hash key\x00" + str(int(seed)).encode()).digest()
+    raise ValueError(f"engine.prefix_hash_key must be one of {list(KEY_MODES)}, got {mode!r}")
+
+
+def block_bytes(tokens: np.ndarray) -> bytes:
+    """The bytes that identify token ids: little-endian int64, concatenated."""
+    return np.ascontiguousarray(tokens, dtype="<i8").tobytes()
+
+
+class BlockHasher:
+    """Computes chained block identities with one hash function.
+
+    ``checked``: whether a prefix-cache hit must also show equal tokens, salt and parent (see
+    :meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`); True for the
+    collision-resistant hashes, False for ``xxh3``, which reproduces the pre-#14 engine.
     """
-    start = len(hashes)
-    if start >= num_blocks:
-        return
-    parent = hashes[-1] if hashes else root_hash(salt)
-    width = block_size * 8
-    buf = memoryview(np.ascontiguousarray(tokens[start * block_size:num_blocks * block_size], dtype=np.int64))
-    buf = buf.cast("B")
-    digest = xxhash.xxh3_64_intdigest
-    for i in range(num_blocks - start):
-        parent = digest(buf[i * width:(i + 1) * width], seed=parent)
-        hashes.append(parent)
+
+    def __init__(self, name: str = "blake2b", key: Optional[bytes] = None) -> None:
+        if name not in HASHES:
+            raise ValueError(f"engine.prefix_hash must be one of {list(HASHES)}, got {name!r}")
+        self.name = name
+        self.checked = name != "xxh3"
+        if name == "blake2b":
+            if key is None or len(key) != 32:
+                raise ValueError("the blake2b prefix hash needs a 32-byte key (hash_key)")
+            base = hashlib.blake2b(key=key, digest_size=32)
+        elif name == "sha256":
+            base = hashlib.sha256()
+        else:
+            base = None
+        if base is not None:                       # domain separation: roots vs blocks
+            self._root_state = base.copy()
+            self._root_state.update(b"kvrl-root\x00")
+            self._block_state = base.copy()
+            self._block_state.update(b"kvrl-block\x00")
+
+    def root(self, salt: bytes) -> BlockHash:
+        """The chain's starting value for ``salt``."""
+        if self.name == "xxh3":
+            return xxhash.xxh3_64_intdigest(salt, seed=_XXH3_ROOT_SEED)
+        h = self._root_state.copy()
+        h.update(salt)
+        return h.digest()
+
+    def extend(self, hashes: list, tokens: np.ndarray, block_size: int, num_blocks: int, salt: bytes) -> None:
+        """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of ``tokens``
+        (the sequence's token ids from position 0, at least ``num_blocks * block_size``)."""
+        start = len(hashes)
+        if start >= num_blocks:
+            return
+        parent = hashes[-1] if hashes else self.root(salt)
+        width = block_size * 8
+        buf = memoryview(np.ascontiguousarray(tokens[start * block_size:num_blocks * block_size], dtype="<i8"))
+        buf = buf.cast("B")
+        append = hashes.append
+        if self.name == "xxh3":
+            digest = xxhash.xxh3_64_intdigest
+            for i in range(num_blocks - start):
+                parent = digest(buf[i * width:(i + 1) * width], seed=parent)
+                append(parent)
+            return
+        copy = self._block_state.copy
+        for i in range(num_blocks - start):
+            h = copy()
+            h.update(parent)
+            h.update(buf[i * width:(i + 1) * width])
+            parent = h.digest()
+            append(parent)
+
+
+def make_hasher(name: str, key_mode: str = "random", seed: int = 0) -> BlockHasher:
+    """The hasher ``engine.prefix_hash`` / ``engine.prefix_hash_key`` / ``engine.seed`` select."""
+    return BlockHasher(name, hash_key(key_mode, seed) if name == "blake2b" else None)

@@ -7,6 +7,15 @@ Block accounting (GPU):
   (evictable; the prefix-cache policy decides the order in which those are reclaimed);
 - ``num_free_blocks = len(free list) + prefix_cache.num_evictable``.
 
+Block identity (issue #14): a cached block is found by its chained identity
+(:mod:`kvrl.engine.hashing`), and with a collision-resistant hash every hit is also checked: the
+cached block's parent identity, token ids and salt, recorded when it was registered, must equal
+the requesting sequence's, or the hit is a miss (counted in :attr:`PrefixMatch.check_failed`).
+This is the only way blocks are shared by identity: copy-on-write forks share a parent's block
+table by reference (same request, same tokens), and swapped-out blocks are private to their
+sequence and re-enter the cache on swap-in only through :meth:`on_computed`, which records the
+identity from the sequence's own tokens.
+
 The allocator returns block operations (copy pairs, swap pairs) for the executor to carry out; it
 never touches KV data itself.
 """
@@ -16,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from kvrl.engine.hashing import extend_hashes
+from kvrl.engine.hashing import BlockHasher, block_bytes
 from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
 
@@ -27,6 +36,7 @@ class PrefixMatch:
 
     block_ids: list[int] = field(default_factory=list)
     num_evictable: int = 0  # of those, blocks with reference count 0 (they leave the free pool)
+    check_failed: bool = False  # the next block's identity was cached but its tokens/salt/parent differ
 
     def num_tokens(self, block_size: int) -> int:
         return len(self.block_ids) * block_size
@@ -44,18 +54,24 @@ class PagedAllocator:
         prefix_cache: the prefix-cache policy (``none`` disables hashing entirely).
         clock: returns the engine time in seconds (for recency-based reclaim orders).
         cache_salt: maps a sequence to the salt mixed into its block hashes.
+        hasher: computes block identities; with ``hasher.checked`` every hit is verified.
     """
 
     supports_swap = True
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
-                 cache_salt: Callable[[Sequence], bytes]) -> None:
+                 cache_salt: Callable[[Sequence], bytes], hasher: BlockHasher) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_cache = prefix_cache
         self._clock = clock
         self._salt = cache_salt
+        self._hasher = hasher
+        self._checked = prefix_cache.enabled and hasher.checked
+        # per cached block (checked hashes), what it was registered with: (registering sequence,
+        # block index), replaced on its first check by (parent identity, token bytes, salt)
+        self._identity: list[Optional[tuple]] = [None] * num_blocks
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache
@@ -92,6 +108,7 @@ class PagedAllocator:
             if block is None:
                 raise OutOfBlocks("no free GPU block")
             self._cached[block] = False
+            self._identity[block] = None
         self.ref_counts[block] = 1
         self._fill[block] = 0
         self._num_used += 1
@@ -119,24 +136,54 @@ class PagedAllocator:
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
         if len(seq.block_hashes) < num_full_blocks:
             tokens = seq.token_slice(0, num_full_blocks * self.block_size)
-            extend_hashes(seq.block_hashes, tokens, self.block_size, num_full_blocks, self._salt(seq))
+            self._hasher.extend(seq.block_hashes, tokens, self.block_size, num_full_blocks, self._salt(seq))
 
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
-        """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute."""
+        """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute.
+
+        With a checked hash, each block found by identity must also have been registered with
+        ``seq``'s parent identity, token ids and salt; the first that was not ends the match
+        (``check_failed``), as a miss would."""
         match = PrefixMatch()
         if not self.prefix_cache.enabled:
             return match
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
         self._ensure_hashes(seq, max_blocks)
         lookup = self.prefix_cache.lookup
-        for h in seq.block_hashes[:max_blocks]:
-            block = lookup(h)
+        hashes = seq.block_hashes
+        data = salt = None
+        width = bs * 8
+        for i in range(max_blocks):
+            block = lookup(hashes[i])
             if block is None:
                 break
+            if self._checked:
+                if data is None:
+                    data = block_bytes(seq.token_slice(0, max_blocks * bs))
+                    salt = self._salt(seq)
+                parent, tokens, block_salt = self._registered_identity(block)
+                if (parent != (hashes[i - 1] if i else None) or block_salt != salt
+                        or tokens != data[i * width:(i + 1) * width]):
+                    match.check_failed = True
+                    break
             match.block_ids.append(block)
             if self.ref_counts[block] == 0:
                 match.num_evictable += 1
         return match
+
+    def _registered_identity(self, block: int) -> tuple:
+        """(parent identity, token bytes, salt) that cached ``block`` was registered with.
+        Registration records only a reference to the registering sequence (its tokens up to the
+        block never change); the bytes are taken once, at the block's first check."""
+        record = self._identity[block]
+        if type(record[1]) is int:
+            src, i = record
+            bs = self.block_size
+            record = (src.block_hashes[i - 1] if i else None, block_bytes(src.token_slice(i * bs, (i + 1) * bs)),
+                      self._salt(src))
+            self._identity[block] = record
+        return record
 
     def peek_cached_tokens(self, seq: Sequence) -> int:
         return self.match_prefix(seq).num_tokens(self.block_size)
@@ -223,11 +270,14 @@ class PagedAllocator:
             self._ensure_hashes(seq, last_full)
             now = self._clock()
             hashes = seq.block_hashes
+            insert, cached = self.prefix_cache.insert, self._cached
+            identity = self._identity if self._checked else None
             for i in range(first_full, last_full):
                 block = table[i]
-                if not self._cached[block]:
-                    parent = hashes[i - 1] if i else None
-                    self._cached[block] = self.prefix_cache.insert(hashes[i], parent, block, now)
+                if not cached[block] and insert(hashes[i], hashes[i - 1] if i else None, block, now):
+                    cached[block] = True
+                    if identity is not None:
+                        identity[block] = (seq, i)
 
     # ----------------------------------------------------------------- sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
@@ -292,6 +342,9 @@ class PagedAllocator:
             assert self.ref_counts[block] == 0 and not self._cached[block], f"free block {block} is in use or cached"
         evictable = sum(1 for b in range(self.num_blocks) if self._cached[b] and self.ref_counts[b] == 0)
         assert evictable == self.prefix_cache.num_evictable, "evictable count mismatch"
+        if self._checked:
+            for b in range(self.num_blocks):
+                assert (self._identity[b] is not None) == self._cached[b], f"block {b}: identity record drift"
         used = sum(1 for r in self.ref_counts if r > 0)
         assert used == self._num_used, "used-block counter drifted"
         assert used + len(free) + evictable == self.num_blocks, "blocks leaked"

@@ -1,7 +1,10 @@
 """Built-in prefix-cache policies: ``none``, ``hash_lru``, ``hash_lfu``, ``radix_lru``.
 
-All match full blocks by chained hash (see :mod:`kvrl.engine.hashing`); they differ in which
-evictable block (cached, no longer referenced) is reclaimed first when the pool runs dry.
+All match full blocks by their chained identity (see :mod:`kvrl.engine.hashing`); they differ in
+which evictable block (cached, no longer referenced) is reclaimed first when the pool runs dry.
+None of them decides what a hit is: the allocator checks every block they return against the
+request's tokens, salt and parent (:meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`),
+and their iteration orders never depend on identity values (which are keyed and random).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import itertools
 from collections import OrderedDict
 from typing import Optional
 
+from kvrl.engine.hashing import BlockHash
 from kvrl.plugins.base import PrefixCachePolicy
 from kvrl.plugins.registry import register
 
@@ -41,24 +45,24 @@ class NoPrefixCache(PrefixCachePolicy):
 
 
 class _HashTable(PrefixCachePolicy):
-    """Hash <-> block maps shared by the hash-based policies."""
+    """Identity <-> block maps shared by the hash-based policies (identities are opaque keys:
+    bytes or ints, see :data:`kvrl.engine.hashing.BlockHash`)."""
 
     def __init__(self, params) -> None:
         super().__init__(params)
-        self._block_of: dict[int, int] = {}
-        self._hash_of: dict[int, int] = {}
+        self._block_of: dict[BlockHash, int] = {}
+        self._hash_of: dict[int, BlockHash] = {}
 
-    def lookup(self, block_hash: int) -> Optional[int]:
+    def lookup(self, block_hash: BlockHash) -> Optional[int]:
         return self._block_of.get(block_hash)
 
     def insert(self, block_hash, parent_hash, block_id, now) -> bool:
-        if block_hash in self._block_of:
+        if self._block_of.setdefault(block_hash, block_id) != block_id:
             return False
-        self._block_of[block_hash] = block_id
         self._hash_of[block_id] = block_hash
         return True
 
-    def _forget(self, block_id: int) -> int:
+    def _forget(self, block_id: int) -> BlockHash:
         block_hash = self._hash_of.pop(block_id)
         del self._block_of[block_hash]
         return block_hash
@@ -86,7 +90,7 @@ class HashLRU(_HashTable):
         if not self._evictable:
             return None
         block_id, _ = self._evictable.popitem(last=False)
-        self._forget(block_id)
+        del self._block_of[self._hash_of.pop(block_id)]
         return block_id
 
     num_evictable = property(lambda self: len(self._evictable))
@@ -145,8 +149,8 @@ class RadixLRU(_HashTable):
 
     def __init__(self, params) -> None:
         super().__init__(params)
-        self._parent: dict[int, Optional[int]] = {}    # block hash -> parent hash
-        self._children: dict[int, int] = {}            # block hash -> number of cached children
+        self._parent: dict[BlockHash, Optional[BlockHash]] = {}   # block identity -> parent identity
+        self._children: dict[BlockHash, int] = {}                 # block identity -> cached children
         self._last_use: dict[int, float] = {}           # block -> last release/hit time
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._leaf_heap: list[tuple[float, int, int]] = []
