@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Reproduce the sweeps of docs/sweeps.md in sim and refresh its figures and tables
-# (docs/figures/sweeps/<sweep>/: the PNGs, report.md and summary.csv of kvrl-report).
+# Reproduce the sweeps of docs/sweeps.md in sim and refresh their figures and tables
+# (docs/figures/sweeps/<sweep>/: the PNG and PDF figures, report.md and summary.csv of kvrl-report,
+# and commit.txt: the tree, Python and hydra-core they ran with). docs/sweeps.md's tables are then
+# rebuilt from those summary.csv files by `python scripts/docs_tables.py update docs/sweeps.md`
+# (scripts/regen_docs.sh runs both).
 #
-#   scripts/sweeps_docs.sh            # all four sweeps, 2 parallel jobs (about 15 minutes on 2 cores)
+#   scripts/sweeps_docs.sh            # all four sweeps, 2 parallel jobs (about 10-20 minutes on 2 cores)
 #   JOBS=8 OUT=/scratch/kvrl scripts/sweeps_docs.sh opt_factor
 #
 # Job folders go to $OUT/<sweep> (default runs/docs); the report to $OUT/<sweep>/report.
@@ -20,14 +23,21 @@ PREFIX=(workload=shared_prefix workload.num_requests=400 workload.num_groups=16 
         workload.prefix_len=256 workload.suffix_len.mean=64 workload.output_len.mean=64 workload.arrival.rate=200
         engine.num_blocks=256)
 
-sweep() {   # sweep <name> <overrides...>: multirun into $OUT/<name>, report, copy into docs/figures
-  local name=$1; shift
+sweep() {   # sweep <name> <baseline> <overrides...>: multirun into $OUT/<name>, report, copy into docs/figures
+  local name=$1 baseline=$2; shift 2
   rm -rf "${OUT:?}/$name"
   python -m kvrl.apps.run -m hydra/launcher=joblib hydra.launcher.n_jobs="$JOBS" hydra.sweep.dir="$OUT/$name" \
     progress=false plots=false "$@" > "$OUT/$name.log" 2>&1
-  python -m kvrl.apps.report "$OUT/$name"
+  python -m kvrl.apps.report "$OUT/$name" baseline="$baseline" holm=true > "$OUT/$name.report.log"
   mkdir -p "docs/figures/sweeps/$name"
-  cp "$OUT/$name/report/"{report.md,summary.csv,*.png} "docs/figures/sweeps/$name/"
+  rm -f "docs/figures/sweeps/$name/"*
+  cp "$OUT/$name/report/"{report.md,summary.csv,*.png,*.pdf} "docs/figures/sweeps/$name/"
+  # the report names the local sweep directory: keep the committed copy free of machine paths
+  sed -i "s|$OUT/$name|$name|g" "docs/figures/sweeps/$name/report.md"
+  printf 'commit %s%s\npython %s\nhydra-core %s\ncommand scripts/sweeps_docs.sh %s\n' \
+    "$(git rev-parse --short HEAD)" "$(git diff --quiet HEAD -- kvrl envs conf || echo ' (with uncommitted changes)')" \
+    "$(python -c 'import platform; print(platform.python_version())')" \
+    "$(python -c 'import hydra; print(hydra.__version__)')" "$name" > "docs/figures/sweeps/$name/commit.txt"
 }
 
 names=("$@")
@@ -35,11 +45,11 @@ names=("$@")
 mkdir -p "$OUT"
 for name in "${names[@]}"; do
   case $name in
-    opt_factor)      sweep opt_factor "${PRESSURE[@]}" watermark=opt_factor 'watermark.a=range(0,12.2,0.2)' $SEEDS ;;
-    avg_block_len)   sweep avg_block_len "${PRESSURE[@]}" watermark=avg_block_len 'watermark.t=range(1.8,7.6,0.1)' $SEEDS ;;
-    fixed)           sweep fixed "${PRESSURE[@]}" watermark=fixed watermark.fraction=0.0,0.01,0.02,0.05,0.1,0.2 $SEEDS ;;
-    eviction_prefix) sweep eviction_prefix "${PREFIX[@]}" eviction=lifo,fewest_computed,most_blocks,cost_aware \
-                       prefix_cache=none,hash_lru,hash_lfu,radix_lru $SEEDS ;;
+    opt_factor)      sweep opt_factor a=0 "${PRESSURE[@]}" watermark=opt_factor 'watermark.a=range(0,12.5,0.5)' $SEEDS ;;
+    avg_block_len)   sweep avg_block_len t=7.4 "${PRESSURE[@]}" watermark=avg_block_len 'watermark.t=range(1.8,7.6,0.2)' $SEEDS ;;
+    fixed)           sweep fixed fraction=0.01 "${PRESSURE[@]}" watermark=fixed watermark.fraction=0.0,0.01,0.02,0.05,0.1,0.2 $SEEDS ;;
+    eviction_prefix) sweep eviction_prefix eviction=lifo,prefix_cache=hash_lru "${PREFIX[@]}" \
+                       eviction=lifo,fewest_computed,most_blocks,cost_aware prefix_cache=none,hash_lru,hash_lfu,radix_lru $SEEDS ;;
     *) echo "unknown sweep $name (opt_factor | avg_block_len | fixed | eviction_prefix)" >&2; exit 2 ;;
   esac
 done

@@ -284,7 +284,7 @@ def parse_setting(text: str, sweep: Sweep, summary: Sequence[dict]) -> int:
     def equal(cell: Any, value: str) -> bool:
         if _is_number(cell):
             try:
-                return float(value) == float(cell)
+                return math.isclose(float(value), float(cell), rel_tol=1e-9, abs_tol=1e-12)   # range() floats
             except ValueError:
                 return False
         return str(cell) == value
