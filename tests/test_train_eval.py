@@ -14,7 +14,7 @@ TINY = ["workload.max_requests=120", "env.episode.window_s=20", "seed=0"]
 TRAIN = [*TINY, "progress=false", "train.total_timesteps=128", "train.n_envs=2", "train.vec_env=dummy", "train.eval_every=64",
          "train.checkpoint_every=64", "agent.kwargs.n_steps=32", "agent.kwargs.batch_size=32"]
 EVAL = [*TINY, "seeds=[0,1]", "sweep=[0.0,0.3]", "baselines.watermark=[{name: fixed, fraction: 0.01},{name: opt_factor}]",
-        "workers=1"]
+        "workers=1", "tune=null", "oracle=false"]     # val tuning and the oracle: tests/test_baselines.py
 
 
 def app(name, *args, check=True):

@@ -37,6 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl.apps import tracking
+from kvrl.apps.baselines import VAL_TUNED, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
 from kvrl.apps.outputs import atomic_write
@@ -313,15 +314,35 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick)
         results += sweep_results
         policies.append(best)
+
+    def runner(entries, split, kind, seed_list=seeds):      # (label, plugin) pairs, once per seed
+        jobs = [Job(Policy(label, kind, plugin), split, seed) for seed in seed_list for label, plugin in entries]
+        return run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(entries))
+    tune_seeds = list(cfg.tune_seeds) if cfg.tune_seeds is not None else seeds
+    grids = OmegaConf.to_container(cfg.tune, resolve=True) if cfg.tune is not None else {}    # null: no tuning
+    tuned, tune_results = tune_on_val(role, baselines, (grids or {}).get(role),
+                                      lambda entries, split, kind: runner(entries, split, kind, tune_seeds))
+    results += tune_results
+    policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents)     # one row per distinct plugin config
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies),
                             live_warmup=cfg.live_warmup)
     results += test_results
+    oracle = None
+    if role == "watermark" and cfg.oracle and cfg.sweep:     # a reference line, not a competitor
+        oracle, oracle_runs, sweep_test = oracle_on_test(list(cfg.sweep), runner)
+        results += sweep_test
+        test_results += oracle_runs
+    competitor = strongest_competitor(test_results)
+    if competitor:
+        notes.append(f"Strongest competitor (best mean test goodput of the heuristics, val-best and val-tuned "
+                     f"policies; the agents' paired Δ reference): {competitor}")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_results(results, out_dir / "results.csv")
     references = [policies[0].label] if baselines else []
     references += [p.label for p in policies if p.kind == "val-best"]
+    references += [r for r in (competitor, oracle) if r and r not in references]
     rows = build_rows(test_results, references)
     write_csv(rows, out_dir / "leaderboard.csv")
     command = "kvrl-eval " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -71,6 +71,9 @@ class EvalSchema(_RunKeys):
     fixed_best: Optional[float] = None
     live_warmup: int = 32
     baselines: Any = field(default_factory=dict)
+    tune: Any = field(default_factory=dict)
+    tune_seeds: Optional[List[int]] = None
+    oracle: bool = True
     workers: int = 2
     plots: bool = True
 
