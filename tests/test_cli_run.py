@@ -150,3 +150,23 @@ def test_outputs_respect_the_umask_and_survive_a_lone_surrogate_id(tmp_path):
     assert (tmp_path / "r.csv").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "r.csv").read_text() == "id\nreq-\\ud800\n"
     assert [p.name for p in tmp_path.iterdir()] == ["r.csv"]
+
+
+def test_every_app_composes_a_unique_run_directory():
+    """Two launches in the same second (here: two resolutions a few ms apart) get different
+    hydra.run.dir / hydra.sweep.dir in every app config; ${now:%H-%M-%S} alone gave both the same."""
+    from hydra.core.utils import setup_globals
+    from omegaconf import OmegaConf
+    import kvrl.apps  # noqa: F401  (registers ${kvrl.stamp:})
+    setup_globals()                                   # Hydra's ${now:}
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    apps = sorted(p for p in conf.glob("*.yaml") if "hydra" in OmegaConf.load(p))
+    assert {p.stem for p in apps} >= {"run", "train", "eval", "attack", "bench", "fidelity", "profile"}
+    for path in apps:
+        hydra_node = OmegaConf.to_container(OmegaConf.load(path).hydra, resolve=False)
+        for key in ("run", "sweep"):
+            if "dir" not in hydra_node.get(key, {}):
+                continue
+            pattern = hydra_node[key]["dir"]
+            a, b = (OmegaConf.create({"command": "x", "d": pattern}).d for _ in range(2))
+            assert a != b, f"{path.name}: hydra.{key}.dir={pattern} repeats within a second"
