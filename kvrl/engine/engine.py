@@ -354,6 +354,7 @@ class Engine:
                 if not alloc.can_admit(seq, match, start + k):
                     break
                 batch.copies.extend(alloc.admit(seq, match, start + k))
+                self.metrics.prefix_check_failures += match.check_failed
                 if seq.num_preemptions == 0:
                     self.metrics.prompt_tokens_looked_up += seq.prompt_len
                     self.metrics.prompt_tokens_hit += start

@@ -78,6 +78,7 @@ class MetricsCollector:
     arrived_prompt_tokens: int = 0     # prompt tokens of accepted requests
     prompt_tokens_looked_up: int = 0
     prompt_tokens_hit: int = 0
+    prefix_check_failures: int = 0   # admissions whose prefix match ended at a block failing the identity check
     busy_time_s: float = 0.0
     _util_time: float = 0.0       # integral of kv_utilization over busy time
     _occ_time: float = 0.0        # integral of kv_occupancy over busy time
@@ -145,6 +146,7 @@ class MetricsCollector:
             "swapped_in_blocks": self.swapped_in_blocks,
             "recomputed_tokens": self.recomputed_tokens,
             "prefix_hit_rate": self.prompt_tokens_hit / looked if looked else 0.0,
+            "prefix_check_failures": self.prefix_check_failures,
             "policy_errors": self.policy_errors,
             "steps": len(self.steps) if self.record_steps else float("nan"),
         }

@@ -123,6 +123,17 @@ class PrefixCachePolicy(Policy):
     hash to block id and the reclaim order of evictable blocks (cached, reference count 0).
     Contract: a block id returned by :meth:`evict` must be evictable, and is forgotten by the
     policy (its hash no longer matches).
+
+    Isolation contract (issue #14): ``block_hash`` is an opaque block identity (bytes or int,
+    :mod:`kvrl.engine.hashing`): a keyed, collision-resistant chain over (parent identity, the
+    block's token ids, a salt of tenant and ``cache_salt``) by default. A policy only maps
+    identities to blocks; it must not decide a hit by anything else, and must not order anything
+    by identity values (they are random per engine). Every block it returns from :meth:`lookup`
+    is checked by the allocator against the request's parent, tokens and salt before it is
+    shared, and this lookup-and-check is the only way KV is shared by identity: hash and radix
+    caches, copy-on-write forks (which share a parent's own blocks) and the swap pool (whose
+    blocks re-enter the cache only by :meth:`insert` from their own sequence) all go through it,
+    and so must any tier added later.
     """
 
     enabled: bool = True
