@@ -230,3 +230,189 @@ def test_run_pauses_the_garbage_collector_for_its_duration_only():
         gc.unfreeze()
     with pytest.raises(ValueError, match="engine.pause_gc must be true or false"):
         make_engine(pause_gc="yes")
+
+
+# ============================================================================ faults and accounting (#15)
+def _sibling_case(engine):
+    """Request A (n=2, prompt 8 = 2 blocks) then B (prompt 2): after A's prefill and fork, A takes
+    the pool's last free block and its fork A' finds none, so the eviction policy is asked."""
+    return [make_request("A", tokens=list(range(1, 9)), output_len=4, n=2),
+            make_request("B", tokens=[11, 12], output_len=3, arrival_s=0.0)]
+
+
+def test_eviction_failure_on_a_fork_removes_its_scheduled_sibling_from_the_batch():
+    """A failing eviction aborts request A; A's first sample, already in this step's batch, must
+    leave it (its blocks are freed), so the executor never gets a sequence without blocks."""
+    engine = make_engine(num_blocks=4, block_size=4, num_cpu_blocks=0, prefix_cache="none",
+                         watermark_params={"fraction": 0.0})
+    engine.eviction.select = _Flaky(engine.eviction.select, fail_on={1})
+    execute, seen = engine.executor.execute, []
+
+    def checked(batch):
+        for item in batch.seqs:
+            seen.append(len(item.seq.block_table) * 4 >= item.start + item.num_tokens)
+        return execute(batch)
+
+    engine.executor.execute = checked
+    summary = engine.run(_sibling_case(engine))
+    assert engine.eviction.select.calls == 1
+    assert seen and all(seen), "a scheduled sequence had no blocks for its tokens"
+    assert summary["aborted"] == 1 and summary["finished"] == 1 and summary["policy_errors"] == 1
+    assert engine.outputs("B") and len(engine.outputs("B")[0]) == 3
+    engine.check_invariants()
+    assert engine.allocator.num_used_blocks == 0
+
+
+def test_abort_of_a_finished_request_changes_nothing():
+    engine = make_engine()
+    summary = engine.run([make_request("a", 10, 3), make_request("b", 12, 3)])
+    assert engine.abort("a", "too late") is False
+    assert engine.metrics.summary() == summary and summary["finished"] == 2 and summary["aborted"] == 0
+    with pytest.raises(KeyError):
+        engine.abort("nope", "unknown")
+
+
+def test_slo_attainment_counts_aborted_and_rejected_requests_as_failures():
+    engine = make_engine(num_blocks=64, max_model_len=64)
+    for r in [make_request(rid, plen, olen, slo_ttft_s=100.0)
+              for rid, plen, olen in (("ok1", 8, 4), ("ok2", 8, 4), ("doomed", 8, 30), ("too_long", 60, 10))]:
+        engine.submit(r)
+    engine.step()
+    assert engine.abort("doomed", "cancelled by the client")
+    while engine.has_unfinished:
+        engine.step()
+    s = engine.metrics.summary()
+    assert (s["finished"], s["aborted"], s["rejected"], s["requests"]) == (2, 1, 1, 4)
+    assert s["slo_attainment"] == 0.5
+    assert s["goodput_tok_s"] == pytest.approx(8 / s["duration_s"])
+
+
+def _bad_prefix_cache(kind):
+    """A hash_lru whose evict() hands back a block still in use, or whose lookup() raises."""
+    from kvrl.plugins.prefix_caches import HashLRU
+
+    class Bad(HashLRU):
+        def evict(self):
+            if kind == "evict_in_use" and self._hash_of:
+                used = [b for b in self._hash_of if b not in self._evictable]
+                if used:
+                    return used[0]
+            return super().evict()
+
+        def lookup(self, block_hash):
+            if kind == "lookup_raises":
+                raise RuntimeError("injected lookup crash")
+            return super().lookup(block_hash)
+
+    return Bad(None)
+
+
+@pytest.mark.parametrize("kind", ["evict_in_use", "lookup_raises"])
+def test_a_faulty_prefix_cache_is_contained(kind):
+    """An evict() returning a block in use would give one block two owners (silent corruption on
+    87fbe4f) and a raising lookup() killed the run; both are policy errors now, nothing is aborted."""
+    from kvrl.engine.config import EngineConfig
+    from kvrl.engine.engine import Engine
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+    from kvrl.executors.sim import SimExecutor
+    from kvrl import plugins
+    engine = Engine(EngineConfig(num_blocks=24, block_size=4, num_cpu_blocks=0, max_model_len=4096,
+                                 prefix_cache_scope="global"),
+                    SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]), plugins.create("scheduler", "fcfs"),
+                    plugins.create("watermark", "fixed", fraction=0.0), plugins.create("eviction", "lifo"),
+                    _bad_prefix_cache(kind))
+    shared = list(range(1, 9))     # two shared blocks, then private ones: the pool fills with cached blocks
+    reqs = [make_request(f"p{i}", tokens=shared + [100 + i] * (8 + i % 5), output_len=6, arrival_s=0.5 * i)
+            for i in range(12)]
+    summary = engine.run(reqs)
+    engine.check_invariants()
+    assert summary["finished"] == 12 and summary["aborted"] == 0
+    assert summary["policy_errors"] > 0
+    assert any(k.startswith("prefix_cache") for k in engine.metrics.policy_error_counts)
+    assert engine.allocator.num_used_blocks == 0
+
+
+def test_a_scheduler_whose_key_raises_falls_back_to_fcfs():
+    engine = make_engine(num_blocks=64)
+    engine.scheduler.key = _Flaky(engine.scheduler.key, fail_on=set(range(1, 100)))
+    reqs = [make_request(f"k{i}", 8 + i, 3, arrival_s=0.001 * i) for i in range(6)]
+    summary = engine.run(reqs)
+    assert summary["finished"] == 6 and summary["rejected"] == 0 and summary["policy_errors"] == 6
+    firsts = [engine.metrics.requests[r.request_id].first_token_s for r in reqs]
+    assert firsts == sorted(firsts)
+
+
+def test_out_of_range_watermark_is_a_policy_error_logged_once(caplog):
+    """A reservation above the pool was taken silently (and blocked admission); now it is a policy
+    error with vLLM's fallback, and a policy failing every step warns once, then counts."""
+    import logging
+    engine = make_engine(num_blocks=64)
+    engine.watermark.reserved_blocks = lambda: 65
+    with caplog.at_level(logging.WARNING, logger="kvrl.engine.engine"):
+        summary = engine.run(_long_output_requests(n=8, seed=5))
+    assert summary["finished"] == 8 and summary["policy_errors"] > 20
+    first = [r for r in caplog.records if "not a block count in [0, num_blocks=64]" in r.getMessage()]
+    assert len(first) == 1
+    totals = [r for r in caplog.records if r.getMessage().startswith("policy errors: watermark")]
+    assert len(totals) == 1 and str(summary["policy_errors"]) in totals[0].getMessage()
+
+
+def test_views_are_read_only_and_hide_the_engine():
+    engine = make_engine()
+    engine.submit(make_request("v", 8, 2))
+    view = engine.view.waiting[0]
+    for obj, names in ((view, ("_seq", "_engine")), (engine.view, ("_engine",))):
+        for name in names:
+            assert not hasattr(obj, name)
+            with pytest.raises(AttributeError):
+                setattr(obj, name, None)
+    with pytest.raises(AttributeError):
+        view.num_output = 5
+    with pytest.raises(AttributeError):
+        engine.view.num_free_blocks = 0
+
+
+def test_policy_time_is_measured_and_charged_to_the_sim_clock_on_request():
+    import time
+
+    def run(charge):
+        engine = make_engine(num_blocks=64, charge_policy_time=charge)
+        inner = engine.watermark.reserved_blocks
+        engine.watermark.reserved_blocks = lambda: (time.sleep(0.002), inner())[1]
+        summary = engine.run([make_request(f"t{i}", 8, 4, arrival_s=0.0) for i in range(3)])
+        return summary, engine.metrics.wall_clock()["policy_time_s"]
+
+    plain, plain_t = run(False)
+    charged, charged_t = run(True)
+    assert plain_t > 0.002 and charged_t > 0.002
+    assert charged["duration_s"] >= plain["duration_s"] + 0.9 * charged_t
+    with pytest.raises(ValueError, match="engine.charge_policy_time"):
+        make_engine(charge_policy_time="yes")
+
+
+def test_seq_queue_keeps_sorted_list_order_under_pushes_and_removals():
+    import bisect
+    import random
+    from kvrl.engine.queues import SeqQueue
+    from kvrl.engine.request import Sequence
+    rng = random.Random(0)
+    q, ref, keys, live = SeqQueue(keyed=True), [], [], {}
+    req = make_request("q", 4, 1)
+    for i in range(3000):
+        if live and rng.random() < 0.45:
+            victim = rng.choice(list(live.values())) if rng.random() < 0.3 else next(iter(q))
+            assert q.remove(victim) and not q.remove(victim)
+            j = ref.index(victim)
+            del ref[j], keys[j]
+            del live[victim.seq_id]
+        else:
+            seq, key = Sequence(i, req), rng.randint(0, 50)
+            q.push(seq, key)
+            j = bisect.bisect_right(keys, key)
+            ref.insert(j, seq)
+            keys.insert(j, key)
+            live[i] = seq
+        assert len(q) == len(ref)
+        if i % 97 == 0:
+            assert list(q) == ref
+    assert list(q) == ref

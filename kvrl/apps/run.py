@@ -43,6 +43,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     wall = time.perf_counter()
     metrics = engine.run(requests, progress=job_progress(cfg.progress), max_steps=cfg.max_steps)
     metrics["wall_s"] = time.perf_counter() - wall
+    metrics.update(engine.metrics.wall_clock())   # policy_time_s, host gaps (#15)
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "metrics.json", metrics)

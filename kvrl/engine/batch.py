@@ -54,3 +54,5 @@ class StepOutput:
     sampled: list[list[int]]
     elapsed_s: float
     errors: Optional[dict[int, str]] = None
+    host_gap_s: Optional[float] = None   # live: wall time since the previous step ended (None: not measured)
+    host_gap_counted: bool = True        # whether that gap is part of ``elapsed_s``

@@ -41,6 +41,10 @@ class EngineConfig:
         policy_errors: ``isolate`` (default: a failing policy call is recorded; an eviction
             failure aborts only the request that needed the block, a scheduler failure falls back
             to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
+        charge_policy_time: add the wall time of the policies' calls (``metrics.policy_time_s``)
+            to the engine clock, each step's share before it (default false: simulated time
+            ignores how slow a policy is). Executors that measure host time themselves (live,
+            whose step durations include the engine's time between steps) ignore it.
         seed: seed for anything random in the engine and executors.
         pause_gc: during :meth:`Engine.run`, Python's cyclic garbage collector is paused: the
             objects alive at the start are frozen (``gc.freeze``) and automatic collections are
@@ -66,6 +70,7 @@ class EngineConfig:
     prefix_hash: str = "blake2b"
     prefix_hash_key: str = "random"
     policy_errors: str = "isolate"
+    charge_policy_time: bool = False
     seed: int = 0
     pause_gc: bool = True
 
@@ -75,7 +80,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
-        for name in ("chunked_prefill", "pause_gc"):
+        for name in ("chunked_prefill", "pause_gc", "charge_policy_time"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"engine.{name} must be true or false, got {getattr(self, name)!r}")
         check_range("engine.num_blocks", self.num_blocks, 0)

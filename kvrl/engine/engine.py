@@ -10,22 +10,43 @@ One :meth:`Engine.step`:
 3. if nothing was preempted: waiting sequences (recompute-preempted ones first, then new arrivals
    in the scheduler policy's order) are admitted while the budget, ``max_num_seqs`` and the
    watermark allow; each admission reuses its cached prefix blocks;
-4. the executor runs the batch and reports the step's duration; the clock advances by it;
+4. the executor runs the batch and reports the step's duration; the clock advances by it (plus
+   the policies' wall time since the previous step with ``engine.charge_policy_time``);
 5. sampled tokens are appended, parallel-sampling requests fork (copy-on-write) after their
    prefill, finished sequences release their blocks.
+
+Policy faults (``engine.policy_errors=isolate``, the default) stay with the request they concern.
+A policy call that raises or returns something outside its contract is a *policy error*: it is
+counted (``metrics.policy_errors``; one warning per policy kind and error type, with the counts
+at the end of the run) and replaced by a fallback:
+
+- scheduler ``key()``: the request is queued behind every request the policy could rank, in
+  arrival order (FCFS); ``order()``: FCFS for that step;
+- watermark ``reserved_blocks()`` (must be an integer count in ``[0, num_blocks]``): vLLM's
+  ``int(0.01 * num_blocks)`` for that call; ``admit()``: admit;
+- eviction ``select()`` (must name a candidate): the request whose sequence needed the block is
+  aborted alone; its sequences already placed in this step's batch leave the batch with their
+  block operations, so the executor never sees a sequence without blocks;
+- prefix cache: see :mod:`kvrl.engine.guards` (no caching for that call, nothing aborted);
+- event hooks: the event is dropped.
+
+With ``engine.policy_errors=raise`` the first policy error stops the run (:class:`PolicyError`).
+Every policy call is timed (``metrics.policy_time_s``, wall seconds, outermost calls only).
 """
 from __future__ import annotations
 
-import bisect
 import gc
 import logging
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Iterable, Optional
 
 from kvrl.engine.allocators import make_allocator, request_blocks
 from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 from kvrl.engine.config import EngineConfig
+from kvrl.engine.guards import GuardedPrefixCache
 from kvrl.engine.metrics import MetricsCollector, RequestRecord
+from kvrl.engine.queues import SeqQueue
 from kvrl.engine.request import Request, RequestRejected, Sequence, SeqStatus
 from kvrl.engine.views import EngineView, SeqView
 from kvrl.executors.base import Executor
@@ -69,20 +90,25 @@ class Engine:
         self.scheduler, self.watermark, self.eviction, self.prefix_cache = scheduler, watermark, eviction, prefix_cache
         self.now = 0.0
         self.step_index = 0
-        self.allocator = make_allocator(config, prefix_cache, clock=lambda: self.now)
+        self.metrics = MetricsCollector(config.num_blocks, config.block_size, slo_ttft_s, slo_tpot_s,
+                                        record_steps=record_steps)
+        self.policy_timer = self.metrics.policy_timer
+        self._charged_s = 0.0                        # policy seconds already added to the clock
+        self._planned_aborts = 0                     # requests aborted while planning a step
+        guarded = GuardedPrefixCache(prefix_cache, self.policy_timer,
+                                     lambda call, exc: self._policy_failed("prefix_cache", exc, call))
+        self.allocator = make_allocator(config, guarded, clock=lambda: self.now)
         executor.allocate_kv(config.num_blocks, config.num_cpu_blocks, config.block_size)
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
-        self.preempted: list[Sequence] = []          # recompute victims, served before new arrivals
-        self.waiting: list[Sequence] = []            # new arrivals (sorted by key if the key is static)
-        self._waiting_keys: list = []
+        self.preempted = SeqQueue()                  # recompute victims, served before new arrivals
+        # new arrivals, sorted by (0, key) with a static key ((1, arrival, seq_id) if key() failed)
+        self.waiting = SeqQueue(keyed=scheduler.static_key)
         self._groups: dict[str, _Group] = {}
         self._views: dict[int, SeqView] = {}
         self._next_seq_id = 0
         self._admit_counter = 0
         self._pending_copies: list[tuple[int, int]] = []   # fork copies for the next step
-        self.metrics = MetricsCollector(config.num_blocks, config.block_size, slo_ttft_s, slo_tpot_s,
-                                        record_steps=record_steps)
         self.view = EngineView(self)
         for policy in (scheduler, watermark, eviction, prefix_cache):
             policy.bind(self.view)
@@ -135,25 +161,39 @@ class Engine:
         :class:`RequestRejected` if it can never be served; nothing else is affected."""
         self.check_request(request)
         seq = self._new_seq(request)
-        try:
-            self._enqueue_waiting(seq)
-        except Exception as exc:   # the scheduler's key failed on this request: reject it alone
-            raise RequestRejected(f"request {request.request_id!r}: " + self._policy_failed("scheduler", exc)) from exc
         self._groups[request.request_id] = _Group(request, self.metrics.add_request(request), [seq])
+        self._enqueue_waiting(seq)
 
     def _enqueue_waiting(self, seq: Sequence) -> None:
+        """Queue a new arrival; with a static key, at its key's place (a key that raises or cannot
+        be compared with the others is a policy error: the sequence queues in the FCFS tail)."""
         seq.status = SeqStatus.WAITING
-        if self.scheduler.static_key:
-            key = self.scheduler.key(self.view_of(seq))
-            i = bisect.bisect_right(self._waiting_keys, key)
-            self._waiting_keys.insert(i, key)
-            self.waiting.insert(i, seq)
-        else:
-            self.waiting.append(seq)
+        if not self.scheduler.static_key:
+            self.waiting.push(seq)
+            return
+        timer = self.policy_timer
+        t0 = perf_counter()
+        timer.depth += 1
+        try:
+            self.waiting.push(seq, (0, self.scheduler.key(self.view_of(seq))))
+            return
+        except Exception as exc:
+            error = exc
+        finally:
+            timer.depth -= 1
+            if not timer.depth:
+                timer.total_s += perf_counter() - t0
+        self._policy_failed("scheduler", error)
+        self.waiting.push(seq, (1, seq.request.arrival_s, seq.seq_id))
 
-    def abort(self, request_id: str, reason: str) -> None:
-        """Abort every sequence of a request, free its blocks, and record ``reason``."""
+    def abort(self, request_id: str, reason: str) -> bool:
+        """Abort every unfinished sequence of a request, free its blocks, and record ``reason``.
+
+        A request with no open sequence left (finished, or already aborted) is not changed: returns
+        False. Raises ``KeyError`` for an unknown request id."""
         group = self._groups[request_id]
+        if group.num_open <= 0:
+            return False
         for seq in group.seqs:
             if not seq.is_finished:
                 self._drop(seq)
@@ -163,19 +203,16 @@ class Engine:
         group.record.error = reason
         group.record.finish_s = self.now
         log.warning("aborted request %s: %s", request_id, reason)
+        return True
 
     def _drop(self, seq: Sequence) -> None:
         """Remove ``seq`` from whichever queue holds it and free its blocks."""
-        for queue in (self.running, self.swapped, self.preempted):
+        for queue in (self.running, self.swapped):
             if seq in queue:
                 queue.remove(seq)
                 break
         else:
-            if seq in self.waiting:
-                i = self.waiting.index(seq)
-                del self.waiting[i]
-                if self.scheduler.static_key:
-                    del self._waiting_keys[i]
+            self.preempted.remove(seq) or self.waiting.remove(seq)
         self.allocator.free(seq)
 
     def outputs(self, request_id: str) -> list[list[int]]:
@@ -190,25 +227,46 @@ class Engine:
         return [*self.running, *self.swapped, *self.preempted, *self.waiting]
 
     # ================================================================== scheduling
-    def _policy_failed(self, what: str, error: Exception | str) -> str:
-        """Record a failing policy call; re-raise under ``engine.policy_errors=raise``."""
-        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        message = f"{what} policy failed: {message}"
+    def _policy_failed(self, kind: str, error: Exception | str, call: str = "") -> str:
+        """Record a failing policy call and return its message; re-raise under
+        ``engine.policy_errors=raise``. The first error of each (policy kind, call, error type) is
+        logged; later ones are counted (``metrics.policy_error_counts``) and summed up by :meth:`run`."""
+        detail = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        message = f"{kind} policy failed{f' in {call}' if call else ''}: {detail}"
         if self.config.policy_errors == "raise":
             raise PolicyError(message) from (error if isinstance(error, Exception) else None)
         self.metrics.policy_errors += 1
-        log.warning("%s (step %d)", message, self.step_index)
+        key = f"{kind} {call}".strip() + f": {type(error).__name__ if isinstance(error, Exception) else 'invalid'}"
+        count = self.metrics.policy_error_counts.get(key, 0) + 1
+        self.metrics.policy_error_counts[key] = count
+        if count == 1:
+            log.warning("%s (step %d; further errors of this kind are counted, not logged)", message, self.step_index)
         return message
 
+    def _timed(self, fn, *args):
+        """``fn(*args)``, its wall time added to the policy timer (outermost calls only)."""
+        timer = self.policy_timer
+        t0 = perf_counter()
+        timer.depth += 1
+        try:
+            return fn(*args)
+        finally:
+            timer.depth -= 1
+            if not timer.depth:
+                timer.total_s += perf_counter() - t0
+
     def _reserved_blocks(self) -> int:
-        """Free blocks the watermark policy holds back; a failing policy falls back to vLLM's 0.01."""
+        """Free blocks the watermark policy holds back: an integer count in ``[0, num_blocks]``
+        (a float is truncated); anything else, or a raise, is a policy error and falls back to
+        vLLM's ``int(0.01 * num_blocks)``."""
         if not self.running:
             return 0  # an idle engine admits regardless of the watermark, so it cannot stall
         try:
-            reserved = self.watermark.reserved_blocks()
-            if isinstance(reserved, bool) or not float(reserved) == float(reserved) or abs(float(reserved)) == float("inf"):
-                raise ValueError(f"returned {reserved!r}, not a block count")
-            return max(int(reserved), 0)
+            reserved = self._timed(self.watermark.reserved_blocks)
+            if isinstance(reserved, bool) or not 0 <= float(reserved) <= self.config.num_blocks:
+                raise ValueError(f"reserved_blocks() returned {reserved!r}, not a block count in "
+                                 f"[0, num_blocks={self.config.num_blocks}]")
+            return int(reserved)
         except Exception as exc:
             self._policy_failed("watermark", exc)
             return int(0.01 * self.config.num_blocks)
@@ -216,17 +274,18 @@ class Engine:
     def _admit_veto(self, seq: Sequence, blocks_needed: int) -> bool:
         """The watermark policy's per-request :meth:`~WatermarkPolicy.admit` (True on failure)."""
         try:
-            return bool(self.watermark.admit(self.view_of(seq), blocks_needed))
+            return bool(self._timed(self.watermark.admit, self.view_of(seq), blocks_needed))
         except Exception as exc:
-            self._policy_failed("watermark", exc)
+            self._policy_failed("watermark", exc, "admit")
             return True
 
     def _run_hooks(self, hooks, *args) -> None:
         for hook in hooks:
             try:
-                hook(*args)
+                self._timed(hook, *args)
             except Exception as exc:
-                self._policy_failed(getattr(hook, "__qualname__", "policy hook"), exc)
+                kind = getattr(getattr(hook, "__self__", None), "plugin_kind", "") or "policy"
+                self._policy_failed(kind, exc, getattr(hook, "__name__", "hook"))
 
     def _preempt(self, seq: Sequence, mode: PreemptionMode, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
@@ -245,7 +304,7 @@ class Engine:
             self.allocator.free(seq)
             seq.num_computed = 0
             seq.status = SeqStatus.WAITING
-            self.preempted.append(seq)
+            self.preempted.push(seq)
         self._run_hooks(self._on_preempt, self.view_of(seq), mode)
 
     def _num_samples(self, seq: Sequence, upto: int) -> int:
@@ -273,7 +332,8 @@ class Engine:
             while alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
                 victim, mode = self._select_victim(running[i:])
                 if victim is None:   # the policy failed: only the request that needed the block is aborted
-                    self.abort(seq.request.request_id, mode)
+                    budget += self._abort_planned(seq.request.request_id, mode, batch)
+                    i = len(batch.seqs)   # batch.seqs[j].seq is running[j] for every j < i
                     break
                 self._preempt(victim, mode, batch)
                 preempted = True
@@ -287,10 +347,26 @@ class Engine:
             i += 1
         return budget, preempted
 
+    def _abort_planned(self, request_id: str, reason: str, batch: ScheduledBatch) -> int:
+        """Abort a request while ``batch`` is being planned. Its sequences already in the batch
+        (siblings of an ``n`` > 1 request) leave it, and so do swap-outs and copies into blocks
+        it held, since those blocks are free again. Returns the token budget given back."""
+        group = self._groups[request_id]
+        gpu = {b for s in group.seqs for b in s.block_table}
+        cpu = {b for s in group.seqs for b in s.cpu_block_table}
+        self.abort(request_id, reason)
+        self._planned_aborts += 1
+        kept = [item for item in batch.seqs if item.seq.status is SeqStatus.RUNNING]
+        freed = sum(item.num_tokens for item in batch.seqs) - sum(item.num_tokens for item in kept)
+        batch.seqs = kept
+        batch.swap_out = [pair for pair in batch.swap_out if pair[1] not in cpu]
+        batch.copies = [pair for pair in batch.copies if pair[1] not in gpu]
+        return freed
+
     def _select_victim(self, candidates: list[Sequence]) -> tuple[Optional[Sequence], object]:
         """(victim, mode) from the eviction policy, or (None, error message) if it failed."""
         try:
-            decision = self.eviction.select([self.view_of(s) for s in candidates])
+            decision = self._timed(self.eviction.select, [self.view_of(s) for s in candidates])
             victim = next((s for s in candidates if s.seq_id == decision.seq_id), None)
             if victim is None:
                 raise ValueError(f"chose seq {decision.seq_id}, which is not a candidate "
@@ -318,61 +394,66 @@ class Engine:
         self._admit_counter += 1
         self.running.append(seq)
 
-    def _waiting_order(self) -> list[Sequence]:
+    def _waiting_order(self) -> Iterable[Sequence]:
+        """New arrivals in admission order: the sorted queue itself with a static key, else the
+        policy's :meth:`~SchedulerPolicy.order` (which must return a permutation of the views)."""
         if self.scheduler.static_key:
-            return list(self.waiting)
+            return self.waiting
+        waiting = list(self.waiting)
         try:
-            views = self.scheduler.order([self.view_of(s) for s in self.waiting])
-            order = [v._seq for v in views]
-            if len(order) != len(self.waiting) or set(map(id, order)) != set(map(id, self.waiting)):
+            views = self._timed(self.scheduler.order, [self.view_of(s) for s in waiting])
+            by_id = {s.seq_id: s for s in waiting}
+            order = [by_id[v.seq_id] for v in views if isinstance(v, SeqView)]
+            if len(order) != len(waiting) or len(set(map(id, order))) != len(waiting):
                 raise ValueError("order() must return a permutation of the waiting sequences")
             return order
         except Exception as exc:
-            self._policy_failed("scheduler", exc)
-            return sorted(self.waiting, key=lambda s: (s.request.arrival_s, s.seq_id))   # FCFS fallback
+            self._policy_failed("scheduler", exc, "order")
+            return sorted(waiting, key=lambda s: (s.request.arrival_s, s.seq_id))   # FCFS fallback
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        """Admit recompute-preempted sequences, then new arrivals in scheduler order (the scan stops
+        at the first one that does not fit; a watermark veto skips one). Linear in the sequences
+        scanned, not in the queue length: admitted ones leave their queue in O(1) each."""
         if not (self.waiting or self.preempted):
             return
         cfg, alloc = self.config, self.allocator
-        admitted: list[Sequence] = []
-        for from_preempted, queue in ((True, list(self.preempted)), (False, self._waiting_order())):
-            for seq in queue:
+        stop = False
+        for queue, order in ((self.preempted, self.preempted), (self.waiting, self._waiting_order())):
+            taken: list[Sequence] = []
+            for seq in order:
                 if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+                    stop = True
                     break
                 match = alloc.match_prefix(seq)
                 start = match.num_tokens(cfg.block_size)
                 remaining = seq.num_tokens - start
                 if not cfg.chunked_prefill and remaining > budget:
+                    stop = True
                     break
                 k = min(remaining, budget)
                 need = alloc.admission_blocks(seq, match)
                 if self.running and not self._admit_veto(seq, need):
                     continue
                 if alloc.num_free_blocks - need < self._reserved_blocks():
+                    stop = True
                     break
                 if not alloc.can_admit(seq, match, start + k):
+                    stop = True
                     break
                 batch.copies.extend(alloc.admit(seq, match, start + k))
-                self.metrics.prefix_check_failures += match.check_failed
                 if seq.num_preemptions == 0:
                     self.metrics.prompt_tokens_looked_up += seq.prompt_len
                     self.metrics.prompt_tokens_hit += start
                     seq.num_cached_prompt_tokens = start
                 self._mark_running(seq)
-                admitted.append(seq)
+                taken.append(seq)
                 batch.seqs.append(ScheduledSeq(seq, start, k, self._num_samples(seq, start + k)))
                 budget -= k
-            else:
-                continue
-            break
-        if admitted:
-            gone = set(id(s) for s in admitted)
-            self.preempted = [s for s in self.preempted if id(s) not in gone]
-            keep = [j for j, s in enumerate(self.waiting) if id(s) not in gone]
-            self.waiting = [self.waiting[j] for j in keep]
-            if self.scheduler.static_key:
-                self._waiting_keys = [self._waiting_keys[j] for j in keep]
+            for seq in taken:
+                queue.remove(seq)
+            if stop:
+                break
 
     def schedule(self) -> ScheduledBatch:
         """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
@@ -441,27 +522,35 @@ class Engine:
             if len(tokens) > 1:
                 done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
         for seq in done:
-            self._finish(seq)
+            if seq.status is SeqStatus.RUNNING:   # not aborted by a later item's error
+                self._finish(seq)
         if done:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
 
     # ================================================================== driving
     def step(self) -> ScheduledBatch:
         """Schedule, execute and apply one step; returns the executed batch."""
+        aborts = self._planned_aborts
         batch = self.schedule()
         if batch.is_empty:
-            if self.has_unfinished:
+            if self.has_unfinished and self._planned_aborts == aborts:
                 raise RuntimeError("engine made no progress although requests are pending (engine bug)")
             return batch
         out = self.executor.execute(batch)
         if len(out.sampled) != len(batch.seqs):
             raise RuntimeError(f"executor returned {len(out.sampled)} samples for {len(batch.seqs)} sequences")
-        self.now += out.elapsed_s
+        duration = out.elapsed_s
+        if self.config.charge_policy_time and not self.executor.measures_host_time:
+            duration += self.policy_timer.total_s - self._charged_s    # policy time since the last step
+            self._charged_s = self.policy_timer.total_s
+        if out.host_gap_s is not None:
+            self.metrics.record_host_gap(out.host_gap_s, out.host_gap_counted)
+        self.now += duration
         self.step_index += 1
         self.apply(batch, out.sampled, out.errors)
         decodes = sum(1 for s in batch.seqs if s.num_tokens == 1)
         self.metrics.record_step(
-            self.step_index, self.now, out.elapsed_s, len(self.running), len(self.waiting) + len(self.preempted),
+            self.step_index, self.now, duration, len(self.running), len(self.waiting) + len(self.preempted),
             len(self.swapped), batch.num_tokens - decodes, decodes, self.allocator.num_used_blocks,
             self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
         self._run_hooks(self._on_step_end)
@@ -508,6 +597,8 @@ class Engine:
                 gc.enable()
             if bar is not None:
                 bar.close()
+        for key, count in self.metrics.policy_error_counts.items():
+            log.warning("policy errors: %s x %d", key, count)
         return self.metrics.summary()
 
     def submit(self, request: Request) -> bool:

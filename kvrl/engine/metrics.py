@@ -1,7 +1,26 @@
 """Metrics: one definition, used by every app, environment and benchmark (DESIGN.md §5).
 
 Units: seconds of engine time (the executor's reported step durations plus idle gaps between
-arrivals), tokens, blocks.
+arrivals), tokens, blocks; ``policy_time_s`` and the host-gap counts are wall seconds.
+
+Outcomes. Every request the workload submitted ends in exactly one of: *finished* (all samples
+generated), *aborted* (a policy fault, an executor error such as non-finite logits, or
+:meth:`Engine.abort`; ``error`` says why) or *rejected* (it can never be served; never ran). The
+workload may also have *clipped* requests (lengths cut to fit ``max_model_len``; they run and
+count normally) and *dropped* ones (never submitted, not in ``requests``).
+
+One definition of success, used everywhere: a request *meets its SLO* when it finished without
+error, its TTFT is within ``slo_ttft_s`` and its mean TPOT within ``slo_tpot_s`` (a missing SLO
+always holds). Aborted and rejected requests are failures:
+
+- ``slo_attainment`` = requests meeting their SLO / all submitted requests (finished + aborted +
+  rejected), so a run cannot raise it by failing requests;
+- ``goodput_tok_s`` = output tokens of requests meeting their SLO / run duration; a failed request
+  contributes nothing. Shedding load can still raise goodput (fewer requests share the engine),
+  so read it with ``aborted``, ``rejected`` and ``policy_errors``: a run with any of them is not
+  comparable with a clean one (kvrl-report marks it);
+- latency percentiles (``ttft_*``, ``tpot_*``) are over finished requests only: failed requests
+  have no latency, which is why the counts above are reported next to them.
 """
 from __future__ import annotations
 
@@ -10,6 +29,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+
+from kvrl.engine.guards import PolicyTimer
+
+#: a host gap (time between two steps) longer than this is counted in ``long_host_gaps``
+LONG_HOST_GAP_S = 0.05
 
 # Per-step columns written to steps.csv, in order.
 STEP_COLUMNS = (
@@ -72,6 +96,11 @@ class MetricsCollector:
     finished_output_lens: list[int] = field(default_factory=list)
     preemptions: int = 0
     policy_errors: int = 0
+    policy_error_counts: dict[str, int] = field(default_factory=dict)   # "<kind> [call]: <error type>" -> count
+    policy_timer: PolicyTimer = field(default_factory=PolicyTimer)      # wall time in policy calls
+    host_gap_s: float = 0.0          # live: wall time between steps (the engine's host work and idling)
+    long_host_gaps: int = 0          # of those gaps, how many exceeded LONG_HOST_GAP_S
+    uncounted_host_gap_s: float = 0.0   # gap time the executor left out of its step durations
     swapped_out_blocks: int = 0
     swapped_in_blocks: int = 0
     recomputed_tokens: int = 0
@@ -111,6 +140,22 @@ class MetricsCollector:
                                decode_tokens, used_blocks, self.num_blocks - used_blocks, tokens_stored, util,
                                occ, reserved_blocks, self.preemptions, self.num_finished))
 
+    def record_host_gap(self, gap_s: float, counted: bool) -> None:
+        """A live executor's host gap before a step; ``counted``: included in the step's duration."""
+        self.host_gap_s += gap_s
+        if gap_s > LONG_HOST_GAP_S:
+            self.long_host_gaps += 1
+        if not counted:
+            self.uncounted_host_gap_s += gap_s
+
+    def wall_clock(self) -> dict[str, float]:
+        """Wall-clock measurements, kept out of :meth:`summary` so that summaries of the same
+        simulated run compare equal: ``policy_time_s`` (wall seconds in policy calls, outermost
+        only), ``host_gap_s`` (live: wall seconds between steps), ``long_host_gaps`` (gaps over
+        ``LONG_HOST_GAP_S``), ``uncounted_host_gap_s`` (gap time left out of step durations)."""
+        return {"policy_time_s": self.policy_timer.total_s, "host_gap_s": self.host_gap_s,
+                "long_host_gaps": self.long_host_gaps, "uncounted_host_gap_s": self.uncounted_host_gap_s}
+
     def summary(self) -> dict[str, float]:
         """Run-level metrics (DESIGN.md §5) plus ``rejected``, ``aborted``, ``clipped`` (accepted requests
         whose lengths the workload cut to fit ``max_model_len``) and ``dropped`` (requests the workload
@@ -119,12 +164,14 @@ class MetricsCollector:
         done = [r for r in recs if r.finish_s is not None and not r.error]
         duration = max(self.end_s - self.start_s, 1e-12)
         out_tokens = sum(r.output_tokens for r in done)
-        good_tokens = sum(r.output_tokens for r in done if r.meets_slo)
+        good = [r for r in done if r.meets_slo]
+        good_tokens = sum(r.output_tokens for r in good)
+        submitted = len(recs) + len(self.rejected)
         ttfts = [r.ttft_s for r in done]
         tpots = [r.tpot_s for r in done if r.tpot_s is not None]
         looked = self.prompt_tokens_looked_up
         return {
-            "requests": len(recs) + len(self.rejected),
+            "requests": submitted,
             "finished": len(done),
             "rejected": len(self.rejected),
             "aborted": sum(1 for r in recs if r.error),
@@ -134,7 +181,7 @@ class MetricsCollector:
             "duration_s": duration,
             "throughput_tok_s": out_tokens / duration,
             "goodput_tok_s": good_tokens / duration,
-            "slo_attainment": (sum(1 for r in done if r.meets_slo) / len(done)) if done else float("nan"),
+            "slo_attainment": len(good) / submitted if submitted else float("nan"),
             "ttft_p50_s": _pct(ttfts, 50),
             "ttft_p99_s": _pct(ttfts, 99),
             "tpot_p50_s": _pct(tpots, 50),

@@ -17,6 +17,9 @@ class Executor(ABC):
     """
 
     name: str = ""
+    #: step durations include the engine's host time between steps (wall-clock executors), so the
+    #: engine does not charge policy time on top (``engine.charge_policy_time``)
+    measures_host_time: bool = False
 
     @property
     @abstractmethod

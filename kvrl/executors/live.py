@@ -17,10 +17,17 @@ compute from the next step on).
 Timing: a step's ``elapsed_s`` is the wall time from the end of the previous step to the end of
 this one's compute stream (synchronised), so the engine's own scheduling overhead is part of the
 measured time and side-stream transfers are not, unless a later step waits for them; after an
-idle gap longer than ``max_gap_s`` only this step's execution is counted.
+idle gap longer than ``max_gap_s`` only this step's execution is counted. Every gap is reported
+(``StepOutput.host_gap_s``, and whether it was counted), so the engine's metrics account for all
+host time (``host_gap_s``, ``long_host_gaps``).
+
+Faults: a scheduled sequence whose block table does not cover the tokens it computes (an engine
+bug) is not run; it comes back as a per-sequence error, which aborts its request alone, and the
+rest of the batch runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -80,6 +87,7 @@ class LiveExecutor(Executor):
     """Runs the engine's batches on ``model`` (see module doc)."""
 
     name = "live"
+    measures_host_time = True
 
     def __init__(self, model: CausalLM, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  sampling: SamplingConfig = SamplingConfig(), cuda_graphs: bool = True, seed: int = 0,
@@ -335,8 +343,30 @@ class LiveExecutor(Executor):
         return out, errors
 
     # ----------------------------------------------------------------- step
+    def _uncovered(self, batch: ScheduledBatch) -> dict[int, str]:
+        """Items whose block table does not cover the tokens they compute (index -> error)."""
+        bs = self.block_size
+        return {i: f"KV blocks missing: {len(item.seq.block_table)} block(s) for tokens up to "
+                   f"{item.start + item.num_tokens} (engine bug)"
+                for i, item in enumerate(batch.seqs) if len(item.seq.block_table) * bs < item.start + item.num_tokens}
+
+    def _execute_covered(self, batch: ScheduledBatch, bad: dict[int, str]) -> StepOutput:
+        """Run ``batch`` without the items in ``bad``; they come back with no tokens and their error."""
+        good = [i for i in range(len(batch.seqs)) if i not in bad]
+        out = self.execute(dataclasses.replace(batch, seqs=[batch.seqs[i] for i in good]))
+        sampled: list[list[int]] = [[] for _ in batch.seqs]
+        errors = dict(bad)
+        for w, i in enumerate(good):
+            sampled[i] = out.sampled[w]
+            if out.errors and w in out.errors:
+                errors[i] = out.errors[w]
+        return dataclasses.replace(out, sampled=sampled, errors=errors)
+
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
+        bad = self._uncovered(batch)
+        if bad:
+            return self._execute_covered(batch, bad)
         start = time.perf_counter()
         if self._swap_done is not None:
             torch.cuda.current_stream(self.device).wait_event(self._swap_done)
@@ -357,12 +387,11 @@ class LiveExecutor(Executor):
         if self.device.type == "cuda":   # the compute stream only: swap transfers may still be in flight
             torch.cuda.current_stream(self.device).synchronize()
         end = time.perf_counter()
-        if self._last_end is not None and start - self._last_end < self.max_gap_s:
-            elapsed = end - self._last_end
-        else:
-            elapsed = end - start
+        gap = None if self._last_end is None else start - self._last_end
+        counted = gap is not None and gap < self.max_gap_s
+        elapsed = end - self._last_end if counted else end - start
         self._last_end = end
-        return StepOutput(sampled, elapsed, errors or None)
+        return StepOutput(sampled, elapsed, errors or None, host_gap_s=gap, host_gap_counted=counted)
 
     def _sample_items(self, batch: ScheduledBatch, logits: torch.Tensor, items: list) -> tuple[list[list[int]], dict[int, str]]:
         """Sampled tokens per scheduled sequence (aligned with ``batch.seqs``) and per-sequence

@@ -3,9 +3,13 @@
 Every policy gets a validated ``params`` dataclass at construction and, once the engine is built,
 a read-only :class:`~kvrl.engine.views.EngineView` through :meth:`Policy.bind`. Policies never
 mutate engine state: they return decisions, and the engine carries them out.
+
+The methods each kind must implement are abstract (:mod:`abc`): a plugin that lacks one, or
+misspells it, cannot be instantiated, so ``kvrl.plugins.create`` fails naming it before any run.
 """
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -30,7 +34,7 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-class Policy:
+class Policy(abc.ABC):
     """Base of all plugins: parameters, the engine view, and optional event hooks."""
 
     plugin_kind: str = ""
@@ -65,8 +69,9 @@ class SchedulerPolicy(Policy):
 
     static_key: bool = True
 
+    @abc.abstractmethod
     def key(self, seq: "SeqView") -> Any:
-        raise NotImplementedError
+        """Sort key of a waiting sequence (ascending = admitted first); keys must be comparable."""
 
     def order(self, waiting: list["SeqView"]) -> list["SeqView"]:
         return sorted(waiting, key=self.key)
@@ -80,8 +85,9 @@ class WatermarkPolicy(Policy):
     cannot stall.
     """
 
+    @abc.abstractmethod
     def reserved_blocks(self) -> int:
-        raise NotImplementedError
+        """Free blocks to keep: an integer in ``[0, num_blocks]`` (anything else is a policy error)."""
 
     def admit(self, seq: "SeqView", blocks_needed: int) -> bool:
         """Per-request admission veto, asked before the reservation rule (default: admit).
@@ -112,8 +118,9 @@ class EvictionPolicy(Policy):
     falls back to recompute.
     """
 
+    @abc.abstractmethod
     def select(self, candidates: list["SeqView"]) -> EvictionDecision:
-        raise NotImplementedError
+        """The victim (one of ``candidates``, by ``seq_id``) and the preemption mode."""
 
 
 class PrefixCachePolicy(Policy):
@@ -138,33 +145,35 @@ class PrefixCachePolicy(Policy):
 
     enabled: bool = True
 
+    @abc.abstractmethod
     def lookup(self, block_hash: int) -> Optional[int]:
         """Block id holding ``block_hash``, or None."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def insert(self, block_hash: int, parent_hash: Optional[int], block_id: int, now: float) -> bool:
         """Register a newly filled block; False if the hash is already cached (the block stays private)."""
-        raise NotImplementedError
 
     def on_hit(self, block_id: int, now: float) -> None:
         """A lookup result is being reused by a sequence."""
 
+    @abc.abstractmethod
     def on_release(self, block_id: int, now: float) -> None:
         """A cached block's reference count dropped to zero: it becomes evictable."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def on_acquire(self, block_id: int) -> None:
         """An evictable cached block is referenced again: it stops being evictable."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def evict(self) -> Optional[int]:
         """Forget and return one evictable block chosen by the policy, or None if there is none."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def num_evictable(self) -> int:
-        raise NotImplementedError
+        """Cached blocks with reference count 0."""
 
     @property
+    @abc.abstractmethod
     def num_cached(self) -> int:
-        raise NotImplementedError
+        """Blocks registered in the cache."""

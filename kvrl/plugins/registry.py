@@ -13,6 +13,18 @@ Registration also stores the plugin's ``Params`` dataclass in Hydra's ConfigStor
 ``<kind>`` with the option name ``<name>`` (plus a ``name`` field), so ``eviction=my_policy
 eviction.mode=swap`` works on any kvrl Hydra app with no YAML, with OmegaConf type checking.
 
+Parameters are validated the same way for built-in and third-party plugins when a plugin is
+created (:func:`validate_params`, after the dataclass's own ``__post_init__``), from the field
+declarations alone:
+
+- ``Literal["a", "b"]`` fields accept only those values (``mode: Literal["recompute", "swap"]``);
+- ``bool``, ``int``, ``float`` and ``str`` fields accept only values of that type (an int is a
+  float; ``Optional[...]`` also accepts None);
+- ``field(default=..., metadata={"range": (lo, hi)})`` bounds a number (either end may be None).
+
+Errors name the key (``eviction.mode must be one of [...], got 'swapp'``). A plugin that misses an
+abstract method of its kind (or misspells it) fails at creation, naming the method.
+
 Third-party packages expose plugins through the entry-point group ``kvrl.plugins``; each entry
 point names a module (or object) whose import registers plugins. Discovery is lazy (first lookup
 of an unknown name, or :func:`load_entry_points`), idempotent and per process, so worker
@@ -23,8 +35,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import numbers
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
+
+from kvrl.plugins.base import check_choice, check_range
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +109,17 @@ def _store_in_hydra(kind: str, name: str, params_cls: type) -> None:
         from hydra.core.config_store import ConfigStore
     except ImportError:  # Hydra is a dependency; tolerate its absence for library-only use
         return
+    # OmegaConf has no Literal type: such fields are stored as their values' type (validated at create)
+    overrides = []
+    for f, hint in _field_hints(params_cls).items():
+        if typing.get_origin(hint) is Literal:
+            types = {type(v) for v in typing.get_args(hint)}
+            default = (dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING
+                       else dataclasses.field(default_factory=f.default_factory))
+            overrides.append((f.name, types.pop() if len(types) == 1 else Any, default))
     node_cls = dataclasses.make_dataclass(
         f"{params_cls.__qualname__.replace('.', '_')}_{kind}_{name}",
-        [("name", str, dataclasses.field(default=name))],
+        [("name", str, dataclasses.field(default=name)), *overrides],
         bases=(params_cls,),
     )
     ConfigStore.instance().store(group=kind, name=name, node=node_cls)
@@ -137,6 +161,46 @@ def get_spec(kind: str, name: str) -> PluginSpec:
     return _registry[kind][name]
 
 
+def _field_hints(params_cls: type) -> dict:
+    """``{field: resolved type hint}`` of a Params dataclass (string annotations resolved)."""
+    try:
+        hints = typing.get_type_hints(params_cls)
+    except Exception:     # an annotation that cannot be resolved: validate what __post_init__ does only
+        hints = {}
+    return {f: hints[f.name] for f in dataclasses.fields(params_cls) if f.name in hints}
+
+
+def _check_type(key: str, value: Any, hint: Any) -> None:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        check_choice(key, value, typing.get_args(hint))
+        return
+    if origin is typing.Union:
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            _check_type(key, value, rest[0])
+        return
+    expected = {bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,), str: (str,)}.get(hint)
+    if expected is None:
+        return
+    if not isinstance(value, expected) or (hint is not bool and isinstance(value, bool)):
+        raise ValueError(f"{key} must be of type {hint.__name__}, got {value!r}")
+
+
+def validate_params(kind: str, params: Any) -> None:
+    """Check a Params instance against its field declarations (see module doc); ``ValueError``
+    names the key as ``<kind>.<field>``."""
+    for f, hint in _field_hints(type(params)).items():
+        key, value = f"{kind}.{f.name}", getattr(params, f.name)
+        _check_type(key, value, hint)
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None:
+            check_range(key, value, *bounds)
+
+
 def make_params(kind: str, name: str, **params: Any) -> Any:
     """Build and validate the ``Params`` dataclass of a plugin from keyword arguments."""
     spec = get_spec(kind, name)
@@ -145,14 +209,21 @@ def make_params(kind: str, name: str, **params: Any) -> Any:
     if unknown:
         raise ValueError(f"{kind}={name}: unknown parameter(s) {unknown}; known: {sorted(known) or 'none'}")
     try:
-        return spec.params_cls(**params)
+        made = spec.params_cls(**params)
+        validate_params(kind, made)
+        return made
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{kind}={name}: {exc}") from exc
 
 
 def create(kind: str, name: str, **params: Any) -> Any:
-    """Instantiate the plugin ``(kind, name)`` with validated parameters."""
+    """Instantiate the plugin ``(kind, name)`` with validated parameters. A plugin class that does
+    not implement every abstract method of its kind raises ``TypeError`` naming them."""
     spec = get_spec(kind, name)
+    missing = sorted(getattr(spec.cls, "__abstractmethods__", ()))
+    if missing:
+        raise TypeError(f"{kind} plugin {name!r} ({spec.cls.__module__}.{spec.cls.__qualname__}) does not implement "
+                        f"{', '.join(missing)} (required by {kind} plugins; misspelt?)")
     return spec.cls(make_params(kind, name, **params))
 
 

@@ -1,0 +1,142 @@
+"""What keeps a policy's faults and cost with the engine's books: a wall-clock timer for policy
+calls and a checked wrapper around the prefix-cache policy.
+
+:class:`PolicyTimer` sums the wall time of policy calls (``time.perf_counter``). Calls nest (a
+scheduler may read ``seq.cached_prefix_tokens``, which asks the prefix cache; a policy may read
+``engine.reserved_blocks``, which asks the watermark): only the outermost call is counted, so no
+second is counted twice.
+
+:class:`GuardedPrefixCache` sits between the block pool and the prefix-cache policy. It keeps its
+own record of which block holds which hash and which cached blocks are evictable (reference count
+0), and checks every answer against it:
+
+- ``lookup`` must return a block that was registered under that hash and not evicted since;
+- ``evict`` must return an evictable block (one still in use would be handed to a second owner),
+  and may return None only when no block is evictable;
+- a call that raises counts as failing.
+
+A failing call is reported through ``on_error`` (which raises under
+``engine.policy_errors=raise``) and then falls back to no caching for that call: a lookup misses,
+an insert leaves the block private, a hit/release/acquire notice is dropped, and an eviction takes
+the evictable block released longest ago. No request is aborted and no block is lost; the pool's
+counts come from this record, so a policy that miscounts cannot corrupt them. With a well-behaved
+policy every answer is the policy's own, so results are unchanged.
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Callable, Optional
+
+from kvrl.plugins.base import PrefixCachePolicy
+
+
+class PolicyTimer:
+    """Wall seconds spent in policy calls (outermost calls only); ``depth`` > 0 inside one."""
+
+    __slots__ = ("total_s", "depth")
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.depth = 0
+
+
+class GuardedPrefixCache:
+    """The allocator's view of a :class:`PrefixCachePolicy` (see module doc). Implements the same
+    interface; ``num_evictable`` and ``num_cached`` come from the guard's own record."""
+
+    def __init__(self, policy: PrefixCachePolicy, timer: PolicyTimer,
+                 on_error: Callable[[str, Exception], object]) -> None:
+        self.policy = policy
+        self.enabled = bool(policy.enabled)
+        self._timer = timer
+        self._on_error = on_error
+        self._hash_of: dict[int, int] = {}       # cached block -> its hash
+        self._evictable: dict[int, None] = {}    # cached blocks with reference count 0, release order
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._hash_of)
+
+    def _fail(self, what: str, error: Exception) -> None:
+        self._on_error(what, error)
+
+    def _charge(self, t0: float) -> None:
+        timer = self._timer
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+
+    def lookup(self, block_hash: int) -> Optional[int]:
+        t0 = perf_counter()
+        try:
+            block = self.policy.lookup(block_hash)
+            if block is not None and self._hash_of.get(block) != block_hash:
+                raise ValueError(f"lookup returned block {block!r}, which does not hold that hash")
+        except Exception as exc:
+            self._charge(t0)
+            self._fail("lookup", exc)
+            return None
+        self._charge(t0)
+        return block
+
+    def insert(self, block_hash: int, parent_hash: Optional[int], block_id: int, now: float) -> bool:
+        t0 = perf_counter()
+        try:
+            ok = self.policy.insert(block_hash, parent_hash, block_id, now)
+        except Exception as exc:
+            self._charge(t0)
+            self._fail("insert", exc)
+            return False
+        self._charge(t0)
+        if ok:
+            self._hash_of[block_id] = block_hash
+        return bool(ok)
+
+    def _notice(self, what: str, fn, *args) -> None:
+        t0 = perf_counter()
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._charge(t0)
+            self._fail(what, exc)
+            return
+        self._charge(t0)
+
+    def on_hit(self, block_id: int, now: float) -> None:
+        self._notice("on_hit", self.policy.on_hit, block_id, now)
+
+    def on_release(self, block_id: int, now: float) -> None:
+        self._evictable[block_id] = None
+        self._notice("on_release", self.policy.on_release, block_id, now)
+
+    def on_acquire(self, block_id: int) -> None:
+        self._evictable.pop(block_id, None)
+        self._notice("on_acquire", self.policy.on_acquire, block_id)
+
+    def evict(self) -> Optional[int]:
+        t0 = perf_counter()
+        try:
+            block = self.policy.evict()
+            if (block is None and self._evictable) or (block is not None and block not in self._evictable):
+                raise ValueError(f"evict returned {block!r}, not one of the {len(self._evictable)} evictable "
+                                 f"blocks (a block in use or not cached, or nothing)")
+        except Exception as exc:
+            self._charge(t0)
+            self._fail("evict", exc)
+            return self._fallback_evict()
+        self._charge(t0)
+        if block is not None:
+            del self._evictable[block]
+            del self._hash_of[block]
+        return block
+
+    def _fallback_evict(self) -> Optional[int]:
+        if not self._evictable:
+            return None
+        block = next(iter(self._evictable))
+        del self._evictable[block]
+        del self._hash_of[block]
+        return block
