@@ -442,6 +442,7 @@ class Engine:
                     stop = True
                     break
                 batch.copies.extend(alloc.admit(seq, match, start + k))
+                self.metrics.prefix_check_failures += match.check_failed
                 if seq.num_preemptions == 0:
                     self.metrics.prompt_tokens_looked_up += seq.prompt_len
                     self.metrics.prompt_tokens_hit += start
