@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a workload config key (repeatable)")
         sp.add_argument("--max-model-len", type=int, default=None,
-                        help="clip/drop over-long requests of a workload config")
+                        help="apply a workload config's overlong (reject: count them, clip, "
+                             "drop) to requests longer than this")
 
     s = sub.add_parser("stats", help="print statistics of a trace or workload, optionally a PNG")
     s.add_argument("source", metavar="FILE_OR_WORKLOAD")
