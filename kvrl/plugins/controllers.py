@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from kvrl.envs.config import DEFAULT_TPOT_REF_S, DEFAULT_TTFT_REF_S, FeatureConfig
+from kvrl.envs.config import FeatureConfig
 from kvrl.envs.features import FeatureTracker
 from kvrl.plugins.base import WatermarkPolicy, check_choice, check_range
 from kvrl.plugins.registry import register
@@ -34,36 +34,37 @@ def balance(x: float, y: float) -> float:
 @register("watermark", "pi")
 class PIWatermark(WatermarkPolicy):
     """A PI feedback controller on the watermark. Every ``interval_s`` engine seconds it measures
-    a signal in [-1, 1] and moves the reserved fraction, ``clip(init + kp * e + ki * I, low,
-    high)`` with error ``e = signal - setpoint`` and integral ``I`` (the sum of ``e *
-    interval_s`` over updates); positive error raises the reserve. Anti-windup by clamping:
-    the integral term ``ki * I`` is kept within [low - init, high - init], so it never holds more
-    than it takes to reach a bound and leaves a bound as soon as the error changes sign. Signals (``signal``): ``preemptions``: ``(r - r*) / (r + r*)`` with ``r``
-    the preemption rate (preemptions per engine second, moving average with time constant
-    ``tau_s``) and ``r*`` = ``preemption_target``, so it is -1 with no preemptions, 0 at the
-    target, towards 1 far above it; ``slo``: ``(p - f) / (p + f)`` with ``p`` the recent TPOT and
-    ``f`` the recent TTFT of finished requests (moving averages, weight ``latency_alpha`` per
-    request), each over its SLO (the run's; 1 s and 50 ms without one): positive when TPOT is
-    the tighter objective (throttle admission), negative when TTFT is (admit more); ``both``:
-    the larger of the two, so preemptions above the target raise the reserve whatever the
-    latencies say. The rates and latencies come from :class:`kvrl.envs.features.FeatureTracker`
-    (the agents' features). Parameters: ``signal`` (both), ``setpoint`` (0.0, in [-1, 1]),
-    ``kp`` (0.1), ``ki`` (0.05 per engine second), ``low`` (0.0), ``high`` (0.5), ``init``
-    (0.01, the reserve before the first update and the output's bias, in [low, high]),
-    ``interval_s`` (0.5), ``preemption_target`` (0.1 per second), ``tau_s`` (5.0),
+    a signal and moves the reserved fraction to ``clip(init + kp * e + ki * I, low, high)``, with
+    error ``e = signal - setpoint`` and integral ``I`` (the sum of ``e * interval_s`` over
+    updates); positive error raises the reserve. Anti-windup by clamping: the integral term
+    ``ki * I`` is kept within [low - init, high - init], so it never holds more than it takes to
+    reach a bound and leaves a bound as soon as the error changes sign. Signals (``signal``):
+    ``slo``: ``m_tpot - m_ttft`` in [-1, 1], the recent shares of finished requests that missed
+    their TPOT and their TTFT objective (moving averages, weight ``latency_alpha`` per finished
+    request): positive when TPOT is missed more (admitting less shortens the batches that
+    prefills slow down), negative when TTFT is (admit more); ``preemptions``: ``(r - r*) / (r +
+    r*)`` in [-1, 1) with ``r`` the preemption rate (per engine second, moving average with time
+    constant ``tau_s``, from :class:`kvrl.envs.features.FeatureTracker`, the agents' features)
+    and ``r*`` = ``preemption_target``: -1 with no preemptions, 0 at the target; ``both``: the
+    ``slo`` signal plus the ``preemptions`` signal where that is positive (preemptions above the
+    target raise the reserve; below it, the latencies decide). With ``setpoint`` > 0 the reserve
+    drifts down while nothing is wrong (memory is used). Parameters: ``signal`` (both),
+    ``setpoint`` (0.05, in [-1, 1]), ``kp`` (0.1), ``ki`` (0.05 per engine second), ``low`` (0.0),
+    ``high`` (0.5), ``init`` (0.01, the reserve before the first update and the output's bias, in
+    [low, high]), ``interval_s`` (0.5), ``preemption_target`` (1.0 per second), ``tau_s`` (5.0),
     ``latency_alpha`` (0.05)."""
 
     @dataclass
     class Params:
         signal: str = "both"
-        setpoint: float = 0.0
+        setpoint: float = 0.05
         kp: float = 0.1
         ki: float = 0.05
         low: float = 0.0
         high: float = 0.5
         init: float = 0.01
         interval_s: float = 0.5
-        preemption_target: float = 0.1
+        preemption_target: float = 1.0
         tau_s: float = 5.0
         latency_alpha: float = 0.05
 
@@ -85,24 +86,23 @@ class PIWatermark(WatermarkPolicy):
         self.fraction = params.init
         self.integral = 0.0
         self.error = 0.0
+        self.ttft_misses = 0.0      # moving share of finished requests that missed their TTFT objective
+        self.tpot_misses = 0.0      # ... their TPOT objective
         self.tracker: Optional[FeatureTracker] = None
         self._last_update = 0.0
 
     def bind(self, engine) -> None:
         super().bind(engine)
-        p = self.params
-        self.tracker = FeatureTracker(FeatureConfig(
-            tau_s=p.tau_s, latency_alpha=p.latency_alpha,
-            ttft_ref_s=engine.slo_ttft_s or DEFAULT_TTFT_REF_S, tpot_ref_s=engine.slo_tpot_s or DEFAULT_TPOT_REF_S))
+        self.tracker = FeatureTracker(FeatureConfig(tau_s=self.params.tau_s))     # for its preemption rate
         self.tracker.bind(engine)
         self._last_update = engine.now
 
     def measure(self) -> float:
-        """The controlled signal now, in [-1, 1]."""
-        t, p = self.tracker, self.params
-        preempt = balance(t.preemption_rate, p.preemption_target)
-        slo = balance(t.tpot_s / t.config.tpot_ref_s, t.ttft_s / t.config.ttft_ref_s)
-        return {"preemptions": preempt, "slo": slo, "both": max(preempt, slo)}[p.signal]
+        """The controlled signal now (``slo``, ``preemptions``: in [-1, 1]; ``both``: [-1, 2))."""
+        p = self.params
+        preempt = balance(self.tracker.preemption_rate, p.preemption_target)
+        slo = self.tpot_misses - self.ttft_misses
+        return {"preemptions": preempt, "slo": slo, "both": slo + max(preempt, 0.0)}[p.signal]
 
     def update(self) -> None:
         """One controller update: measure, integrate (clamped), set the fraction."""
@@ -120,21 +120,24 @@ class PIWatermark(WatermarkPolicy):
             self.update()
 
     def on_finish(self, seq) -> None:
-        self.tracker.on_finish(seq)
+        ttft_miss, tpot_miss = slo_misses(seq, self.engine.now)
+        a = self.params.latency_alpha
+        self.ttft_misses += a * (ttft_miss - self.ttft_misses)
+        self.tpot_misses += a * (tpot_miss - self.tpot_misses)
 
     def reserved_blocks(self) -> int:
         return int(self.fraction * self.engine.num_blocks)
 
 
-def met_slo(seq: "SeqView", now: float) -> bool:
-    """Whether a sequence finishing at ``now`` met its TTFT and TPOT objectives (the engine's
-    rule for a one-sample request: TTFT from arrival to first token, TPOT over the decode)."""
+def slo_misses(seq: "SeqView", now: float) -> tuple[bool, bool]:
+    """``(missed TTFT, missed TPOT)`` of a sequence finishing at ``now``, by the engine's rule for
+    a one-sample request (TTFT from arrival to first token, TPOT over the decode; no objective,
+    no miss)."""
     ttft_slo, tpot_slo = seq.slo_ttft_s, seq.slo_tpot_s
-    if ttft_slo is not None and seq.first_token_s - seq.arrival_s > ttft_slo:
-        return False
-    if tpot_slo is not None and seq.num_output > 1 and (now - seq.first_token_s) / (seq.num_output - 1) > tpot_slo:
-        return False
-    return True
+    ttft_miss = ttft_slo is not None and seq.first_token_s - seq.arrival_s > ttft_slo
+    tpot_miss = (tpot_slo is not None and seq.num_output > 1
+                 and (now - seq.first_token_s) / (seq.num_output - 1) > tpot_slo)
+    return ttft_miss, tpot_miss
 
 
 @register("watermark", "bandit")
@@ -209,7 +212,7 @@ class BanditWatermark(WatermarkPolicy):
         self.best_reward = max(self.best_reward, goodput)
 
     def on_finish(self, seq) -> None:
-        if met_slo(seq, self.engine.now):
+        if not any(slo_misses(seq, self.engine.now)):
             self._good_tokens += seq.num_output
 
     def on_step_end(self) -> None:
