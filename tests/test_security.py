@@ -123,6 +123,153 @@ def test_prefix_probe_live_backend_on_cpu(tmp_path):
     assert rows["global"]["prefix_hit_rate"] > rows["tenant"]["prefix_hit_rate"]
 
 
+# ============================================================================ block identity (issue #14)
+def _old_salt_rule(scope, tenant, salt):
+    """The pre-#14 rule: an explicit cache_salt *replaced* the tenant."""
+    if salt is not None:
+        return salt.encode()
+    return tenant.encode() if scope == "tenant" else b""
+
+
+def test_xxh3_model_matches_xxhash_and_a_forged_block_hits_its_target():
+    import xxhash
+    from kvrl.apps.forge import forge_block, xxh3_block_hash
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 151_936, (20, 16))
+    for seed in (0, 2**64 - 5):
+        assert [int(h) for h in xxh3_block_hash(blocks, seed)] == [
+            xxhash.xxh3_64_intdigest(b.astype("<i8").tobytes(), seed=seed) for b in blocks]
+    target = xxhash.xxh3_64_intdigest(blocks[0].astype("<i8").tobytes(), seed=11)
+    forged = forge_block(target, seed=99, vocab_size=151_936, rng=rng)
+    assert forged.min() >= 0 and forged.max() < 151_936 and not np.array_equal(forged, blocks[0])
+    assert xxhash.xxh3_64_intdigest(forged.astype("<i8").tobytes(), seed=99) == target
+
+
+def test_cache_salt_is_unambiguous_and_an_explicit_salt_only_narrows():
+    from kvrl.engine.allocators import cache_salt
+    assert cache_salt("tenant", "a", "bc") != cache_salt("tenant", "ab", "c")
+    assert cache_salt("tenant", "b", "a") != cache_salt("tenant", "a", None)     # naming a tenant is no key
+    assert cache_salt("tenant", "a", None) != cache_salt("tenant", "a", "")
+    assert cache_salt("global", None, None) == cache_salt("global", "x", None)    # global ignores the tenant
+    assert cache_salt("global", "x", "s") != cache_salt("global", "x", None)
+    with pytest.raises(ValueError, match="engine.prefix_cache_scope"):
+        cache_salt("none", "a", None)
+    # the engine: same tenant and salt share, a different salt does not, the victim's name as salt does not
+    prompt = np.arange(48, dtype=np.int32)
+    for salt_b, tenant_b, hit in ((None, "a", True), ("s", "a", False), ("a", "b", False)):
+        engine = make_engine(num_blocks=64, block_size=16)
+        engine.run([make_request("first", tokens=prompt, tenant="a"),
+                    make_request("second", tokens=prompt, arrival_s=1.0, tenant=tenant_b, cache_salt=salt_b)])
+        assert engine.metrics.prompt_tokens_hit == (32 if hit else 0), (salt_b, tenant_b)
+
+
+def test_engine_prefix_hash_is_validated_naming_the_key():
+    from kvrl.engine.config import EngineConfig
+    with pytest.raises(ValueError, match="engine.prefix_hash must be one of"):
+        EngineConfig(prefix_hash="md5")
+    with pytest.raises(ValueError, match="engine.prefix_hash_key must be one of"):
+        EngineConfig(prefix_hash_key="fixed")
+
+
+def _victim_then_forger(victim_tokens, forged_block):
+    """The victim caches a 48-token prompt; 1 s later tenant 'mallory' sends the forged first
+    block followed by the victim's blocks 2 and 3 (and one token of its own)."""
+    forger = np.concatenate([forged_block, victim_tokens[16:48], [7]]).astype(np.int32)
+    return [make_request("victim", tokens=victim_tokens, tenant="victim", output_len=2),
+            make_request("forger", tokens=forger, arrival_s=1.0, tenant="mallory", output_len=2)]
+
+
+def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_default(monkeypatch):
+    """A real forgery: mallory's first block differs from the victim's but has the victim's xxh3
+    identity (chained from mallory's own tenant salt). With prefix_hash=xxh3 it is reused (all 48
+    of the victim's tokens are a hit for mallory). Under the default, even with the hash made to
+    collide exactly as xxh3 does (monkeypatched), the hit check sees other tokens and refuses:
+    no reuse, one failure counted, and the victim's cached blocks are left in place."""
+    from kvrl.apps.forge import forge_prefix
+    from kvrl.engine.allocators import cache_salt
+    from kvrl.engine.hashing import BlockHasher
+    victim = np.random.default_rng(5).integers(0, 1000, 48).astype(np.int32)
+    forged = forge_prefix(victim[:16], cache_salt("tenant", "victim", None), cache_salt("tenant", "mallory", None),
+                          vocab_size=1000, seed=1)
+    assert not np.array_equal(forged, victim[:16])
+    xxh3 = make_engine(num_blocks=64, block_size=16, prefix_hash="xxh3")
+    xxh3.run(_victim_then_forger(victim, forged))
+    assert xxh3.metrics.prompt_tokens_hit == 48                    # the forgery works against xxh3
+    default = make_engine(num_blocks=64, block_size=16)
+    assert default.config.prefix_hash == "blake2b"
+    default.run(_victim_then_forger(victim, forged))
+    assert default.metrics.prompt_tokens_hit == 0
+    as_xxh3, root, extend = BlockHasher("xxh3"), BlockHasher.root, BlockHasher.extend
+    monkeypatch.setattr(BlockHasher, "root", lambda self, salt: root(as_xxh3, salt))
+    monkeypatch.setattr(BlockHasher, "extend", lambda self, *a: extend(as_xxh3, *a))
+    colliding = make_engine(num_blocks=64, block_size=16)
+    assert colliding.allocator._hasher.checked
+    summary = colliding.run(_victim_then_forger(victim, forged))
+    assert colliding.metrics.prompt_tokens_hit == 0 and summary["prefix_check_failures"] == 1
+    assert summary["finished"] == 2
+    colliding.check_invariants()
+
+
+def test_results_do_not_depend_on_the_block_identity_hash_or_its_key():
+    """Identities are internal: with every hash (and two random keys) the same workload with
+    shared prefixes gives bit-for-bit the same summary and per-request records."""
+    def run(**kw):
+        rng = np.random.default_rng(0)
+        system = rng.integers(0, 1000, 64)
+        reqs = [make_request(f"r{i}", tokens=np.concatenate([system, rng.integers(0, 1000, int(rng.integers(1, 40)))]),
+                             output_len=int(rng.integers(1, 30)), arrival_s=0.01 * i, tenant=f"t{i % 3}",
+                             n=1 + (i % 4 == 0)) for i in range(60)]
+        engine = make_engine(num_blocks=48, block_size=8, **kw)
+        summary = engine.run(reqs)
+        engine.check_invariants()
+        return summary, [(r.request_id, r.ttft_s, r.finish_s, r.num_preemptions) for r in engine.metrics.requests.values()]
+    base = run()
+    assert base[0]["prefix_hit_rate"] > 0.3 and base[0]["preemptions"] > 0
+    for kw in ({}, {"prefix_hash": "sha256"}, {"prefix_hash": "xxh3"}, {"prefix_hash_key": "seed"}):
+        assert run(**kw) == base, kw
+
+
+PROBE_ATTACKS = ["attack.scopes=[tenant]", "attack.probers=[forge,salt_spoof]", "attack.prefix_hashes=[blake2b,xxh3]",
+                 "attack.resamples=500", "attack.prefix_probe.workload.num_probes=40",
+                 "attack.prefix_probe.workload.horizon_s=25"]
+
+
+def _at_chance(row):
+    return (row["fisher_p"] > 0.05 and row["gap_ci_s"][0] <= 0.0 <= row["gap_ci_s"][1]
+            and row["accuracy_ci"][0] <= 0.5 <= row["accuracy_ci"][1])
+
+
+def _succeeds(row):
+    return row["accuracy"] >= 0.85 and row["fisher_p"] < 1e-6 and row["gap_ci_s"][0] > 0
+
+
+def test_forging_and_salt_spoofing_attackers_are_at_chance_with_the_defaults(tmp_path):
+    """kvrl-attack prefix-probe with the two new attackers, one account per probe, tenant scope.
+    The forger (a Wagner 8-list collision against xxh3 per attacker account) reconstructs the
+    labels against prefix_hash=xxh3 (measured: accuracy 0.95, Fisher p 3e-9); against the
+    default keyed blake2b, and the salt spoofer against either hash, sit at chance (Fisher's
+    test does not reject, the TTFT gap's 95% interval contains 0)."""
+    rows = {r["run"]: r for r in attack.run(attack_cfg("prefix_probe", *PROBE_ATTACKS), tmp_path)["rows"]}
+    assert sorted(rows) == ["tenant/blake2b/forge", "tenant/blake2b/salt_spoof", "tenant/xxh3/forge",
+                            "tenant/xxh3/salt_spoof"]
+    assert all(r["probes"] == 40 and r["probes_lost"] == 0 for r in rows.values())
+    assert _succeeds(rows["tenant/xxh3/forge"]), rows["tenant/xxh3/forge"]
+    for run in ("tenant/blake2b/forge", "tenant/blake2b/salt_spoof", "tenant/xxh3/salt_spoof"):
+        assert _at_chance(rows[run]), rows[run]
+    assert "| tenant/xxh3/forge | per_probe | forge | xxh3 |" in (tmp_path / "prefix_probe.md").read_text()
+
+
+def test_salt_spoofing_succeeds_under_the_old_salt_rule(tmp_path, monkeypatch):
+    """The same salt spoofer against the pre-#14 rule (cache_salt replaced the tenant), rebuilt
+    here: it shares the victim's cache and reads the labels."""
+    from kvrl.engine import allocators
+    monkeypatch.setattr(allocators, "cache_salt", _old_salt_rule)
+    cfg = attack_cfg("prefix_probe", "attack.scopes=[tenant]", "attack.probers=[salt_spoof]", "attack.resamples=500",
+                     "attack.prefix_probe.workload.num_probes=40", "attack.prefix_probe.workload.horizon_s=25")
+    row = attack.run(cfg, tmp_path)["rows"][0]
+    assert row["prober"] == "salt_spoof" and _succeeds(row), row
+
+
 # ============================================================================ defences: unit behaviour
 def _view(seq_id, admit_order, num_preemptions=0, tenant="a", num_blocks=1):
     return SimpleNamespace(seq_id=seq_id, admit_order=admit_order, num_preemptions=num_preemptions, tenant=tenant,

@@ -36,7 +36,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -72,17 +71,11 @@ def two_means_threshold(x: np.ndarray) -> float:
 
 
 def fisher_exact_p(table: list[list[int]]) -> float:
-    """Two-sided p-value of Fisher's exact test of a 2x2 table (exact integer arithmetic):
+    """Two-sided p-value of Fisher's exact test of a 2x2 table (``scipy.stats.fisher_exact``):
     the probability, under independence with the margins fixed (hypergeometric), of a table at
     most as likely as the observed one."""
-    (a, b), (c, d) = table
-    r1, c1, n = a + b, a + c, a + b + c + d
-    lo, hi = max(0, r1 + c1 - n), min(r1, c1)
-    weight = [math.comb(c1, k) * math.comb(n - c1, r1 - k) for k in range(lo, hi + 1)]
-    obs = weight[a - lo]
-    total = sum(weight)
-    tail = sum(w for w in weight if w * (1 - 1e-9) <= obs)
-    return float(min(Fraction(tail, total), Fraction(1)))
+    from scipy.stats import fisher_exact
+    return float(fisher_exact(table, alternative="two-sided").pvalue)
 
 
 def wilson_interval(successes: int, n: int, z: float = z_quantile()) -> tuple[float, float]:
@@ -168,6 +161,8 @@ class AttackOptions:
     """Options of the experiments (``attack.*``)."""
 
     scopes: List[str] = field(default_factory=lambda: ["tenant", "global"])
+    probers: List[str] = field(default_factory=lambda: ["plain"])   # plain | forge | salt_spoof
+    prefix_hashes: Optional[List[str]] = None   # engine.prefix_hash values to attack (null: the config's)
     accounts: str = "per_probe"        # per_probe | single: attacker accounts sending the probes
     threshold: str = "kmeans_log"      # the attacker's label-free rule: kmeans_log | kmeans
     resamples: int = 2000              # bootstrap and permutation resamples
@@ -300,8 +295,77 @@ def _policy_label(cfg: Any) -> str:
 
 
 # ============================================================================ prefix probing
+PROBERS = ("plain", "forge", "salt_spoof")
+
+
+@dataclass
+class ProbeContext:
+    """What the probing attackers know: the victim's tenant name and first block of its system
+    prompt (e.g. a public template), the engine's scope and block size, and the vocabulary."""
+
+    victim: str
+    victim_block: np.ndarray
+    scope: str
+    block_size: int
+    vocab_size: int
+    seed: int
+    forged: dict = field(default_factory=dict)    # attacker salt -> forged first block (reused across runs)
+
+
+def apply_prober(prober: str, request: Any, ctx: ProbeContext) -> Any:
+    """The probe ``request`` as the ``prober`` attacker sends it.
+
+    * ``plain``: unchanged (a prefix-cache timing probe).
+    * ``salt_spoof``: ``cache_salt`` set to the victim's tenant name. Under the pre-#14 rule the salt
+      replaced the tenant, which put the probe in the victim's cache; now it only narrows.
+    * ``forge``: the first block replaced by one whose ``xxh3`` identity, chained from the
+      attacker's own salt, equals that of the victim's first block (:mod:`kvrl.apps.forge`), so
+      under ``engine.prefix_hash=xxh3`` the rest of the candidate has the identities the victim's
+      tokens have. Against the keyed default the forger has no target it can compute; it forges
+      against xxh3 anyway (its best guess), which gives an unrelated chain.
+    """
+    if prober == "plain":
+        return request
+    if prober == "salt_spoof":
+        return replace(request, cache_salt=ctx.victim)
+    if prober != "forge":
+        raise ValueError(f"attack.probers: unknown prober {prober!r}; known: {list(PROBERS)}")
+    from kvrl.apps.forge import BLOCK_TOKENS, forge_prefix
+    from kvrl.engine.allocators import cache_salt
+    if ctx.block_size != BLOCK_TOKENS:
+        raise ValueError(f"attack.probers=forge needs engine.block_size={BLOCK_TOKENS}, got {ctx.block_size}")
+    own = cache_salt(ctx.scope, request.tenant, request.cache_salt)
+    block = ctx.forged.get(own)
+    if block is None:
+        victim_salt = cache_salt(ctx.scope, ctx.victim, None)
+        block = ctx.forged[own] = forge_prefix(ctx.victim_block, victim_salt, own, ctx.vocab_size,
+                                               seed=[ctx.seed, len(ctx.forged)])
+    prompt = request.prompt_token_ids
+    return replace(request, prompt_token_ids=np.concatenate([block.astype(prompt.dtype), prompt[BLOCK_TOKENS:]]))
+
+
+def _probe_runs(opts: Any, cfg: Any) -> list[tuple[str, str, str, str]]:
+    """(label, scope, prefix_hash, prober) of each run: every scope x hash x prober."""
+    scopes, probers = list(opts.scopes), list(opts.probers)
+    hashes = list(opts.prefix_hashes) if opts.prefix_hashes else [cfg.engine.prefix_hash]
+    for prober in probers:
+        if prober not in PROBERS:
+            raise ValueError(f"attack.probers: unknown prober {prober!r}; known: {list(PROBERS)}")
+    if not scopes or not probers:
+        raise ValueError("attack.scopes and attack.probers must not be empty")
+    runs = []
+    for k, scope in enumerate(scopes):
+        label = scope if scopes.count(scope) == 1 else f"{scope}#{k}"   # a scope may be repeated
+        for h in hashes:
+            for prober in probers:
+                parts = [label] + ([h] if len(hashes) > 1 else []) + ([prober] if len(probers) > 1 else [])
+                runs.append(("/".join(parts), scope, h, prober))
+    return runs
+
+
 def run_prefix_probe(cfg: Any, out_dir: Path) -> dict:
-    """Play the prefix-probing attacker once per cache scope; returns (and writes) the results."""
+    """Play the prefix-probing attackers once per cache scope, prefix hash and prober; returns
+    (and writes) the results."""
     from kvrl.builder import build_engine, build_executor
     from kvrl.workloads import build_workload, probe_label
 
@@ -314,12 +378,19 @@ def run_prefix_probe(cfg: Any, out_dir: Path) -> dict:
         raise ValueError(f"kvrl-attack prefix-probe needs workload=prefix_probe, got workload={wl.get('name')!r}")
     executor = build_executor(cfg)
     rows, probe_rows = [], []
-    scopes = list(opts.scopes)
-    for k, scope in enumerate(scopes):
-        label = scope if scopes.count(scope) == 1 else f"{scope}#{k}"   # a scope may be repeated
-        run_cfg = _with_policy(cfg, {"engine": {"prefix_cache_scope": scope}})
+    forged: dict = {}
+    for label, scope, prefix_hash, prober in _probe_runs(opts, cfg):
+        run_cfg = _with_policy(cfg, {"engine": {"prefix_cache_scope": scope, "prefix_hash": prefix_hash}})
         engine = build_engine(run_cfg, executor=executor, record_steps=False)
         requests = build_workload(wl, vocab_size=executor.vocab_size, max_model_len=engine.config.max_model_len)
+        victim_reqs = [r for r in requests if r.tenant == wl["victim"]["name"]]
+        bs = engine.config.block_size
+        if prober == "forge" and (not victim_reqs or victim_reqs[0].prompt_len < bs):
+            raise ValueError("attack.probers=forge needs victim requests of at least one block "
+                             "(workload.victim.system_prompt_len >= engine.block_size)")
+        ctx = ProbeContext(victim=wl["victim"]["name"], scope=scope, block_size=bs, vocab_size=executor.vocab_size,
+                           victim_block=victim_reqs[0].prompt_token_ids[:bs] if victim_reqs else np.zeros(0),
+                           seed=int(cfg.seed), forged=forged)
         labels = {}
         for i, r in enumerate(requests):
             truth = probe_label(r)
@@ -327,7 +398,8 @@ def run_prefix_probe(cfg: Any, out_dir: Path) -> dict:
                 continue
             labels[r.request_id] = truth
             if opts.accounts == "per_probe":
-                requests[i] = replace(r, tenant=f"{r.tenant}#{r.request_id.rsplit('-', 2)[-2]}")
+                r = replace(r, tenant=f"{r.tenant}#{r.request_id.rsplit('-', 2)[-2]}")
+            requests[i] = apply_prober(prober, r, ctx)
         if not labels:
             raise ValueError("the workload has no labelled probes (workload.num_probes=0?)")
         wall = time.perf_counter()
@@ -344,11 +416,13 @@ def run_prefix_probe(cfg: Any, out_dir: Path) -> dict:
         for rid, t, c, p in zip(ids, ttft, correct, pred):
             probe_rows.append((label, rid, bool(c), float(t), bool(p)))
         victim = [r for r in recs.values() if r.tenant == wl["victim"]["name"]]
-        rows.append({"scope": scope, "run": label, "accounts": opts.accounts, "backend": cfg.backend.name,
+        rows.append({"scope": scope, "run": label, "prefix_hash": prefix_hash, "prober": prober,
+                     "accounts": opts.accounts, "backend": cfg.backend.name,
                      "probes_lost": lost, **score,
                      "victim_requests": len(victim), "prefix_hit_rate": summary["prefix_hit_rate"],
+                     "prefix_check_failures": summary.get("prefix_check_failures"),
                      "wall_s": wall})
-        log.info("scope=%s: accuracy %.3f (Fisher p=%.3g), gap %.3g s", scope, score["accuracy"], score["fisher_p"],
+        log.info("%s: accuracy %.3f (Fisher p=%.3g), gap %.3g s", label, score["accuracy"], score["fisher_p"],
                  score["gap_s"])
     result = {"command": "prefix_probe", "backend": cfg.backend.name, "model": cfg.model.name,
               "cost_model": getattr(executor, "cost_source", executor.name),
@@ -414,12 +488,13 @@ def probe_markdown(result: dict) -> str:
              + (f", {result['device']}" if result.get("device") else "") + f"): {wl['num_probes']} probes of "
              f"{wl.get('probe_len') or wl['victim']['system_prompt_len']} tokens, wrong_mode={wl['wrong_mode']}, "
              f"seed={wl['seed']}; attacker threshold: {result['rows'][0]['threshold'] if result['rows'] else ''}", "",
-             "| scope | accounts | accuracy (95% CI) | Fisher p | TTFT correct / wrong (ms) | gap wrong-correct (ms, 95% CI) | permutation p | AUC |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| scope | accounts | attacker | prefix_hash | accuracy (95% CI) | Fisher p | TTFT correct / wrong (ms) | gap wrong-correct (ms, 95% CI) | permutation p | AUC |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lo, hi = r["accuracy_ci"]
         glo, ghi = r["gap_ci_s"]
-        lines.append(f"| {r['run']} | {r['accounts']} | {r['accuracy']:.3f} ({lo:.3f}-{hi:.3f}) | "
+        lines.append(f"| {r['run']} | {r['accounts']} | {r['prober']} | {r['prefix_hash']} | "
+                     f"{r['accuracy']:.3f} ({lo:.3f}-{hi:.3f}) | "
                      f"{_fmt(r['fisher_p'])} | {_fmt(1e3 * r['ttft_correct_mean_s'])} / "
                      f"{_fmt(1e3 * r['ttft_wrong_mean_s'])} | {_fmt(1e3 * r['gap_s'])} "
                      f"({_fmt(1e3 * glo)} to {_fmt(1e3 * ghi)}) | {_fmt(r['gap_perm_p'])} | {_fmt(r['auc'])} |")
