@@ -51,6 +51,7 @@ class KvrlEnv(gym.Env):
     def _new_episode(self, seed: Optional[int], options: Optional[Mapping[str, Any]]) -> EngineDriver:
         super().reset(seed=seed)
         requests, end_s = self.session.episode(self.np_random, options)
+        self.step_time_scale = self.session.perturb_cost(self.np_random)
         self.driver = self.session.start(requests, end_s)
         self.clipped_actions = 0
         self.decisions = 0

@@ -86,7 +86,8 @@ class EpisodeConfig:
     the list holds multipliers of ``workload.rate_scale`` (``[0.5, 1.0]`` at ``rate_scale: 20`` is
     10x and 20x the trace's rate, so the loads follow the scenario it is pointed at); false = the
     list holds absolute rate scales of the trace. :func:`episode_rate_scales` gives the absolute
-    values.
+    values. ``step_time_sigma``: domain randomisation of the sim's cost model; each episode's step
+    times are multiplied by ``exp(N(0, step_time_sigma))`` drawn at reset (0 = off; sim only).
     """
 
     split: Optional[str] = "train"
@@ -94,6 +95,7 @@ class EpisodeConfig:
     start_s: Optional[float] = None
     rate_scales: Optional[list] = None
     rate_scales_relative: bool = True
+    step_time_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -102,6 +104,7 @@ class EpisodeConfig:
             check_range("episode.window_s", self.window_s, 1e-6)
         if self.start_s is not None:
             check_range("episode.start_s", self.start_s, 0.0)
+        check_range("episode.step_time_sigma", self.step_time_sigma, 0.0, 1.0)
         if self.rate_scales is not None:
             if len(self.rate_scales) == 0:
                 raise ValueError("episode.rate_scales: give at least one rate scale (or null)")
@@ -121,7 +124,9 @@ class FeatureConfig:
     0.5 and count as meeting the SLO in the attainment average; null = ``run.slo`` (1 s and 50 ms
     where that is null too). ``top_k``: candidate slots of the preemption
     observation. ``oracle_lengths``: candidates' remaining output from the trace (oracle; a real
-    server does not know it) instead of a prediction from finished requests.
+    server does not know it) instead of a prediction from finished requests. ``history``: append
+    :data:`~kvrl.envs.features.HISTORY_FEATURES` (short-horizon rates over ``short_tau_s``, the
+    load trend, the running sequences' predicted KV demand) to the engine features.
     """
 
     tau_s: float = 10.0
@@ -132,9 +137,12 @@ class FeatureConfig:
     tpot_ref_s: Optional[float] = None
     top_k: int = 8
     oracle_lengths: bool = False
+    history: bool = False
+    short_tau_s: float = 1.0
 
     def __post_init__(self) -> None:
         check_range("features.tau_s", self.tau_s, 1e-6)
+        check_range("features.short_tau_s", self.short_tau_s, 1e-6)
         check_range("features.latency_alpha", self.latency_alpha, 1e-6, 1.0)
         for name in ("count_scale", "rate_ref", "ttft_ref_s", "tpot_ref_s"):
             if getattr(self, name) is not None:

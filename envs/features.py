@@ -17,6 +17,14 @@ second (fraction of the capacity); preemptions per second; recomputed tokens per
 attainment; the oldest waiting request's age (against the TTFT reference); the current watermark
 (reserved / total blocks).
 
+History features (:data:`HISTORY_FEATURES`, appended with ``features.history``): arrival rate,
+arrived prompt tokens per second and preemptions per second averaged over ``short_tau_s`` (a
+burst or a load phase shows there within a second); the load trend (short-horizon over
+short + long-horizon prompt-token rate: 0.5 steady, above rising, below falling); and the KV
+demand of the running sequences, their tokens plus their predicted remaining output (as for
+candidates) over the KV capacity, squashed at 1 (above 0.5: the running batch will not fit as it
+grows, a preemption cascade is coming).
+
 Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate slot, slot 0 =
 the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
 (fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
@@ -40,11 +48,19 @@ ENGINE_FEATURES = (
     "arrival_rate", "arrival_tokens", "preemption_rate", "recompute_rate", "ttft", "tpot", "slo_attainment",
     "oldest_wait", "watermark",
 )
+HISTORY_FEATURES = (
+    "arrival_rate_short", "arrival_tokens_short", "preemption_rate_short", "load_trend", "kv_demand",
+)
 CANDIDATE_FEATURES = (
     "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
     "swap_fits", "recompute_vs_swap",
 )
 GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
+
+
+def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
+    """The names of :meth:`FeatureTracker.engine_features`' entries under ``config``."""
+    return ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
 
 
 def squash(x: float, ref: float) -> float:
@@ -89,6 +105,9 @@ class FeatureTracker:
         self.ttft_s = 0.0
         self.tpot_s = 0.0
         self.slo_attainment = 1.0
+        self.short_arrival_rate = 0.0       # the same, over short_tau_s
+        self.short_arrival_tokens = 0.0
+        self.short_preemption_rate = 0.0
         self._finished_lens: list[int] = []
         self._sorted_lens: Optional[np.ndarray] = None
         self._suffix_sums: Optional[np.ndarray] = None
@@ -112,12 +131,20 @@ class FeatureTracker:
         if dt <= 0.0:
             return
         counters = self._counters()
-        w = 1.0 - math.exp(-dt / self.config.tau_s)
+        cfg = self.config
+        w = 1.0 - math.exp(-dt / cfg.tau_s)
         last = self._last
         self.arrival_rate += w * ((counters.arrivals - last.arrivals) / dt - self.arrival_rate)
         self.arrival_tokens += w * ((counters.arrived_tokens - last.arrived_tokens) / dt - self.arrival_tokens)
         self.preemption_rate += w * ((counters.preemptions - last.preemptions) / dt - self.preemption_rate)
         self.recompute_rate += w * ((counters.recomputed_tokens - last.recomputed_tokens) / dt - self.recompute_rate)
+        if cfg.history:
+            ws = 1.0 - math.exp(-dt / cfg.short_tau_s)
+            self.short_arrival_rate += ws * ((counters.arrivals - last.arrivals) / dt - self.short_arrival_rate)
+            self.short_arrival_tokens += ws * ((counters.arrived_tokens - last.arrived_tokens) / dt
+                                               - self.short_arrival_tokens)
+            self.short_preemption_rate += ws * ((counters.preemptions - last.preemptions) / dt
+                                                - self.short_preemption_rate)
         self._last, self._last_t = counters, now
 
     def on_finish(self, seq: "SeqView") -> None:
@@ -135,7 +162,8 @@ class FeatureTracker:
 
     # ------------------------------------------------------------------ features
     def engine_features(self) -> np.ndarray:
-        """The :data:`ENGINE_FEATURES` vector (float32, in [0, 1])."""
+        """The :data:`ENGINE_FEATURES` vector, then :data:`HISTORY_FEATURES` with
+        ``features.history`` (float32, in [0, 1]; names: :func:`engine_feature_names`)."""
         cfg, v = self.config, self.view
         capacity = float(v.num_blocks * v.block_size)
         now = v.now
@@ -159,6 +187,16 @@ class FeatureTracker:
             squash(oldest, cfg.ttft_ref_s),
             min(reserved_fraction(v), 1.0),
         )
+        if cfg.history:
+            long_tokens, short_tokens = self.arrival_tokens, self.short_arrival_tokens
+            demand = sum(s.num_tokens + self._remaining(s) for s in running) / capacity
+            values += (
+                squash(self.short_arrival_rate, cfg.rate_ref),
+                squash(short_tokens / capacity, 1.0),
+                squash(self.short_preemption_rate, 1.0),
+                short_tokens / (short_tokens + long_tokens) if short_tokens + long_tokens > 0 else 0.5,
+                squash(demand, 1.0),
+            )
         return np.asarray(values, dtype=np.float32)
 
     def candidate_slots(self, candidates: Sequence["SeqView"]) -> list["SeqView"]:

@@ -6,7 +6,7 @@ runs in a worker thread that waits for the answer). Each ``step(action)`` answer
 shortage and serves until the next one or the episode's end; ``reset`` serves until the first
 shortage (drawing another window when one has none, unless the window is fixed).
 
-Observation: :data:`~kvrl.envs.features.ENGINE_FEATURES` followed by ``top_k`` rows of
+Observation: the engine features (:func:`~kvrl.envs.features.engine_feature_names`) followed by ``top_k`` rows of
 :data:`~kvrl.envs.features.CANDIDATE_FEATURES` (slot 0 = newest admission, the LIFO victim).
 :meth:`action_masks` gives the valid actions (sb3-contrib's MaskablePPO calls it); a masked
 action is served by the fallback of :meth:`~kvrl.envs.actions.PreemptionActions.decode` and
@@ -22,7 +22,7 @@ from gymnasium import spaces
 from kvrl.envs.actions import PreemptionActions
 from kvrl.envs.common import KvrlEnv
 from kvrl.envs.config import PreemptionEnvConfig
-from kvrl.envs.features import CANDIDATE_FEATURES, ENGINE_FEATURES
+from kvrl.envs.features import CANDIDATE_FEATURES, engine_feature_names
 from kvrl.envs.handoff import Handoff
 
 MAX_EPISODE_DRAWS = 20
@@ -39,7 +39,7 @@ class PreemptionEnv(KvrlEnv):
         k = self.features.top_k
         self.actions = PreemptionActions(self.config.action, k)
         self.action_space = self.actions.space
-        size = len(ENGINE_FEATURES) + k * len(CANDIDATE_FEATURES)
+        size = len(engine_feature_names(self.features)) + k * len(CANDIDATE_FEATURES)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
         self._handoff = Handoff()
         self._mask = self.actions.mask(1, np.zeros(k, dtype=bool))
@@ -89,7 +89,7 @@ class PreemptionEnv(KvrlEnv):
         info.update(victim_slot=slot, mode=mode.value, masked_actions=self.masked_actions)
         if ended:
             obs = np.zeros(self.observation_space.shape, dtype=np.float32)
-            obs[:len(ENGINE_FEATURES)] = self.driver.engine.eviction.tracker.engine_features()
+            obs[:len(engine_feature_names(self.features))] = self.driver.engine.eviction.tracker.engine_features()
             self._mask = self.actions.mask(1, np.zeros(self.features.top_k, dtype=bool))
         else:
             obs, self._mask = payload

@@ -97,6 +97,18 @@ class EngineSession:
                 return requests, start + ep.window_s
         raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
 
+    def perturb_cost(self, rng: np.random.Generator) -> float:
+        """Draw this episode's step-time factor ``exp(N(0, episode.step_time_sigma))`` and set it
+        on the sim executor (domain randomisation; no draw and factor 1 when the sigma is 0)."""
+        sigma = self.config.episode.step_time_sigma
+        if sigma == 0.0:
+            return 1.0
+        if not hasattr(self.executor, "step_time_scale"):
+            raise ValueError(f"env.episode.step_time_sigma={sigma} perturbs the sim's cost model; the "
+                             f"{type(self.executor).__name__} executor has none (set it to 0)")
+        self.executor.step_time_scale = float(np.exp(rng.normal(0.0, sigma)))
+        return self.executor.step_time_scale
+
     def _at_rate(self, rate_scale: float) -> tuple[list[Request], list[float]]:
         """The split's requests (and arrival times) at ``rate_scale`` instead of the scenario's."""
         if rate_scale not in self._by_rate:

@@ -4,7 +4,8 @@ Each ``step(action)`` sets the ``agent`` watermark plugin's fraction, then serve
 (arrivals and engine steps, as ``Engine.run``) until the next decision epoch ends (see
 :class:`~kvrl.envs.config.DecisionConfig`) or the episode does. ``reset`` serves the first epoch
 with the plugin's initial fraction (``run.watermark.fraction``, default 0.01) and returns the
-first observation. Observation: :data:`~kvrl.envs.features.ENGINE_FEATURES` (float32 in [0, 1]).
+first observation. Observation: :data:`~kvrl.envs.features.ENGINE_FEATURES` (float32 in [0, 1]), then
+:data:`~kvrl.envs.features.HISTORY_FEATURES` with ``features.history``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gymnasium import spaces
 from kvrl.envs.actions import WatermarkActions
 from kvrl.envs.common import KvrlEnv
 from kvrl.envs.config import WatermarkEnvConfig
-from kvrl.envs.features import ENGINE_FEATURES
+from kvrl.envs.features import engine_feature_names
 
 
 class WatermarkEnv(KvrlEnv):
@@ -29,7 +30,7 @@ class WatermarkEnv(KvrlEnv):
         super().__init__(config, task_overrides, render_mode)
         self.actions = WatermarkActions(self.config.action)
         self.action_space = self.actions.space
-        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(ENGINE_FEATURES),), dtype=np.float32)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(engine_feature_names(self.features)),), dtype=np.float32)
         self._ended = True
 
     @property

@@ -258,3 +258,73 @@ def test_live_backend_episode_runs_on_cpu():
     assert env.spec.nondeterministic
     _, _, info = rollout(env, seed=0)
     assert info["trace_end"] and info["metrics"]["finished"] == 6
+
+
+# ---------------------------------------------------------------- the task suite (issue 17)
+SUITE = ("watermark", "preemption", "pressure", "phased")
+
+
+@pytest.mark.parametrize("task", SUITE)
+def test_every_task_uses_the_shipped_profile(task):
+    _, cfg = load_task(task)
+    assert cfg.run["backend"]["profile"] == "auto"
+    env = gym.make("kvrl/Watermark-v0" if task != "preemption" else "kvrl/Preemption-v0",
+                   config=load_task(task, ["workload.max_requests=5"])[1])
+    assert "archive" not in env.unwrapped.session.executor.cost_source
+
+
+def test_history_features_extend_the_observation_and_the_saved_agent_sees_them(tmp_path):
+    from kvrl.envs.features import ENGINE_FEATURES, HISTORY_FEATURES
+
+    plain, hist = make("watermark"), make("watermark", "env.features.history=true")
+    assert plain.observation_space.shape == (len(ENGINE_FEATURES),)
+    assert hist.observation_space.shape == (len(ENGINE_FEATURES) + len(HISTORY_FEATURES),)
+    observations, _, _ = rollout(hist, seed=0, action=0)
+    stacked = np.stack(observations)
+    assert np.all((stacked >= 0) & (stacked <= 1))
+    names = ENGINE_FEATURES + HISTORY_FEATURES
+    demand = stacked[:, names.index("kv_demand")]
+    assert demand.max() > 0.3                       # the running batch's predicted KV demand shows
+    np.testing.assert_array_equal(stacked[:, :len(ENGINE_FEATURES)],
+                                  np.stack(rollout(plain, seed=0, action=0)[0]))   # the old features unchanged
+    from kvrl.envs.agent_io import algo_class
+
+    model = algo_class("ppo")("MlpPolicy", hist, seed=0, device="cpu", n_steps=32, batch_size=32)
+    model.save(str(tmp_path / "model.zip"))
+    write_meta(tmp_path, "ppo", hist.spec.id, hist.unwrapped.config)
+    outside = _engine_run("watermark", "watermark", {"name": "agent", "policy_path": str(tmp_path)},
+                          "env.features.history=true")
+    assert outside["finished"] == 80
+
+
+def test_step_time_sigma_perturbs_each_training_episodes_cost_model():
+    env = make("watermark", "env.episode.step_time_sigma=0.3").unwrapped
+    scales, durations = [], []
+    for seed in range(3):
+        _, _, info = rollout(env, seed=seed)
+        scales.append(env.step_time_scale)
+        durations.append(info["metrics"]["duration_s"])
+    assert len(set(scales)) == 3 and all(0.3 < s < 3.0 for s in scales)
+    assert len(set(durations)) == 3
+    rollout(env, seed=0)
+    assert env.step_time_scale == scales[0]                              # seeded
+    off = make("watermark").unwrapped
+    _, _, info = rollout(off, seed=0)
+    assert off.step_time_scale == 1.0 and off.session.executor.step_time_scale == 1.0
+    with pytest.raises(ValueError, match="step_time_sigma"):
+        make("watermark", "env.episode.step_time_sigma=-0.1")
+
+
+def test_phased_load_alternates_the_arrival_rate():
+    from kvrl.workloads.generators import phased_times
+
+    np.testing.assert_allclose(phased_times(np.array([0.0, 5.0, 10.0, 20.0, 30.0, 35.0]), [1.0, 2.0], 10.0),
+                               [0.0, 5.0, 10.0, 15.0, 20.0, 25.0])
+    reqs = build_workload({"name": "synthetic", "num_requests": 4000, "arrival": {"process": "poisson", "rate": 20.0},
+                           "rate_phases": [0.5, 2.0], "phase_s": 5.0}, vocab_size=1000)
+    t = np.array([r.arrival_s for r in reqs])
+    counts = np.histogram(t, bins=np.arange(0.0, 60.0 + 1e-9, 5.0))[0]
+    np.testing.assert_allclose(counts[0::2] / 5.0, 10.0, rtol=0.3)      # 0.5 x 20 requests/s
+    np.testing.assert_allclose(counts[1::2] / 5.0, 40.0, rtol=0.3)      # 2 x 20 requests/s
+    with pytest.raises(ValueError, match="rate_phases"):
+        build_workload({"name": "synthetic", "rate_phases": [1.0, 0.0]}, vocab_size=1000)

@@ -160,7 +160,8 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
         resolve_bins(cfg, out_dir)
     env_id, env_cfg = env_config_from_app(cfg)
     # validation: the whole val split at the scenario's rate (no load randomisation)
-    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=None)
+    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=None,
+                                      step_time_sigma=0.0)
     algo = cfg.agent.name
     check_compatible(algo, env_id, env_cfg)
     cls = algo_class(algo)

@@ -83,6 +83,9 @@ class SimExecutor(Executor):
         self.device = device
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
+        #: multiplies every step's compute time (domain randomisation of the cost model, set per
+        #: episode by the RL environments' ``env.episode.step_time_sigma``; 1.0 = the cost model as is)
+        self.step_time_scale = 1.0
         self._block_bytes = 0
         self._clock = 0.0
         self._swaps = SwapStream()
@@ -167,6 +170,7 @@ class SimExecutor(Executor):
                 sampled.append([])
         forward = self.step_time(num_tokens, num_sampled, kv_read, pairs) if batch.seqs else 0.0
         compute = forward + 2 * (len(batch.copies) + len(batch.swap_out)) * self._block_bytes / self.device.hbm_bw
+        forward, compute = forward * self.step_time_scale, compute * self.step_time_scale
         pcie = self._block_bytes / self.device.pcie_bw
         return StepOutput(sampled, self._timed(compute, forward, len(batch.swap_out) * pcie,
                                                len(batch.swap_in) * pcie))
@@ -203,11 +207,12 @@ class SimExecutor(Executor):
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
                             len(batch.copies), n_out, n_in, self.cuda_graphs)
+        compute *= self.step_time_scale
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute)
-        forward = m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared,
-                              rows, self.cuda_graphs)
+        forward = self.step_time_scale * m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv,
+                                                     dec_max, dec_shared, rows, self.cuda_graphs)
         return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)))
 
     def estimate_prefill_s(self, num_tokens: int) -> float:

@@ -173,7 +173,8 @@ def _synthetic(p, vocab, mml):
                                 arrival=p["arrival"], prompt_len=p["prompt_len"],
                                 output_len=p["output_len"], parallel_n=p["parallel_n"],
                                 parallel_prob=p["parallel_prob"], tenant=p["tenant"],
-                                priority=p["priority"])
+                                priority=p["priority"], rate_phases=p["rate_phases"],
+                                phase_s=p["phase_s"])
 
 
 def _shared_prefix(p, vocab, mml):
@@ -300,6 +301,9 @@ _register("synthetic", "independent requests with random lengths", {
     "output_len": _length_param(
         "output length distribution", "lognormal", mean=128.0, cv=1.0, field="output"),
     **STREAM,
+    "rate_phases": Param("floats", None, "load phases: rate factors applied in turn, cycling "
+                                         "(null = stationary)", nullable=True, gt=0),
+    "phase_s": Param("float", 10.0, "length of each load phase in s (with rate_phases)", gt=0),
 }, _synthetic)
 _register("shared_prefix", "k system prompts shared by groups of requests", {
     "num_requests": Param("int", 500, "number of requests", lo=0),

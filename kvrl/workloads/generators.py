@@ -141,20 +141,45 @@ def _count(name: str, v: int, lo: int = 0) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+def phased_times(times: np.ndarray, rate_phases: Sequence[float], phase_s: float) -> np.ndarray:
+    """Arrival times of a process whose rate is multiplied by ``rate_phases[k]`` during the
+    ``k``-th phase of ``phase_s`` seconds, cycling through the list: ``times`` (drawn at the base
+    rate) are mapped through the inverse of the cumulative rate factor, so the arrival order and
+    the inter-arrival distribution's shape are kept and the rate is piecewise constant."""
+    factors = np.asarray([float(f) for f in rate_phases], dtype=np.float64)
+    if factors.size == 0 or not np.all(np.isfinite(factors) & (factors > 0)):
+        raise ValueError(f"rate_phases must be a non-empty list of numbers > 0, got {list(rate_phases)!r}")
+    if not (math.isfinite(phase_s) and phase_s > 0):
+        raise ValueError(f"phase_s must be a finite number > 0, got {phase_s!r}")
+    base = np.concatenate([[0.0], np.cumsum(factors * phase_s)])   # base time at each phase start
+    cycle = base[-1]
+    t = np.asarray(times, dtype=np.float64)
+    n_cycles = np.floor(t / cycle)
+    rest = t - n_cycles * cycle
+    k = np.clip(np.searchsorted(base, rest, side="right") - 1, 0, factors.size - 1)
+    return n_cycles * factors.size * phase_s + k * phase_s + (rest - base[k]) / factors[k]
+
+
 def synthetic(num_requests: int = 200, *, vocab_size: int, seed: int = 0,
               arrival: "ArrivalProcess | Mapping" = ArrivalProcess("poisson", 5.0),
               prompt_len: "LengthDist | Mapping" = LengthDist("uniform", low=32, high=512),
               output_len: "LengthDist | Mapping" = LengthDist("lognormal", mean=128, cv=1.0),
               parallel_n: int = 1, parallel_prob: float = 1.0, tenant: str = "default",
               priority: int = 0, slo_ttft_s: Optional[float] = None,
-              slo_tpot_s: Optional[float] = None, id_prefix: str = "syn") -> list[Request]:
-    """``num_requests`` independent requests with random prompts of random lengths."""
+              slo_tpot_s: Optional[float] = None, id_prefix: str = "syn",
+              rate_phases: Optional[Sequence[float]] = None, phase_s: float = 10.0) -> list[Request]:
+    """``num_requests`` independent requests with random prompts of random lengths.
+
+    ``rate_phases`` (null = a stationary rate): load phases of ``phase_s`` seconds each, the
+    arrival rate multiplied by each factor in turn, cycling (:func:`phased_times`)."""
     vocab_size = check_vocab_size(vocab_size)
     num_requests = _count("num_requests", num_requests)
     spec = TenantSpec(name=tenant, arrival=arrival, prompt_len=prompt_len, output_len=output_len,
                       priority=priority, parallel_n=parallel_n, parallel_prob=parallel_prob,
                       slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
     times = spec.arrival.times(num_requests, make_rng(seed, "synthetic", "arrivals"))
+    if rate_phases is not None:
+        times = phased_times(times, rate_phases, phase_s)
     return sort_by_arrival(tenant_stream(spec, times, vocab_size=vocab_size, seed=seed,
                                          key=("synthetic",), id_prefix=id_prefix))
 
