@@ -8,6 +8,14 @@ serves the whole split with ``Engine.run``; with ``resample`` each seed serves a
 share of the split's requests at the same request rate (``subsample = resample``, ``rate_scale``
 divided by it), which is what makes the confidence intervals.
 
+Baselines tuned on ``val`` (:mod:`kvrl.apps.baselines`): each baseline named in ``tune.<kind>``
+runs every point of its grid on ``val`` (seeds ``tune_seeds``), and its val-best point runs on
+test as ``name(params) [val-tuned]``. With ``oracle`` (watermark task), the ``sweep`` also runs
+on test and its best mean is a reference line (kind ``oracle``: hindsight, not a competitor).
+Besides the first baseline and the val-picked watermark, every row gets a paired difference to
+the strongest competitor (the heuristic, val-best or val-tuned policy with the best mean test
+goodput) and to the oracle.
+
 Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
 ``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
 included), ``goodput.png`` (bars with CIs), ``traces.png`` (watermark and KV usage over time,
