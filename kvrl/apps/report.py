@@ -622,11 +622,16 @@ def _comparison_md(sweep: Sweep, summary: list[dict], base: int, comparisons: di
             "verdict at 95% in the metric's direction.\n\n" + markdown_table(rows, columns))
 
 
-def terminal_summary(path: Path) -> str:
-    """The ranked summary (and comparison) sections of ``report.md`` as plain text for the terminal."""
+def terminal_summary(path: Path, tables_only: bool = False) -> str:
+    """The ranked summary (and comparison) sections of ``report.md`` as plain text for the terminal;
+    ``tables_only``: without the title and common overrides (which name the sweep directory), for
+    documentation (scripts/docs_examples.sh)."""
     text = path.read_text()
     keep = [s for s in text.split("\n## ") if s.startswith(("Mean ± 95% CI", "Paired differences"))]
     head = text.split("\n## ")[0].strip()
+    if tables_only:      # sections as bold titles: the output goes inside other documents
+        head = "\n\n".join(p for p in head.split("\n\n") if not p.startswith(("# Sweep report", "Common overrides")))
+        return "\n\n".join([head, *("**{}**\n{}".format(*s.strip().split("\n", 1)) for s in keep)])
     return "\n\n".join([head, *("## " + s.strip() for s in keep)])
 
 
@@ -635,7 +640,7 @@ def _argv(argv: Sequence[str]) -> list[str]:
     out = []
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if eq and key in ("baseline", "holm", "out", "metrics", "rank"):
+        if eq and key in ("baseline", "holm", "out", "metrics", "rank", "tables"):
             out += [f"--{key}", value]
         else:
             out.append(arg)
@@ -661,6 +666,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--holm", type=_bool, nargs="?", const=True, default=False,
                         help="Holm-correct the comparisons' p-values over the settings")
     parser.add_argument("--rank", default=RANK_BY, help="metric the settings are ranked by")
+    parser.add_argument("--tables", type=_bool, nargs="?", const=True, default=False,
+                        help="print only the summary and comparison tables (no paths), e.g. for docs")
     args = parser.parse_args(_argv(sys.argv[1:] if argv is None else argv))
     try:
         files = report(args.sweep_dir, args.out, [m for m in args.metrics.split(",") if m], args.baseline,
@@ -668,7 +675,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"kvrl-report: {exc}", file=sys.stderr)
         return 1
-    print(terminal_summary(files["report.md"]))
+    print(terminal_summary(files["report.md"], args.tables))
+    if args.tables:
+        return 0
     print("wrote:")
     for path in files.values():
         print(f"  {path}")
