@@ -120,3 +120,237 @@ def test_eval_with_a_given_best_fixed_watermark_runs_no_val_sweep(trained, tmp_p
     rows = list(csv.DictReader((tmp_path / "given" / "results.csv").read_text().splitlines()))
     assert {r["split"] for r in rows} == {"test"}
     assert "fixed(fraction=0.2) [val-best, given]" in {r["policy"] for r in rows}
+
+
+# --- tooling that follows the scenario it is pointed at (issue 21) and resume (issue 15) ---
+
+def tiny_azure_csv(path, n=100):
+    """An Azure-format CSV trace of ``n`` requests one second apart (short prompts and outputs)."""
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(n):
+        lines.append(f"2023-11-16 18:{i // 60:02d}:{i % 60:02d}.0000000,{64 + 37 * i % 400},{4 + 7 * i % 40}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_select_scores_on_the_trace_it_is_pointed_at(trained, tmp_path):
+    from kvrl.workloads import build_workload
+
+    run_dir, _ = trained
+    trace = tiny_azure_csv(tmp_path / "tiny.csv")
+    out = tmp_path / "sel"
+    proc = app("selection", f"hydra.run.dir={out}", f"agents=[{run_dir}/checkpoints/agent_*_steps.zip]",
+               "workload=azure_csv", f"workload.path={trace}", "seed=0")
+    rows = list(csv.DictReader((out / "selection.csv").read_text().splitlines()))
+    assert len(rows) == 2 and {r["split"] for r in rows} == {"val"}
+    assert all(r["workload"] == f"azure_csv (file {trace})" for r in rows)
+    val = build_workload({"name": "azure_csv", "path": str(trace), "split": "val"}, vocab_size=1000)
+    assert all(int(r["requests"]) == len(val) for r in rows)        # the CSV's val split, not the code trace's
+    assert float(rows[0]["goodput_tok_s"]) >= float(rows[1]["goodput_tok_s"])
+    assert "trained on another scenario" in proc.stderr + proc.stdout and "workload.name" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("args, named", [(["bogus_key=1"], "bogus_key"), (["--task", "preemption"], "--task"),
+                                         (["agents=[/no/such/dir/*.zip]"], "/no/such/dir/*.zip")])
+def test_select_rejects_what_it_does_not_understand(tmp_path, args, named):
+    base = [] if args[0].startswith("agents=") else ["agents=[x]"]
+    proc = app("selection", f"hydra.run.dir={tmp_path / 's'}", *base, *args, check=False)
+    assert proc.returncode != 0 and named in proc.stderr + proc.stdout
+
+
+def test_relative_rate_scales_follow_workload_rate_scale():
+    import gymnasium as gym
+    import numpy as np
+
+    import kvrl.envs  # noqa: F401
+    from kvrl.envs.config import episode_rate_scales, load_task
+
+    small = ["workload=synthetic", "workload.num_requests=40", "workload.arrival.rate=30", "engine.num_blocks=256",
+             "env.episode.split=null", "env.episode.window_s=null", "env.episode.rate_scales=[0.5,1.0]"]
+    _, cfg = load_task("watermark", [*small, "workload.rate_scale=4"])
+    assert cfg.episode.rate_scales_relative and episode_rate_scales(cfg) == [2.0, 4.0]
+    _, default = load_task("watermark")           # the packaged task: 5-20x at rate_scale 20
+    assert episode_rate_scales(default) == pytest.approx([5, 7, 10, 14, 20])
+    _, absolute = load_task("watermark", [*small, "workload.rate_scale=4", "env.episode.rate_scales_relative=false"])
+    assert episode_rate_scales(absolute) == [0.5, 1.0]
+    env = gym.make("kvrl/Watermark-v0", config=cfg).unwrapped
+    whole = env.session.requests                  # at workload.rate_scale = 4
+    span = whole[-1].arrival_s - whole[0].arrival_s
+    spans = set()
+    for seed in range(8):
+        env.reset(seed=seed)
+        served = env.driver.pending
+        spans.add(round(served[-1].arrival_s - served[0].arrival_s, 9))
+    assert spans == {round(span * 2, 9), round(span, 9)}       # 2x and 4x the trace's rate
+    assert np.isfinite(span) and span > 0
+
+
+def test_useful_bins_span_the_values_within_the_tolerance_of_the_best():
+    from kvrl.apps.bins import useful_bins
+
+    fractions = [0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5]
+    val = [186.3, 190.9, 185.8, 150.5, 143.0, 126.2, 109.8, 84.6]     # docs/rl.md's code-trace val row
+    assert useful_bins(fractions, val, 0.35).bins == (0.0, 0.01, 0.05, 0.1, 0.2, 0.3)
+    assert useful_bins(fractions, val, 0.05).bins == (0.0, 0.01, 0.05)
+    assert useful_bins(fractions, val, 0.0).bins == (0.01,)
+    # a value inside the range that loses more than the tolerance is kept: the bins span the range
+    assert useful_bins([0.0, 0.1, 0.2], [100.0, 10.0, 95.0], 0.1).bins == (0.0, 0.1, 0.2)
+    with pytest.raises(ValueError, match="tolerance"):
+        useful_bins([0.0], [1.0], 1.5)
+
+
+def test_bins_auto_takes_the_useful_range_of_a_val_sweep(tmp_path):
+    from kvrl.apps.eval import Job, Policy, run_job
+    from kvrl.envs.config import load_task
+
+    sweep, tolerance = [0.0, 0.1, 0.3, 0.5], 0.2
+    scenario = [*TINY, f"env.action.auto.sweep=[{','.join(map(str, sweep))}]", f"env.action.auto.tolerance={tolerance}"]
+    run_dir = tmp_path / "auto"
+    proc = app("train", f"hydra.run.dir={run_dir}", *scenario, "env.action.bins=auto", "progress=false",
+               "train.total_timesteps=32", "train.n_envs=1", "train.vec_env=dummy", "train.eval_every=0",
+               "train.checkpoint_every=32", "agent.kwargs.n_steps=32", "agent.kwargs.batch_size=32")
+    # the val goodput of each fixed value, served here independently
+    _, cfg = load_task("watermark", scenario)
+    goodput = [run_job(cfg.run, "watermark", Job(Policy("f", "x", {"name": "fixed", "fraction": f}), "val", 0),
+                       None)["goodput_tok_s"] for f in sweep]
+    best = max(goodput)
+    useful = [f for f, g in zip(sweep, goodput) if g >= (1 - tolerance) * best]
+    expected = [f for f in sweep if min(useful) <= f <= max(useful)]
+    recorded = json.loads((run_dir / "bins_sweep.json").read_text())
+    assert recorded["val_goodput_tok_s"] == pytest.approx(goodput) and recorded["bins"] == expected
+    assert json.loads((run_dir / "agent.json").read_text())["env"]["action"]["bins"] == expected
+    assert "env.action.bins=auto" in proc.stderr + proc.stdout
+
+
+def test_task_differences_ignore_keys_that_do_not_change_the_task(trained):
+    import copy
+
+    from kvrl.apps.scenario import task_differences
+    from kvrl.envs.config import load_task
+
+    run_dir, _ = trained
+    saved = json.loads((run_dir / "agent.json").read_text())["env"]["run"]
+    _, here = load_task("watermark", TINY)
+    assert task_differences(saved, here.run, "watermark") == []
+    older = copy.deepcopy(saved)
+    del older["engine"]["pause_gc"]                   # saved before the key existed
+    assert task_differences(older, here.run, "watermark") == []
+    _, harness = load_task("watermark", [*TINY, "engine.pause_gc=false", "seed=3", "engine.policy_errors=raise"])
+    assert task_differences(saved, harness.run, "watermark") == []
+    _, other = load_task("watermark", [*TINY, "workload.rate_scale=10", "slo.tpot_s=0.01", "engine.num_blocks=512"])
+    diff = {d.key: (d.trained, d.here) for d in task_differences(saved, other.run, "watermark")}
+    assert diff == {"workload.rate_scale": (20.0, 10.0), "slo.tpot_s": (0.005, 0.01), "engine.num_blocks": (1024, 512)}
+
+
+def test_eval_on_the_agents_own_scenario_gives_no_warning(trained, tmp_path):
+    run_dir, _ = trained
+    meta = json.loads((run_dir / "agent.json").read_text())
+    del meta["env"]["run"]["engine"]["pause_gc"]      # as an agent saved before engine.pause_gc existed
+    agents = []
+    for name, rate in (("own", 20.0), ("other", 10.0)):
+        meta["env"]["run"]["workload"]["rate_scale"] = rate
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "agent.json").write_text(json.dumps(meta))
+        (tmp_path / name / "model.zip").write_bytes((run_dir / "model.zip").read_bytes())
+        agents.append(str(tmp_path / name))
+    app("eval", f"hydra.run.dir={tmp_path / 'e'}", f"agents=[{','.join(agents)}]", *EVAL, "sweep=[]", "plots=false",
+        "seeds=[0]", "baselines.watermark=[{name: fixed, fraction: 0.01}]")
+    notes = [line for line in (tmp_path / "e" / "leaderboard.md").read_text().splitlines() if "another scenario" in line]
+    assert len(notes) == 1 and "/other/model.zip" in notes[0] and "/own/" not in notes[0]
+    assert "differs in: workload.rate_scale (trained 10.0, here 20.0)" in notes[0]
+
+
+def test_latest_is_the_newest_agent_of_the_same_scenario(trained, tmp_path):
+    import os
+
+    from kvrl.apps.scenario import newest_agent
+    from kvrl.envs.config import load_task
+
+    run_dir, _ = trained
+    _, here = load_task("watermark", TINY)
+    meta = json.loads((run_dir / "agent.json").read_text())
+    runs = tmp_path / "runs"
+    for name, rate, mtime in (("same", 20.0, 1000), ("other", 10.0, 2000)):     # "other" is newer
+        (runs / name).mkdir(parents=True)
+        meta["env"]["run"]["workload"]["rate_scale"] = rate
+        (runs / name / "agent.json").write_text(json.dumps(meta))
+        (runs / name / "model.zip").write_bytes(b"zip")
+        os.utime(runs / name / "model.zip", (mtime, mtime))
+    assert newest_agent("kvrl/Watermark-v0", here.run, runs, "watermark") == runs / "same" / "model.zip"
+    (runs / "same" / "agent.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no agent trained on kvrl/Watermark-v0 in this scenario.*"
+                                                r"workload.rate_scale \(trained 10.0, here 20.0\)"):
+        newest_agent("kvrl/Watermark-v0", here.run, runs, "watermark")
+
+
+def test_outputs_name_the_workload_by_what_was_loaded(tmp_path):
+    from kvrl.envs.config import describe_workload, load_task
+
+    trace = tiny_azure_csv(tmp_path / "t.csv")
+    _, cfg = load_task("watermark", [f"workload.path={trace}"])       # no workload=azure_csv
+    assert describe_workload(cfg.run["workload"]) == f"azure_code (file {trace})"
+    _, packaged = load_task("watermark")
+    assert describe_workload(packaged.run["workload"]) == "azure_code (packaged trace)"
+
+
+def test_eval_reports_each_job_as_it_finishes_with_two_workers(caplog):
+    import logging
+
+    from kvrl.apps.eval import Job, Policy, run_jobs
+    from kvrl.envs.config import load_task
+
+    _, cfg = load_task("watermark", ["workload=synthetic", "workload.num_requests=30", "workload.rate_scale=1.0",
+                                     "engine.num_blocks=256"])
+    jobs = [Job(Policy(f"fixed {f}", "x", {"name": "fixed", "fraction": f}), split, 0)
+            for f in (0.0, 0.2) for split in ("val", "test")][:3]
+    with caplog.at_level(logging.INFO, logger="kvrl.eval"):
+        results = run_jobs(cfg.run, "watermark", jobs, None, workers=2, chunk=2)
+    assert [(r["policy"], r["split"]) for r in results] == [(j.policy.label, j.split) for j in jobs]
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
+    assert [m.split("]")[0] for m in done] == ["[1/3", "[2/3", "[3/3"]
+    assert sorted(m.split("] ")[1].split(":")[0] for m in done) == sorted(
+        f"{j.policy.label} on {j.split}, seed 0" for j in jobs)
+
+
+DQN = [*TINY, "agent=dqn", "progress=false", "train.n_envs=1", "train.vec_env=dummy", "train.eval_every=16",
+       "train.checkpoint_every=16", "agent.kwargs.learning_starts=4", "agent.kwargs.batch_size=4",
+       "agent.kwargs.buffer_size=100"]
+
+
+def test_resume_of_a_dqn_run_continues_it(tmp_path):
+    import numpy as np
+
+    run = tmp_path / "dqn"
+    app("train", f"hydra.run.dir={run}", *DQN, "train.total_timesteps=32")
+    first_rows = (run / "progress.csv").read_text().splitlines()
+    # an interrupted run: no final model yet, and its newest checkpoint truncated
+    (run / "model.zip").unlink()
+    (run / "summary.json").unlink()
+    newest = run / "checkpoints" / "agent_32_steps.zip"
+    newest.write_bytes(newest.read_bytes()[:100])
+    # as the README writes it: no agent=dqn on the command line
+    proc = app("train", f"hydra.run.dir={run}", "resume=true", "train.total_timesteps=48")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algo"] == "dqn" and summary["timesteps"] == 48
+    assert summary["resumed_from"].endswith("agent_16_steps.zip")
+    assert str(newest) in summary["unreadable_checkpoints"][0] and str(newest) in proc.stderr + proc.stdout
+    assert json.loads((run / "agent.json").read_text())["algo"] == "dqn"
+    assert "name: dqn" in (run / "config.yaml").read_text()
+    with np.load(run / "evaluations.npz") as ev:
+        assert list(ev["timesteps"]) == [16, 32, 48]            # the first segment's evaluation at 16 kept
+    rows = (run / "progress.csv").read_text().splitlines()
+    assert rows[0] == first_rows[0] and rows[1] == first_rows[1] and len(rows) > len(first_rows) - 1
+    # a finished run is not restarted
+    stamp = (run / "model.zip").stat().st_mtime_ns
+    again = app("train", f"hydra.run.dir={run}", "resume=true", "train.total_timesteps=48")
+    assert "is finished" in again.stdout and (run / "model.zip").stat().st_mtime_ns == stamp
+    # a resume cannot change the run's agent or scenario
+    changed = app("train", f"hydra.run.dir={run}", "resume=true", "agent=ppo", "train.total_timesteps=64", check=False)
+    assert changed.returncode != 0 and "agent" in changed.stderr and "dqn" in changed.stderr
+
+
+@pytest.mark.parametrize("steps", [0, -5])
+def test_train_rejects_a_non_positive_total_timesteps(tmp_path, steps):
+    proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, f"train.total_timesteps={steps}", check=False)
+    assert proc.returncode != 0 and "train.total_timesteps" in proc.stderr
+    assert not (tmp_path / "t" / "model.zip").exists()

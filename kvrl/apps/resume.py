@@ -3,9 +3,10 @@ its history (``progress.csv``, ``evaluations.npz``) kept and appended to.
 
 ``kvrl-train resume=true hydra.run.dir=<run>``:
 
-* the config is the run's ``config.yaml``; the command line may change only ``train.*``,
-  ``progress`` and ``logger`` (e.g. a larger ``train.total_timesteps`` to continue a finished
-  run); any other override that disagrees with the run's config is an error naming the key;
+* the config is the run's ``config.yaml``; the command line may change only
+  :data:`RESUMABLE_KEYS` (e.g. a larger ``train.total_timesteps`` to continue a finished run,
+  ``logger``, ``progress``); any other override that disagrees with the run's config (the agent,
+  the scenario, ``train.n_envs``) is an error naming the key;
 * a run whose ``summary.json`` already reaches ``train.total_timesteps`` is finished: nothing
   is trained or written, and the app says so;
 * the model is the newest readable of ``checkpoints/agent_<N>_steps.zip`` and, after a finished
@@ -32,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger("kvrl.train")
 
 CHECKPOINT_PREFIX = "agent"
-RESUMABLE_KEYS = ("train", "progress", "logger", "resume")     # what a resume may change
+RESUMABLE_KEYS = ("train.total_timesteps", "train.eval_every", "train.checkpoint_every", "train.vec_env",
+                  "train.torch_threads", "progress", "logger", "resume")     # what a resume may change
 STEPS_COLUMN = "time/total_timesteps"
 
 
@@ -75,10 +77,10 @@ def _plain(node: Any) -> Any:
 
 
 def restore_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> Optional[DictConfig]:
-    """The run's ``config.yaml`` with the resumable keys (``train``, ``progress``, ``logger``)
-    taken from ``cfg`` (the composed command line); None when the run has no ``config.yaml``.
-    ``overrides`` are the command line's (Hydra's ``overrides.task``): one that sets a key outside
-    the resumable ones to a value the run did not have raises :class:`ResumeError`."""
+    """The run's ``config.yaml`` with the command line's overrides of :data:`RESUMABLE_KEYS`
+    applied (their values taken from ``cfg``, the composed command line); None when the run has no
+    ``config.yaml``. ``overrides`` are the command line's (Hydra's ``overrides.task``): one that
+    sets another key to a value the run did not have raises :class:`ResumeError`."""
     path = run_dir / "config.yaml"
     if not path.is_file():
         return None
@@ -90,10 +92,13 @@ def restore_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     given = cfg.copy()
     if OmegaConf.select(given, "env.action.bins") == "auto" and sweep.is_file():
         given.env.action.bins = json.loads(sweep.read_text())["bins"]     # resolved when the run started
-    conflicts = []
+    conflicts, changes = [], []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
-        if key.startswith("hydra.") or key.split(".")[0] in RESUMABLE_KEYS:
+        if key.startswith("hydra."):
+            continue
+        if any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS):
+            changes.append(key)
             continue
         was, now = _plain(OmegaConf.select(saved, key)), _plain(OmegaConf.select(given, key))
         if was != now:
@@ -101,12 +106,11 @@ def restore_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
                              f"{json.dumps(now, default=str)})")
     if conflicts:
         raise ResumeError(f"resume=true continues {run_dir} with its own config ({path}); the command line changes "
-                          f"{'; '.join(conflicts)}. Only train.*, progress and logger may change on resume; "
-                          f"train another run (a new hydra.run.dir) to change the rest")
+                          f"{'; '.join(conflicts)}. Only {', '.join(RESUMABLE_KEYS[:-1])} may change on "
+                          f"resume; train another run (a new hydra.run.dir) to change the rest")
     restored = saved.copy()
-    for key in RESUMABLE_KEYS:
-        if key in cfg:
-            restored[key] = cfg[key]
+    for key in changes:
+        OmegaConf.update(restored, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     return restored
 
 
