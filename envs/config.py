@@ -53,7 +53,7 @@ class RewardConfig:
     met their TTFT/TPOT SLOs; ``throughput``: output tokens of every request that finished in the
     step) minus ``recompute_penalty`` x recomputed tokens minus ``swap_penalty`` x swapped tokens
     (blocks moved out or in, times the block size). Summed over an episode, the goodput term is
-    the run's goodput (DESIGN.md section 5) times its duration.
+    the run's goodput (docs/design.md §5) times its duration.
     """
 
     kind: str = "goodput"

@@ -1,4 +1,4 @@
-"""Property tests of the engine's invariants (DESIGN.md §2) over random operation sequences."""
+"""Property tests of the engine's invariants (docs/design.md §2) over random operation sequences."""
 from __future__ import annotations
 
 import numpy as np

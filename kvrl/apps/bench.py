@@ -1,6 +1,6 @@
 """``kvrl-bench``: end-to-end throughput of the live engine against Hugging Face transformers.
 
-The workload of DESIGN.md §7 (nano-vllm's benchmark): ``num_requests`` requests whose prompt and
+The workload of docs/design.md §11 (nano-vllm's benchmark): ``num_requests`` requests whose prompt and
 output lengths are uniform in [``min_len``, ``max_len``], random prompt ids, seed 0, a random
 Qwen3-0.6B-shaped bf16 checkpoint; all requests arrive at t=0; throughput = output tokens / wall
 time. The same run measures transformers' continuous batching (``generate_batch`` machinery) and

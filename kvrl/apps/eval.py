@@ -183,7 +183,7 @@ class JobProgress:
 
         self.jobs = jobs
         self.done = 0
-        self.bar = tqdm(total=len(jobs), unit="job", desc="kvrl-eval jobs", disable=None, leave=False)
+        self.bar = tqdm(total=len(jobs), unit="job", desc="jobs", disable=None, leave=False)
 
     def report(self, index: int, goodput: float, wall_s: float) -> None:
         from tqdm.contrib.logging import logging_redirect_tqdm

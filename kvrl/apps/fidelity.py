@@ -44,7 +44,7 @@ METRICS = (
     ("kv_utilization", "KV utilization", 0),
 )
 RANK_METRICS = ("goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "tpot_mean_s")
-#: DESIGN.md section 7 / issue targets: metric -> largest acceptable absolute relative error
+#: docs/design.md §11 / issue targets: metric -> largest acceptable absolute relative error
 TARGETS = {"throughput_tok_s": 0.05, "ttft_p50_s": 0.10, "tpot_p50_s": 0.10}
 
 

@@ -111,6 +111,7 @@ def restore_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> 
     restored = saved.copy()
     for key in changes:
         OmegaConf.update(restored, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
+    restored.resume = True
     return restored
 
 

@@ -1,7 +1,7 @@
 """``kvrl-run``: serve a workload through the engine with the configured policies.
 
 Writes into the Hydra run directory (``runs/run/<date>/<HH-MM-SS-microseconds-random>`` by default,
-unique per launch): ``metrics.json`` (DESIGN.md §5), ``steps.csv`` (one row per engine step),
+unique per launch): ``metrics.json`` (docs/design.md §5), ``steps.csv`` (one row per engine step),
 ``requests.csv`` (one row per request: rejected and dropped ones too, with what clipping changed),
 ``kv_usage.png`` and ``config.yaml`` (the resolved config), then prints a summary table. With ``logger=csv|wandb`` the
 job's metrics and plot also go to the tracker (kvrl/apps/tracking.py), inside the job.

@@ -84,7 +84,7 @@ def _tracker_writer(tracker):
 
 
 def _episode_metrics_callback():
-    """Logs the DESIGN.md section 5 metrics of every finished training episode (goodput, ...)."""
+    """Logs the docs/design.md §5 metrics of every finished training episode (goodput, ...)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class EpisodeMetrics(BaseCallback):

@@ -1,4 +1,4 @@
-"""Metrics: one definition, used by every app, environment and benchmark (DESIGN.md §5).
+"""Metrics: one definition, used by every app, environment and benchmark (docs/design.md §5).
 
 Units: seconds of engine time (the executor's reported step durations plus idle gaps between
 arrivals), tokens, blocks; ``policy_time_s`` and the host-gap counts are wall seconds.
@@ -82,7 +82,7 @@ def _pct(values: list[float], q: float) -> float:
 
 @dataclass
 class MetricsCollector:
-    """Accumulates per-step rows and per-request records; :meth:`summary` gives DESIGN.md §5."""
+    """Accumulates per-step rows and per-request records; :meth:`summary` gives docs/design.md §5."""
 
     num_blocks: int
     block_size: int
@@ -157,7 +157,7 @@ class MetricsCollector:
                 "long_host_gaps": self.long_host_gaps, "uncounted_host_gap_s": self.uncounted_host_gap_s}
 
     def summary(self) -> dict[str, float]:
-        """Run-level metrics (DESIGN.md §5) plus ``rejected``, ``aborted``, ``clipped`` (accepted requests
+        """Run-level metrics (docs/design.md §5) plus ``rejected``, ``aborted``, ``clipped`` (accepted requests
         whose lengths the workload cut to fit ``max_model_len``) and ``dropped`` (requests the workload
         removed, never submitted; not in ``requests``) counts."""
         recs = list(self.requests.values())
