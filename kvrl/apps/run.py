@@ -63,7 +63,8 @@ def main(cfg: DictConfig) -> float:
     with tracking.start_run(cfg, out_dir, app="run") as tracker:
         metrics = run(cfg, out_dir)
         tracker.log(metrics, images={"kv_usage": out_dir / "kv_usage.png"})
-    print(summary_table(f"kvrl-run ({cfg.backend.name}) -> {out_dir}", metrics))
+    print(summary_table(f"kvrl-run ({cfg.backend.name})", metrics))
+    print(f"outputs: {out_dir}")          # on its own line: a rich title would wrap the path mid-name
     return metrics["goodput_tok_s"]
 
 
