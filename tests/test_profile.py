@@ -316,9 +316,10 @@ def test_sim_prices_a_step_as_the_model_prices_its_batch_features(cpu_profile):
     for kw in ({"decode_lens": [40, 300, 17]}, {"prefills": [(64, 0), (16, 200)]},
                {"decode_lens": [90, 500], "prefills": [(32, 64)], "copies": 2}):
         batch = factory.batch(**kw)
+        batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting = 2, 1, 3, 40
         for i, item in enumerate(batch.seqs):
-            item.seq.num_cached_prompt_tokens = 48 * (i % 2)    # every other sequence had a prefix hit
-        f = P.batch_features(batch)
+            item.seq.shared_prefix_tokens = 48 * (i % 2)    # every other sequence had a prefix hit
+        f = {**P.batch_features(batch), **P.host_work(batch)}
         assert f["dec_shared"] == sum(min(48 * (i % 2), it.start + 1) for i, it in enumerate(batch.seqs)
                                       if it.num_tokens == 1)
         assert sim.execute(batch).elapsed_s == pytest.approx(prof.model.predict_features(f, host=True), rel=1e-12)
@@ -485,3 +486,116 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "need the output directory of a kvrl-fidelity run" in bad.stderr
+
+
+# ------------------------------------------------------------------------------ pressure-aware terms
+def test_fit_host_recovers_the_host_work_terms_and_old_rows_still_fit():
+    """Host gaps that grow with admissions, preemptions, finishes and queue length are fitted
+    term by term (fit version 8); rows of older profiles (three columns) fit those terms as zero."""
+    rng = np.random.default_rng(0)
+    truth = {"base": 40e-6, "per_seq": 2e-6, "per_prefill": 5e-6, "per_admit": 30e-6, "per_preempt": 80e-6,
+             "per_finish": 10e-6, "per_waiting": 0.5e-6, "per_prefill_token": 0.05e-6}
+    rows = []
+    for _ in range(400):
+        s, p, a, e, f, w, t = (int(rng.integers(0, hi)) for hi in (256, 8, 6, 4, 10, 300, 4000))
+        gap = (truth["base"] + truth["per_seq"] * s + truth["per_prefill"] * p + truth["per_admit"] * a
+               + truth["per_preempt"] * e + truth["per_finish"] * f + truth["per_waiting"] * w
+               + truth["per_prefill_token"] * t)
+        rows.append([s, p, gap, a, e, f, w, t])
+    fitted = P.fit_host(rows)
+    for k, v in truth.items():
+        assert fitted[k] == pytest.approx(v, rel=1e-6, abs=1e-12), k
+    old = P.fit_host([r[:3] for r in rows])
+    assert all(old[k] == 0.0 for k in P.HOST_WORK_TERMS)
+
+
+def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
+    """The same batch costs more host time when the engine admitted and preempted around it, by
+    exactly the profile's host-work terms; a fit-version-7 host model (no such terms) prices it
+    as before."""
+    from kvrl.apps.profile_app import BatchFactory
+
+    prof = P.StepProfile.load(cpu_profile)
+    prof.model.host = {**prof.model.host, "per_admit": 1e-4, "per_preempt": 2e-4, "per_finish": 0.0,
+                       "per_waiting": 1e-6, "per_prefill_token": 0.0}
+    prof.model._build()
+    sim = SimExecutor(TINY, CPU, seed=0, profile=prof)
+    sim.allocate_kv(4096, 0, 16)
+    factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
+    quiet = sim.execute(factory.batch(decode_lens=[40, 300])).elapsed_s
+    busy_batch = factory.batch(decode_lens=[40, 300])
+    busy_batch.num_admitted, busy_batch.num_preempted, busy_batch.num_waiting = 3, 2, 50
+    busy = sim.execute(busy_batch).elapsed_s
+    assert busy - quiet == pytest.approx(3e-4 + 4e-4 + 50e-6, rel=1e-9)
+    for k in P.HOST_WORK_TERMS:
+        prof.model.host.pop(k)
+    prof.model._build()
+    assert sim.execute(busy_batch).elapsed_s == pytest.approx(quiet, rel=1e-12)
+
+
+def test_engine_reports_host_work_and_shared_prefix_tokens_per_step():
+    """Every batch carries what the engine did while scheduling it (admissions, preemptions,
+    finishes of the previous step, queue length), and a sequence's prefix-cache tokens are
+    counted as shared only while it holds the cached blocks: a swap-in gets private copies."""
+    from tests.helpers import make_engine, make_request
+
+    eng = make_engine(num_blocks=24, block_size=4, num_cpu_blocks=64, eviction_params={"mode": "swap"})
+    system = list(range(1, 17))                           # 4 full blocks shared by every request
+    reqs = [make_request(f"r{i}", tokens=system + [100 + i] * 3, output_len=30, arrival_s=0.0) for i in range(6)]
+    for r in reqs:
+        eng.add_request(r)
+    admitted = preempted = 0
+    finished_before = 0                                  # sequences finished when the last batch was planned
+    seen_shared = seen_swapped_private = False
+    while eng.has_unfinished:
+        waiting, finished_now = len(eng.waiting) + len(eng.preempted), len(eng.metrics.finished_output_lens)
+        batch = eng.step()
+        assert batch.num_waiting == waiting and batch.num_finished == finished_now - finished_before
+        finished_before = finished_now
+        admitted += batch.num_admitted
+        preempted += batch.num_preempted
+        seen_shared |= any(item.seq.shared_prefix_tokens > 0 for item in batch.seqs)
+        for seq in eng.swapped:
+            assert seq.shared_prefix_tokens == 0
+            seen_swapped_private = True
+    assert seen_shared and seen_swapped_private
+    assert preempted == eng.metrics.preemptions > 0
+    assert admitted == len(reqs) + eng.metrics.preemptions     # every preempted sequence came back once
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def test_fingerprint_ignores_docstrings_and_comments_but_not_code():
+    from kvrl.executors.fingerprint import source_digest
+
+    base = "def f(x):\n    return x + 1\n"
+    assert source_digest(base) == source_digest('"""doc"""\n# note\ndef f(x):\n    """d"""\n    return x + 1  # c\n')
+    assert source_digest(base) != source_digest("def f(x):\n    return x + 2\n")
+
+
+def test_staleness_flags_a_changed_fingerprint_unless_the_profile_says_why():
+    """A deliberately changed code hash makes the check fail (the CI test below then fails);
+    recording the tree's hash with a reason in the profile accepts it; no fingerprint at all is stale."""
+    from kvrl.executors.fingerprint import code_fingerprint, staleness
+
+    tree = code_fingerprint()
+    assert staleness({"fingerprint": {"code": tree}}) is None
+    changed = {"fingerprint": {"code": "0" * 16}}
+    assert "re-profile" in staleness(changed)
+    assert staleness({**changed, "fingerprint_accepted": [{"code": tree, "why": "comment-only kernel edit"}]}) is None
+    assert staleness({**changed, "fingerprint_accepted": [{"code": tree, "why": ""}]}) is not None
+    assert "no code fingerprint" in staleness({})
+
+
+def test_sim_warns_once_when_its_profile_is_stale(cpu_profile, caplog):
+    import kvrl.executors.sim as sim_mod
+
+    prof = P.StepProfile.load(cpu_profile)
+    assert prof.meta["fingerprint"]["code"]               # kvrl-profile records it
+    prof.meta["fingerprint"] = {**prof.meta["fingerprint"], "code": "f" * 16}
+    prof.path = f"{cpu_profile}-stale"
+    caplog.set_level(logging.WARNING, logger="kvrl.executors.sim")
+    sim_mod._WARNED_STALE.discard(prof.path)
+    first = SimExecutor(TINY, CPU, profile=prof)
+    SimExecutor(TINY, CPU, profile=prof)
+    assert first.profile_staleness and "re-profile" in first.profile_staleness
+    assert sum("re-profile" in r.message for r in caplog.records) == 1

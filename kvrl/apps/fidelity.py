@@ -86,14 +86,15 @@ class _Recorder:
         """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
         sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
         and the sim's host term (so the run can be re-priced offline with another profile)."""
-        from kvrl.executors.profile import batch_features
+        from kvrl.executors.profile import HOST_WORK, batch_features, host_work
 
         model = pricer.profile.model if pricer.profile is not None else None
         rows = []
         for batch, live_s, inside_s in zip(self.batches, self.elapsed, self.inside):
-            f = batch_features(batch)
+            f = {**batch_features(batch), **host_work(batch)}
             n_dec, n_pre = f["n_dec"], f["n_pre"]
-            host_s = model.host_s(n_pre + n_dec, n_pre) if model is not None and batch.seqs else 0.0
+            host_s = model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
+                if model is not None and batch.seqs else 0.0
             rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
                          "graph": int(self.inner.uses_graph(n_pre, n_dec))})

@@ -390,15 +390,18 @@ class _Timed:
         return out
 
 
-def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int) -> list[tuple[dict, float, float]]:
+def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
+             eviction: Optional[dict] = None) -> list[tuple[dict, float, float]]:
     """Serve a small workload through a real engine on ``ex`` (uniform lengths, every other
-    request behind one of ``host_shared_prefix[0]`` shared prefixes); returns per step
-    (features, seconds inside execute, live elapsed_s)."""
+    request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
+    config; default lifo); returns per step (features incl. :data:`HOST_WORK`, seconds inside
+    execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
+    the host model sees preemptions, swaps and re-admissions."""
     from kvrl import plugins
     from kvrl.engine.config import EngineConfig
     from kvrl.engine.engine import Engine
     from kvrl.engine.request import Request
-    from kvrl.executors.profile import batch_features
+    from kvrl.executors.profile import batch_features, host_work
 
     rng = np.random.default_rng(seed + 31)
     n = g["host_requests"]
@@ -423,10 +426,11 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
                        max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
                        max_model_len=max_len)
     eng = Engine(cfg, timed, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                 plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "hash_lru"), record_steps=True)
+                 plugins.create_from_config("eviction", dict(eviction or {"name": "lifo"})),
+                 plugins.create("prefix_cache", "hash_lru"), record_steps=True)
     eng.run(reqs)
     # the first steps follow an idle gap (elapsed_s then counts only execute)
-    return [(batch_features(b), inner, el) for b, inner, el in timed.rows[2:]]
+    return [({**batch_features(b), **host_work(b)}, inner, el) for b, inner, el in timed.rows[2:]]
 
 
 def engine_samples(ex, steps) -> list[dict]:
@@ -466,7 +470,9 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     """Measure ``ex`` over ``grid``, fit, and return the :class:`StepProfile` (not yet saved)."""
     import torch
 
-    from kvrl.executors.profile import ProfileKey, StepModel, StepProfile, error_stats, fit_engine_factor, fit_host
+    from kvrl.executors.fingerprint import profile_fingerprint
+    from kvrl.executors.profile import (HOST_WORK, ProfileKey, StepModel, StepProfile, error_stats, fit_engine_factor,
+                                        fit_host)
 
     max_len = ex.max_model_len
     nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
@@ -495,6 +501,13 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     # the engine run: its steps are fitted with the grid (in-engine step times, prefix hits,
     # chunked prefills as an engine schedules them) and its gaps give the host model
     steps = host_run(ex, grid, nb, n_cpu, block_size, seed)
+    # and under memory pressure (a pool of a quarter of the run's demand; recompute, then swap
+    # victims): mixed steps of re-prefills beside decodes, preemptions, swaps and re-admissions
+    demand = grid["host_requests"] * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size
+    tight = max(demand // 4, 4 * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size)
+    if tight < nb:
+        for i, evict in enumerate(({"name": "lifo", "mode": "recompute"}, {"name": "most_blocks", "mode": "swap"})):
+            steps += host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict)
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
@@ -506,7 +519,8 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     by_group = {g: error_stats(pred(sel), [s["t"] for s in sel]) for g in sorted({s["group"] for s in samples})
                 for sel in [[s for s in samples if s["group"] == g]]}
 
-    host_rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0)) for f, inner, el in steps]
+    host_rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0), *(f[k] for k in HOST_WORK))
+                 for f, inner, el in steps]
     model.host = fit_host(host_rows)
     model.engine_factor = fit_engine_factor(model, engine)
     model._build()
@@ -530,7 +544,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             "grid": grid, "fit_stat": grid.get("fit_stat", "median"),
             "timing": f"{grid.get('fit_stat', 'median')} of LiveExecutor.execute wall time (synchronised) after warm-up",
             "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
-            "holdout_seed": seed}
+            "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex))}
     # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
     # a refit from the file, after a fit-version change, uses the subset)
     key = profile_key_dict(ex)

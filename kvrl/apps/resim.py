@@ -65,14 +65,15 @@ def sim_target(profile) -> tuple[Any, Any]:
 
 def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
     """The recorded live steps of ``replay_csv`` priced by ``model`` (compute stream + host term)."""
-    from kvrl.executors.profile import FEATURES
+    from kvrl.executors.profile import FEATURES, HOST_WORK
 
     rows = []
     with open(replay_csv) as f:
         for r in csv.DictReader(f):
-            feats = {k: int(float(r[k])) for k in (*FEATURES, "copies", "swap_out", "swap_in") if k in r}
+            feats = {k: int(float(r[k])) for k in (*FEATURES, *HOST_WORK) if k in r}
             busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
-            host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0)) if busy else 0.0
+            host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
+                                *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
             rows.append({"live_s": float(r["live_s"]), "live_execute_s": float(r["live_execute_s"]), "kind": r["kind"],
                          "sim_s": model.predict_features(feats, cuda_graphs, host=True), "sim_host_s": host})
     return rows

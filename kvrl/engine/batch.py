@@ -35,6 +35,12 @@ class ScheduledBatch:
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (gpu_block, cpu_block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (cpu_block, gpu_block)
     copies: list[tuple[int, int]] = field(default_factory=list)     # (src_gpu_block, dst_gpu_block)
+    # what the engine did on the host around this step (the sim prices the engine's time between
+    # steps from these; see kvrl.executors.profile.HOST_FEATURES)
+    num_admitted: int = 0     # sequences admitted or swapped in while scheduling this step
+    num_preempted: int = 0    # sequences preempted while scheduling this step
+    num_waiting: int = 0      # waiting + recompute-preempted sequences when scheduling began
+    num_finished: int = 0     # sequences finished by the previous step's apply
 
     @property
     def num_tokens(self) -> int:

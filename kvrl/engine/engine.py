@@ -109,6 +109,7 @@ class Engine:
         self._next_seq_id = 0
         self._admit_counter = 0
         self._pending_copies: list[tuple[int, int]] = []   # fork copies for the next step
+        self._finished_at_schedule = 0                     # finished sequences counted into a batch so far
         self.view = EngineView(self)
         for policy in (scheduler, watermark, eviction, prefix_cache):
             policy.bind(self.view)
@@ -297,6 +298,7 @@ class Engine:
             batch.swap_out.extend(pairs)
             self.metrics.swapped_out_blocks += len(pairs)
             seq.status = SeqStatus.SWAPPED
+            seq.shared_prefix_tokens = 0     # swapped back in to private blocks
             self.swapped.append(seq)
         else:
             mode = PreemptionMode.RECOMPUTE
@@ -447,6 +449,7 @@ class Engine:
                     self.metrics.prompt_tokens_looked_up += seq.prompt_len
                     self.metrics.prompt_tokens_hit += start
                     seq.num_cached_prompt_tokens = start
+                seq.shared_prefix_tokens = start
                 self._mark_running(seq)
                 taken.append(seq)
                 batch.seqs.append(ScheduledSeq(seq, start, k, self._num_samples(seq, start + k)))
@@ -458,12 +461,17 @@ class Engine:
 
     def schedule(self) -> ScheduledBatch:
         """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
-        batch = ScheduledBatch(copies=self._pending_copies)
+        admits, preemptions, finished = self._admit_counter, self.metrics.preemptions, len(self.metrics.finished_output_lens)
+        batch = ScheduledBatch(copies=self._pending_copies, num_waiting=len(self.waiting) + len(self.preempted),
+                               num_finished=finished - self._finished_at_schedule)
+        self._finished_at_schedule = finished
         self._pending_copies = []
         budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens)
         if not preempted:
             self._schedule_swap_in(batch)
             self._schedule_waiting(batch, budget)
+        batch.num_admitted = self._admit_counter - admits
+        batch.num_preempted = self.metrics.preemptions - preemptions
         return batch
 
     # ================================================================== outputs
@@ -493,6 +501,7 @@ class Engine:
             self._pending_copies.extend(self.allocator.fork(seq, child))
             child.output_token_ids.append(token)
             child.first_token_s = seq.first_token_s
+            child.shared_prefix_tokens = seq.shared_prefix_tokens
             self._mark_running(child)
             group.seqs.append(child)
             group.num_open += 1

@@ -101,6 +101,8 @@ class Sequence:
     finish_s: float = -1.0
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
+    shared_prefix_tokens: int = 0      # KV tokens held in prefix-cache blocks since the latest admission
+                                       # (0 after a preemption: a swap-in gets private blocks)
     parent_seq_id: Optional[int] = None
     error: Optional[str] = None
 

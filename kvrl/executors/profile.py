@@ -74,15 +74,19 @@ log = logging.getLogger(__name__)
 
 FORMAT = "kvrl-step-profile"
 VERSION = 1
-FIT_VERSION = 7
+FIT_VERSION = 8
 #: stored models of these fit versions load as they are (version 5 lacks ``pre_max_ctx`` and
 #: ``token_sizes``, versions 5-6 lack the ``dec_shared`` terms: those then price as zero / no
 #: padding / as private KV tokens, and the old predictions are unchanged)
-LOADABLE_FIT_VERSIONS = (5, 6, 7)
+LOADABLE_FIT_VERSIONS = (5, 6, 7, 8)
 FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "dec_shared",
             "rows", "copies", "swap_out", "swap_in")
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
 FORWARD_FEATURES = FEATURES[:10]
+#: what the engine did on the host around a step (the :class:`~kvrl.engine.batch.ScheduledBatch`
+#: counters): priced by the host model, not the forward pass
+HOST_WORK = ("n_admit", "n_preempt", "n_finish", "n_wait", "pre_tok")
+HOST_WORK_TERMS = ("per_admit", "per_preempt", "per_finish", "per_waiting", "per_prefill_token")
 #: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
 #: (directories or files, separated by ``os.pathsep``).
 PACKAGED_DIR = Path(__file__).parent / "profiles"
@@ -154,7 +158,7 @@ def batch_features(batch) -> dict[str, int]:
             f["n_dec"] += 1
             f["dec_kv"] += start + 1
             f["dec_max"] = max(f["dec_max"], start + 1)
-            f["dec_shared"] += min(item.seq.num_cached_prompt_tokens, start + 1)
+            f["dec_shared"] += min(item.seq.shared_prefix_tokens, start + 1)
         else:
             f["n_pre"] += 1
             f["pre_tok"] += k
@@ -165,6 +169,13 @@ def batch_features(batch) -> dict[str, int]:
             f["rows"] += 1
     f["copies"], f["swap_out"], f["swap_in"] = len(batch.copies), len(batch.swap_out), len(batch.swap_in)
     return f
+
+
+def host_work(batch) -> dict[str, int]:
+    """The :data:`HOST_WORK` counters of a :class:`~kvrl.engine.batch.ScheduledBatch` (``pre_tok``,
+    the prefill tokens whose full blocks the engine hashes after the step, as in :func:`batch_features`)."""
+    return {"n_admit": batch.num_admitted, "n_preempt": batch.num_preempted, "n_finish": batch.num_finished,
+            "n_wait": batch.num_waiting, "pre_tok": sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)}
 
 
 # ============================================================================ fitting helpers
@@ -420,6 +431,8 @@ class StepModel:
             _LinearOp(*self.ops[k]) for k in self.OPS)
         h = self.host
         self._h = (h["base"], h["per_seq"], h["per_prefill"])
+        #: host work around a step (fit version 8; older profiles price it as zero)
+        self._hw = tuple(float(h.get(k, 0.0)) for k in HOST_WORK_TERMS)
         self._k_graph, self._k_eager = float(self.engine_factor["graph"]), float(self.engine_factor["eager"])
 
     # ------------------------------------------------------------------ prediction
@@ -474,9 +487,18 @@ class StepModel:
                 t = floor
         return self._k_eager * t
 
-    def host_s(self, num_seqs: int, n_pre: int) -> float:
+    def host_s(self, num_seqs: int, n_pre: int, n_admit: int = 0, n_preempt: int = 0, n_finish: int = 0,
+               n_wait: int = 0, pre_tok: int = 0) -> float:
+        """Seconds of the engine's own Python between two steps: per scheduled sequence, per
+        prefill sequence, and per unit of host work (:data:`HOST_WORK`: admissions, preemptions,
+        finishes, queued sequences, prefill tokens)."""
         h0, h1, h2 = self._h
-        return h0 + h1 * num_seqs + h2 * n_pre
+        return h0 + h1 * num_seqs + h2 * n_pre + self.host_work_s(n_admit, n_preempt, n_finish, n_wait, pre_tok)
+
+    def host_work_s(self, n_admit: int, n_preempt: int, n_finish: int, n_wait: int, pre_tok: int) -> float:
+        """The part of :meth:`host_s` that depends on what the engine did around the step."""
+        a, p, f, w, t = self._hw
+        return a * n_admit + p * n_preempt + f * n_finish + w * n_wait + t * pre_tok
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
@@ -502,7 +524,12 @@ class StepModel:
         return t
 
     def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False) -> float:
-        return self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host)
+        """:meth:`predict` of a feature dict; with ``host``, also the :data:`HOST_WORK` terms of
+        the keys ``f`` has."""
+        t = self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host)
+        if host and (f.get("n_pre") or f.get("n_dec")):
+            t += self.host_work_s(*(int(f.get(k, 0)) for k in HOST_WORK))
+        return t
 
     def swap_s(self, num_blocks: int) -> float:
         """One-way transfer seconds for ``num_blocks`` blocks (mean of swap-out and swap-in)."""
@@ -629,13 +656,16 @@ def fit_model(samples: list, engine_samples: list, host_samples: Sequence, meta:
 
 
 def fit_host(rows: Sequence[Sequence[float]]) -> dict:
-    """``gap = h0 + h1 * num_seqs + h2 * n_pre`` by NNLS on absolute error, refitted once without
-    gaps more than 5 MADs above the first fit (GC pauses, page faults)."""
-    zero = {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}
+    """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
+    per_admit * n_admit + per_preempt * n_preempt + per_finish * n_finish + per_waiting * n_wait``
+    by NNLS on absolute error, refitted once without gaps more than 5 MADs above the first fit
+    (GC pauses, page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; rows of profiles
+    older than fit version 8 have only the first three (their host-work terms fit as zero)."""
+    names = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
     if len(rows) < 3:
-        return zero
-    a = np.asarray(rows, dtype=np.float64)
-    A = np.stack([np.ones(len(a)), a[:, 0], a[:, 1]], axis=1)
+        return dict.fromkeys(names, 0.0)
+    a = np.asarray([list(r) + [0.0] * (3 + len(HOST_WORK) - len(r)) for r in rows], dtype=np.float64)
+    A = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], a[:, 3:]])
     y = a[:, 2]
     x = nnls(A, y)
     r = y - A @ x
@@ -643,7 +673,7 @@ def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     keep = r < np.median(r) + 5 * mad
     if keep.sum() >= 3:
         x = nnls(A[keep], y[keep])
-    return {"base": float(x[0]), "per_seq": float(x[1]), "per_prefill": float(x[2])}
+    return {k: float(v) for k, v in zip(names, x)}
 
 
 # ============================================================================ profiles

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from kvrl.engine.batch import ScheduledBatch, StepOutput
 from kvrl.executors.base import Executor
+from kvrl.executors.fingerprint import staleness
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 
 if TYPE_CHECKING:
     from kvrl.executors.profile import StepProfile
 
 log = logging.getLogger(__name__)
+_WARNED_STALE: set = set()     # profiles already warned about in this process
 
 
 @dataclass
@@ -92,6 +94,8 @@ class SimExecutor(Executor):
         self.profile = None
         self._step_model = None
         self.cost_source = "roofline"
+        #: None, or why the profile may not describe this tree's live executor (see kvrl.executors.fingerprint)
+        self.profile_staleness: Optional[str] = None
         if profile is not None and not (isinstance(profile, str) and profile.lower() in ("none", "roofline", "off", "")):
             from kvrl.executors.profile import resolve_profile
             prof, why = resolve_profile(profile, model, device)
@@ -99,6 +103,10 @@ class SimExecutor(Executor):
                 self.profile, self._step_model = prof, prof.model
                 self.cost_source = f"profile:{prof.path or '<in memory>'}"
                 log.info("sim cost model: profile %s", prof.describe())
+                self.profile_staleness = staleness(prof.meta)
+                if self.profile_staleness and prof.path not in _WARNED_STALE:
+                    _WARNED_STALE.add(prof.path)
+                    log.warning("sim profile %s %s", prof.path or "<in memory>", self.profile_staleness)
             elif why != "auto" and not (isinstance(profile, str) and profile.lower() == "auto"):
                 log.warning("sim cost model: roofline; %s", why)
             else:
@@ -187,7 +195,7 @@ class SimExecutor(Executor):
                 dec_kv += start + 1
                 if start >= dec_max:
                     dec_max = start + 1
-                cached = item.seq.num_cached_prompt_tokens
+                cached = item.seq.shared_prefix_tokens
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
             else:
@@ -207,6 +215,9 @@ class SimExecutor(Executor):
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
                             len(batch.copies), n_out, n_in, self.cuda_graphs)
+        if n_pre or n_dec:
+            compute += m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
+                                     pre_tok)
         compute *= self.step_time_scale
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
