@@ -34,7 +34,8 @@ def test_grid_points_are_the_product_over_the_baselines_params():
 
 @pytest.mark.parametrize("grid,named", [
     ({"a": []}, r"tune\.watermark\.opt_factor\.a"), ({"a": 2.0}, r"tune\.watermark\.opt_factor\.a"),
-    ({"b": [1.0]}, r"tune\.watermark\.opt_factor.*unknown parameter.*b"), ({"a": [1.0, -1.0]}, r"tune\.watermark\.opt_factor.*a"),
+    ({"b": [1.0]}, r"tune\.watermark\.opt_factor.*unknown parameter.*b"),
+    ({"a": [1.0, -1.0]}, r"tune\.watermark\.opt_factor.*a"),
     ([1.0], r"tune\.watermark\.opt_factor"),
 ])
 def test_bad_grids_are_rejected_naming_the_key(grid, named):

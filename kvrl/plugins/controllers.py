@@ -109,7 +109,8 @@ class PIWatermark(WatermarkPolicy):
         p = self.params
         e = self.measure() - p.setpoint
         if p.ki > 0:
-            self.integral = min(max(self.integral + e * p.interval_s, (p.low - p.init) / p.ki), (p.high - p.init) / p.ki)
+            lo, hi = (p.low - p.init) / p.ki, (p.high - p.init) / p.ki
+            self.integral = min(max(self.integral + e * p.interval_s, lo), hi)
         self.error = e
         self.fraction = min(max(p.init + p.kp * e + p.ki * self.integral, p.low), p.high)
 
