@@ -9,7 +9,12 @@
 * engine operations: random add / step / abort / external preempt with random policies of every
   kind (the defences included) and injected plugin crashes and garbage decisions: no exception
   escapes, ``check_invariants`` holds after every operation, no block is leaked at idle, and every
-  request ends finished, aborted with a reason, or rejected with a reason.
+  request ends finished, aborted with a reason, or rejected with a reason;
+* chaos policies (#15): every entry point of all four kinds, the prefix cache's included, raises
+  or returns garbage (a victim that is no candidate, a reservation outside the pool, keys that do
+  not compare, an evicted block still in use, a lookup naming a foreign block), with ``n`` > 1
+  requests whose forks share blocks; the same operations also drive the live executor on CPU
+  (a tiny random model, a few examples), where a sequence without blocks would crash the step.
 
 ``KVRL_FUZZ_SCALE=20 pytest tests/test_fuzz.py`` multiplies every example count (a deeper run).
 Sizes are bounded (pools of at most a few hundred blocks, swap space under 1 GiB) so each
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -246,6 +252,9 @@ TYPED = {   # values of each field's declared type, any range (sizes bounded: se
     "contiguous_reserve": st.sampled_from(["max", "pow2", "oracle", "exact"]),
     "prefix_cache_scope": st.sampled_from(["tenant", "global", "none"]),
     "policy_errors": st.sampled_from(["isolate", "raise", "ignore"]),
+    "charge_policy_time": st.booleans(),
+    "prefix_hash": st.sampled_from(["blake2b", "sha256", "xxh3", "md5"]),
+    "prefix_hash_key": st.sampled_from(["random", "seed", "fixed"]),
     "seed": st.integers(-5, 2**40),
 }
 assert set(TYPED) == set(FIELDS), "a new EngineConfig field needs a fuzz strategy"
@@ -352,7 +361,9 @@ EVICTIONS = [("lifo", {"mode": "auto"}), ("fewest_computed", {"mode": "swap"}), 
              ("capped", {"max_preemptions": 0}), ("capped", {"max_preemptions": 1, "inner": "tenant_fair", "inner_mode": "swap"}),
              ("capped", {"inner": "cost_aware"})]
 PREFIX_CACHES = ["none", "hash_lru", "hash_lfu", "radix_lru"]
-FAULTS = ("reserved_blocks", "admit", "select", "order", "key", "hooks", "garbage_reserved", "garbage_select")
+FAULTS = ("reserved_blocks", "admit", "select", "order", "key", "hooks", "garbage_reserved", "garbage_select",
+          "garbage_key", "prefix_raise", "prefix_garbage")
+PREFIX_CALLS = ("lookup", "insert", "on_hit", "on_release", "on_acquire", "evict")
 
 ADD = st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 16), st.integers(1, 3), st.integers(0, 3),
                 st.integers(0, 2))
@@ -378,6 +389,9 @@ class Faults:
             while policy is not None:
                 self._wrap(policy)
                 policy = getattr(policy, "inner", None)
+        self.alloc = engine.allocator
+        for name in PREFIX_CALLS:
+            setattr(engine.prefix_cache, name, self._prefix(name, getattr(engine.prefix_cache, name)))
         engine._on_step_end = [self._hook(h) for h in engine._on_step_end]
         engine._on_finish = [self._hook(h) for h in engine._on_finish]
         engine._on_preempt = [self._hook(h) for h in engine._on_preempt]
@@ -404,6 +418,22 @@ class Faults:
                 return self.GARBAGE_RESERVED[self.n % len(self.GARBAGE_RESERVED)]
             if name == "select" and self._take("garbage_select"):
                 return EvictionDecision(-1, PreemptionMode.SWAP)
+            if name == "key" and self._take("garbage_key"):
+                self.n += 1
+                return [None, "x", {1}][self.n % 3]      # does not compare with the other keys
+            return fn(*args)
+        return call
+
+    def _prefix(self, name, fn):
+        """Prefix-cache entry points: raise, or (lookup / evict) name a block that is in use,
+        not cached or not a block at all."""
+        def call(*args):
+            if self._take("prefix_raise"):
+                raise RuntimeError(f"injected crash in prefix_cache.{name}")
+            if name in ("lookup", "evict") and self._take("prefix_garbage"):
+                used = [b for b, rc in enumerate(self.alloc.ref_counts) if rc > 0]
+                self.n += 1
+                return [used[0] if used else 0, -3, "block", 10**6][self.n % 4]
             return fn(*args)
         return call
 
@@ -444,6 +474,12 @@ def test_fuzz_engine_operations_with_every_policy_and_faults(ops, scheduler, wat
                     plugins.create("watermark", watermark[0], **watermark[1]),
                     plugins.create("eviction", eviction[0], **eviction[1]),
                     plugins.create("prefix_cache", prefix_cache))
+    _drive(engine, ops, seed)
+
+
+def _drive(engine: Engine, ops, seed: int) -> None:
+    """Apply ``ops`` with every fault injector installed; check the invariants after each one,
+    then drain and check that every request is accounted for and every block is free."""
     faults = Faults(engine)
     rng = np.random.default_rng(seed)
     added: dict[str, tuple[int, int]] = {}
@@ -472,6 +508,67 @@ def test_fuzz_engine_operations_with_every_policy_and_faults(ops, scheduler, wat
     m = engine.metrics
     event(f"policy errors: {min(m.policy_errors, 3)}+, preemptions: {min(m.preemptions, 3)}+, "
           f"aborted: {sum(1 for r in m.requests.values() if r.error) > 0}")
+
+
+# ============================================================================ the live executor on CPU
+@functools.lru_cache(maxsize=1)
+def _tiny_model():
+    import tempfile
+
+    import torch
+
+    from kvrl.model import load_model, make_random_checkpoint
+    path = Path(tempfile.mkdtemp(prefix="kvrl-fuzz-")) / "tiny"
+    make_random_checkpoint(path, family="qwen3", preset="tiny", seed=1)
+    return load_model(path, dtype=torch.float32, device="cpu")
+
+
+def _live_engine(eviction=("lifo", {"mode": "auto"}), prefix_cache="hash_lru", num_blocks=40, scheduler=("fcfs", {}),
+                 watermark=("fixed", {"fraction": 0.0})) -> Engine:
+    import torch
+
+    from kvrl.executors.live import LiveExecutor
+    model, config = _tiny_model()
+    executor = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=False)
+    return Engine(EngineConfig(num_blocks=num_blocks, block_size=4, num_cpu_blocks=24, max_model_len=256,
+                               max_num_batched_tokens=32),
+                  executor, plugins.create("scheduler", scheduler[0], **scheduler[1]),
+                  plugins.create("watermark", watermark[0], **watermark[1]),
+                  plugins.create("eviction", eviction[0], **eviction[1]), plugins.create("prefix_cache", prefix_cache))
+
+
+def test_live_eviction_failure_on_a_fork_aborts_only_its_request():
+    """On 87fbe4f the failing eviction aborted request A while A's first sample sat in the step's
+    batch with its blocks freed, and the live executor died with IndexError in _prepare."""
+    engine = _live_engine(num_blocks=4, prefix_cache="none", eviction=("lifo", {}))
+    calls = []
+
+    def failing_select(candidates):
+        calls.append(len(candidates))
+        raise RuntimeError("injected eviction crash")
+
+    engine.eviction.select = failing_select
+    summary = engine.run([make_request("A", tokens=list(range(1, 9)), output_len=4, n=2),
+                          make_request("B", tokens=[11, 12], output_len=3)])
+    assert calls and summary["aborted"] == 1 and summary["finished"] == 1
+    assert "injected eviction crash" in engine.metrics.requests["A"].error
+    assert len(engine.outputs("B")[0]) == 3
+    assert_all_accounted(engine, {"A": (4, 2), "B": (3, 1)})
+
+
+LIVE_OPS = st.lists(st.one_of(ADD, ADD, st.tuples(st.just("step"), st.integers(1, 3)),
+                              st.tuples(st.just("preempt"), st.sampled_from(["swap", "recompute"]), st.integers(0, 10)),
+                              st.tuples(st.just("abort"), st.integers(0, 50)),
+                              st.tuples(st.just("fault"), st.sampled_from(FAULTS), st.integers(1, 3))),
+                    min_size=6, max_size=20)
+
+
+@settings(max_examples=int(8 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=LIVE_OPS, eviction=st.sampled_from(EVICTIONS[:5]), prefix_cache=st.sampled_from(PREFIX_CACHES),
+       scheduler=st.sampled_from(SCHEDULERS), seed=st.integers(0, 2**16))
+def test_fuzz_live_executor_with_chaos_policies(ops, eviction, prefix_cache, scheduler, seed):
+    """The chaos operations on the real model (CPU): no step crashes, invariants hold, all blocks free."""
+    _drive(_live_engine(eviction=eviction, prefix_cache=prefix_cache, scheduler=scheduler), ops, seed)
 
 
 # ============================================================================ known gaps (engine changes proposed)

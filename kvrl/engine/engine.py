@@ -318,16 +318,26 @@ class Engine:
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> tuple[int, bool]:
         alloc = self.allocator
+        needs_blocks, append = alloc.needs_blocks, batch.seqs.append
         running = self.running
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_tokens = seq.num_tokens
-            k = min(num_tokens - seq.num_computed, budget)
-            upto = seq.num_computed + k
-            if not alloc.needs_blocks(seq, upto):    # fast path: most decode steps
-                batch.seqs.append(ScheduledSeq(seq, seq.num_computed, k, self._num_samples(seq, upto)))
+            computed = seq.num_computed
+            num_tokens = seq.request.prompt_len + len(seq.output_token_ids)
+            k = num_tokens - computed
+            if k > budget:
+                k = budget
+            upto = computed + k
+            if not needs_blocks(seq, upto):    # fast path: most decode steps (_num_samples inlined)
+                if upto < num_tokens:
+                    samples = 0
+                elif seq.request.n > 1 and seq.parent_seq_id is None and not seq.output_token_ids:
+                    samples = seq.request.n
+                else:
+                    samples = 1
+                append(ScheduledSeq(seq, computed, k, samples))
                 budget -= k
                 i += 1
                 continue
@@ -511,23 +521,26 @@ class Engine:
     def apply(self, batch: ScheduledBatch, sampled: list[list[int]], errors: Optional[dict[int, str]] = None) -> None:
         """Record the executed batch: computed tokens, sampled tokens, forks, finishes, failures."""
         done: list[Sequence] = []
+        on_computed, running, now = self.allocator.on_computed, SeqStatus.RUNNING, self.now
         for idx, (item, tokens) in enumerate(zip(batch.seqs, sampled)):
             seq = item.seq
-            if seq.status is not SeqStatus.RUNNING:
+            if seq.status is not running:
                 continue
             if errors and idx in errors:
                 self.abort(seq.request.request_id, errors[idx])
                 continue
-            old, new = item.start, item.start + item.num_tokens
-            self.allocator.on_computed(seq, old, new)
+            old = item.start
+            new = old + item.num_tokens
+            on_computed(seq, old, new)
             seq.num_computed = new
             if not tokens:
                 continue
             if seq.first_token_s < 0:
-                seq.first_token_s = self.now
-                self._groups[seq.request.request_id].record.first_token_s = self.now
-            seq.output_token_ids.append(tokens[0])
-            if len(seq.output_token_ids) >= seq.request.output_len:
+                seq.first_token_s = now
+                self._groups[seq.request.request_id].record.first_token_s = now
+            outputs = seq.output_token_ids
+            outputs.append(tokens[0])
+            if len(outputs) >= seq.request.output_len:
                 done.append(seq)
             if len(tokens) > 1:
                 done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
@@ -558,10 +571,15 @@ class Engine:
         self.now += duration
         self.step_index += 1
         self.apply(batch, out.sampled, out.errors)
-        decodes = sum(1 for s in batch.seqs if s.num_tokens == 1)
+        tokens = decodes = 0
+        for item in batch.seqs:
+            k = item.num_tokens
+            tokens += k
+            if k == 1:
+                decodes += 1
         self.metrics.record_step(
             self.step_index, self.now, duration, len(self.running), len(self.waiting) + len(self.preempted),
-            len(self.swapped), batch.num_tokens - decodes, decodes, self.allocator.num_used_blocks,
+            len(self.swapped), tokens - decodes, decodes, self.allocator.num_used_blocks,
             self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
         self._run_hooks(self._on_step_end)
         return batch

@@ -64,72 +64,93 @@ class GuardedPrefixCache:
     def _fail(self, what: str, error: Exception) -> None:
         self._on_error(what, error)
 
-    def _charge(self, t0: float) -> None:
-        timer = self._timer
-        if not timer.depth:
-            timer.total_s += perf_counter() - t0
-
+    # Each call below times the policy inline (no helper call: these run once per block).
     def lookup(self, block_hash: int) -> Optional[int]:
+        timer = self._timer
         t0 = perf_counter()
         try:
             block = self.policy.lookup(block_hash)
             if block is not None and self._hash_of.get(block) != block_hash:
                 raise ValueError(f"lookup returned block {block!r}, which does not hold that hash")
         except Exception as exc:
-            self._charge(t0)
-            self._fail("lookup", exc)
-            return None
-        self._charge(t0)
+            block, error = None, exc
+        else:
+            error = None
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("lookup", error)
         return block
 
     def insert(self, block_hash: int, parent_hash: Optional[int], block_id: int, now: float) -> bool:
+        timer = self._timer
         t0 = perf_counter()
         try:
             ok = self.policy.insert(block_hash, parent_hash, block_id, now)
         except Exception as exc:
-            self._charge(t0)
-            self._fail("insert", exc)
-            return False
-        self._charge(t0)
-        if ok:
+            ok, error = False, exc
+        else:
+            error = None
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("insert", error)
+        elif ok:
             self._hash_of[block_id] = block_hash
         return bool(ok)
 
-    def _notice(self, what: str, fn, *args) -> None:
+    def on_hit(self, block_id: int, now: float) -> None:
+        timer = self._timer
         t0 = perf_counter()
         try:
-            fn(*args)
+            self.policy.on_hit(block_id, now)
         except Exception as exc:
-            self._charge(t0)
-            self._fail(what, exc)
-            return
-        self._charge(t0)
-
-    def on_hit(self, block_id: int, now: float) -> None:
-        self._notice("on_hit", self.policy.on_hit, block_id, now)
+            self._fail("on_hit", exc)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
 
     def on_release(self, block_id: int, now: float) -> None:
         self._evictable[block_id] = None
-        self._notice("on_release", self.policy.on_release, block_id, now)
+        timer = self._timer
+        t0 = perf_counter()
+        try:
+            self.policy.on_release(block_id, now)
+        except Exception as exc:
+            self._fail("on_release", exc)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
 
     def on_acquire(self, block_id: int) -> None:
         self._evictable.pop(block_id, None)
-        self._notice("on_acquire", self.policy.on_acquire, block_id)
-
-    def evict(self) -> Optional[int]:
+        timer = self._timer
         t0 = perf_counter()
         try:
+            self.policy.on_acquire(block_id)
+        except Exception as exc:
+            self._fail("on_acquire", exc)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+
+    def evict(self) -> Optional[int]:
+        timer = self._timer
+        t0 = perf_counter()
+        evictable = self._evictable
+        try:
             block = self.policy.evict()
-            if (block is None and self._evictable) or (block is not None and block not in self._evictable):
-                raise ValueError(f"evict returned {block!r}, not one of the {len(self._evictable)} evictable "
+            if (block is None and evictable) or (block is not None and block not in evictable):
+                raise ValueError(f"evict returned {block!r}, not one of the {len(evictable)} evictable "
                                  f"blocks (a block in use or not cached, or nothing)")
         except Exception as exc:
-            self._charge(t0)
-            self._fail("evict", exc)
+            block, error = None, exc
+        else:
+            error = None
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("evict", error)
             return self._fallback_evict()
-        self._charge(t0)
         if block is not None:
-            del self._evictable[block]
+            del evictable[block]
             del self._hash_of[block]
         return block
 
