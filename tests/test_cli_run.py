@@ -154,7 +154,7 @@ def test_outputs_respect_the_umask_and_survive_a_lone_surrogate_id(tmp_path):
 
 def test_every_app_composes_a_unique_run_directory():
     """Two launches in the same second (here: two resolutions a few ms apart) get different
-    hydra.run.dir / hydra.sweep.dir in every app config; ${now:%H-%M-%S} alone gave both the same."""
+    hydra.run.dir and hydra.sweep.dir in every app config; ${now:%H-%M-%S} alone gave both the same."""
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf
     import kvrl.apps  # noqa: F401  (registers ${kvrl.stamp:})
@@ -165,8 +165,6 @@ def test_every_app_composes_a_unique_run_directory():
     for path in apps:
         hydra_node = OmegaConf.to_container(OmegaConf.load(path).hydra, resolve=False)
         for key in ("run", "sweep"):
-            if "dir" not in hydra_node.get(key, {}):
-                continue
-            pattern = hydra_node[key]["dir"]
+            pattern = hydra_node[key]["dir"]          # set by every app (Hydra's own default is per second)
             a, b = (OmegaConf.create({"command": "x", "d": pattern}).d for _ in range(2))
             assert a != b, f"{path.name}: hydra.{key}.dir={pattern} repeats within a second"
