@@ -1,6 +1,8 @@
 """Engine behaviour: preemption, prefix reuse and tenant scoping, utilization, bad input."""
 from __future__ import annotations
 
+from typing import Literal, Optional   # noqa: F401  (annotations of a test plugin's Params)
+
 import numpy as np
 import pytest
 
@@ -416,3 +418,49 @@ def test_seq_queue_keeps_sorted_list_order_under_pushes_and_removals():
         if i % 97 == 0:
             assert list(q) == ref
     assert list(q) == ref
+
+
+# ============================================================================ plugin contracts (#15)
+def test_a_plugin_missing_a_required_method_fails_at_create():
+    import kvrl.plugins as kp
+
+    @kp.register("eviction", "test_misspelt")
+    class Misspelt(kp.EvictionPolicy):
+        def selct(self, candidates):          # typo: select is never defined
+            return kp.EvictionDecision(candidates[0].seq_id, kp.PreemptionMode.RECOMPUTE)
+
+    with pytest.raises(TypeError, match="does not implement select"):
+        kp.create("eviction", "test_misspelt")
+
+
+def test_third_party_params_are_validated_from_their_declarations():
+    """The README's example plugin took eviction.mode=swapp silently and then failed every call;
+    Literal, typed and ranged fields of a third-party Params are now checked at create."""
+    import dataclasses
+
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    import kvrl.plugins as kp
+
+    @kp.register("eviction", "test_declared")
+    class Declared(kp.EvictionPolicy):
+        @dataclasses.dataclass
+        class Params:
+            mode: Literal["recompute", "swap"] = "recompute"
+            factor: float = dataclasses.field(default=1.0, metadata={"range": (0.0, 2.0)})
+            limit: Optional[int] = None
+
+        def select(self, candidates):
+            return kp.EvictionDecision(candidates[0].seq_id, kp.PreemptionMode(self.params.mode))
+
+    assert kp.create("eviction", "test_declared", mode="swap", factor=2, limit=3).params.mode == "swap"
+    for bad, key in (({"mode": "swapp"}, "eviction.mode must be one of"), ({"factor": 2.5}, "eviction.factor must be <="),
+                     ({"factor": "x"}, "eviction.factor must be of type float"),
+                     ({"limit": 1.5}, "eviction.limit must be of type int")):
+        with pytest.raises(ValueError, match=key):
+            kp.create("eviction", "test_declared", **bad)
+    node = ConfigStore.instance().repo["eviction"]["test_declared.yaml"].node   # Hydra can hold the Literal field
+    assert OmegaConf.to_container(node) == {"mode": "recompute", "factor": 1.0, "limit": None, "name": "test_declared"}
+    with pytest.raises(ValueError, match="eviction.mode"):
+        kp.create_from_config("eviction", OmegaConf.merge(node, {"mode": "swapp"}))
