@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvrl import plugins
 from kvrl.apps.progress import job_progress
 from kvrl.apps.outputs import atomic_write, plot_steps, summary_table, write_json
-from kvrl.apps import tracking
+from kvrl.apps import sim_beside, tracking
 from kvrl.apps.schema import register_schemas, validate_config
 from kvrl.builder import build_engine, to_dict
 from kvrl.workloads import build_workload
@@ -46,6 +46,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     metrics.update(engine.metrics.wall_clock())   # policy_time_s, host gaps (#15)
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
+    if engine.executor.name == "live":    # the sim's prediction of this run, beside it (#16)
+        predicted = sim_beside.predict(cfg, engine, requests)
+        predicted["error"] = sim_beside.compare(metrics, predicted)
+        write_json(out_dir / "sim_prediction.json", predicted)
+        metrics["sim_error"] = predicted["error"]
+        log.info("%s (%s)", sim_beside.describe(predicted["error"]), predicted["cost_source"])
     write_json(out_dir / "metrics.json", metrics)
     atomic_write(out_dir / "steps.csv", engine.metrics.write_steps_csv)
     atomic_write(out_dir / "requests.csv", engine.metrics.write_requests_csv)
@@ -64,6 +70,8 @@ def main(cfg: DictConfig) -> float:
         metrics = run(cfg, out_dir)
         tracker.log(metrics, images={"kv_usage": out_dir / "kv_usage.png"})
     print(summary_table(f"kvrl-run ({cfg.backend.name})", metrics))
+    if "sim_error" in metrics:
+        print(sim_beside.describe(metrics["sim_error"]) + "  (sim_prediction.json)")
     print(f"outputs: {out_dir}")          # on its own line: a rich title would wrap the path mid-name
     return metrics["goodput_tok_s"]
 

@@ -1,0 +1,44 @@
+"""The sim's prediction recorded beside every live run (kvrl/apps/sim_beside.py, issue 16)."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from kvrl.apps import sim_beside
+
+
+def test_compare_gives_the_sims_relative_error_per_metric():
+    live = {"throughput_tok_s": 100.0, "goodput_tok_s": 50.0, "ttft_p50_s": 0.2, "ttft_p99_s": float("nan"),
+            "tpot_p50_s": 0.01, "preemptions": 0}
+    sim = {"throughput_tok_s": 110.0, "goodput_tok_s": 45.0, "ttft_p50_s": 0.1, "ttft_p99_s": 1.0,
+           "tpot_p50_s": 0.01, "preemptions": 3}
+    err = sim_beside.compare(live, sim)
+    assert err["throughput_tok_s"] == pytest.approx(0.10) and err["goodput_tok_s"] == pytest.approx(-0.10)
+    assert err["ttft_p50_s"] == pytest.approx(-0.5) and err["tpot_p50_s"] == 0.0
+    assert math.isnan(err["ttft_p99_s"]) and err["preemptions"] == float("inf")
+    assert sim_beside.describe(err).startswith("sim vs live: throughput +10.0%, goodput -10.0%")
+
+
+def test_live_kvrl_run_records_the_sims_prediction_of_the_same_run(tmp_path):
+    """A live run on CPU (tiny model) writes sim_prediction.json: the same requests served by the
+    sim with the live run's resolved pool, and the error per metric; the summary prints it."""
+    out = tmp_path / "live"
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.run", "backend=live", "model=tiny",
+                           "engine.num_blocks=64", "engine.num_cpu_blocks=32", "workload=synthetic",
+                           "workload.num_requests=6", "progress=false", "plots=false", f"hydra.run.dir={out}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    predicted = json.loads((out / "sim_prediction.json").read_text())
+    assert predicted["requests"] == metrics["requests"] == 6 and predicted["finished"] == 6
+    assert predicted["output_tokens"] == metrics["output_tokens"]
+    assert predicted["num_blocks"] == metrics["num_blocks"] == 64 if "num_blocks" in predicted else True
+    assert set(sim_beside.METRICS) <= set(predicted["error"]) and metrics["sim_error"] == predicted["error"]
+    assert predicted["error"]["throughput_tok_s"] == pytest.approx(
+        (predicted["throughput_tok_s"] - metrics["throughput_tok_s"]) / metrics["throughput_tok_s"])
+    assert "sim vs live:" in proc.stdout and predicted["cost_source"] in ("roofline",) or \
+        predicted["cost_source"].startswith("profile:")
