@@ -275,3 +275,17 @@ def test_controllers_serve_a_pressured_workload_deterministically(name):
         return engine.run(reqs)
     first = serve()
     assert first["finished"] == 40 and first == serve()
+
+
+@pytest.mark.parametrize("name,params", [("token_ratio", {}), ("past_future", {}), ("opt_factor", {"a": 1000.0})])
+def test_reservations_beyond_the_pool_are_the_whole_pool_not_a_policy_error(name, params):
+    """Defaults of token_ratio / past_future (a max_tokens-sized reservation per running request)
+    and a large opt_factor ask for more than a small pool; that is the whole pool, and the engine's
+    [0, num_blocks] contract holds (before, each such step was a policy error served at 0.01)."""
+    from tests.helpers import make_engine, make_request
+
+    engine = make_engine(num_blocks=32, block_size=4, watermark=name, watermark_params=params,
+                         policy_errors="raise")
+    metrics = engine.run([make_request(f"r{i}", prompt_len=8, output_len=6, arrival_s=0.001 * i, seed=i)
+                          for i in range(12)])
+    assert metrics["finished"] == 12 and metrics["policy_errors"] == 0

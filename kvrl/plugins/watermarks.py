@@ -37,8 +37,8 @@ class FixedWatermark(WatermarkPolicy):
 class OptFactorWatermark(WatermarkPolicy):
     """Reserve ``a * N / 16`` blocks for ``N`` running requests (rounded up): headroom that grows
     with the batch, since every running request will need a new block every ``block_size``
-    decode steps. From the CPEN 511 watermark study, which swept ``a`` over [0, 12]. Parameter
-    ``a`` >= 0, default 1.0."""
+    decode steps (at most the whole pool). From the CPEN 511 watermark study, which swept ``a``
+    over [0, 12]. Parameter ``a`` >= 0, default 1.0."""
 
     @dataclass
     class Params:
@@ -48,7 +48,7 @@ class OptFactorWatermark(WatermarkPolicy):
             check_range("a", self.a, 0.0)
 
     def reserved_blocks(self) -> int:
-        return math.ceil(self.params.a * self.engine.num_running / 16)
+        return min(math.ceil(self.params.a * self.engine.num_running / 16), self.engine.num_blocks)
 
 
 @register("watermark", "avg_block_len")
@@ -79,7 +79,8 @@ class TokenRatioWatermark(WatermarkPolicy):
     of the running requests, each counted as ``min(max_tokens - generated, clip_max_new_tokens)``.
     The ratio starts at ``init_ratio``, decays linearly to ``min_ratio`` over ``decay_steps``
     steps, and jumps back to ``init_ratio`` after any preemption (SGLang's retract). Uses only
-    what a real server knows (the client's max_tokens). Parameters: ``init_ratio`` (0.7),
+    what a real server knows (the client's max_tokens). A reservation beyond the pool is the
+    whole pool (it admits nothing either way). Parameters: ``init_ratio`` (0.7),
     ``min_ratio`` (0.1), ``decay_steps`` (600), ``clip_max_new_tokens`` (4096). Source: SGLang
     scheduler (``new_token_ratio``)."""
 
@@ -110,7 +111,7 @@ class TokenRatioWatermark(WatermarkPolicy):
     def reserved_blocks(self) -> int:
         clip = self.params.clip_max_new_tokens
         future = sum(min(max(s.max_tokens - s.num_output, 0), clip) for s in self.engine.running)
-        return math.ceil(self.ratio * future / self.engine.block_size)
+        return min(math.ceil(self.ratio * future / self.engine.block_size), self.engine.num_blocks)
 
 
 @register("watermark", "past_future")
@@ -119,8 +120,8 @@ class PastFutureWatermark(WatermarkPolicy):
     the past: each running request that has generated ``g`` tokens is predicted to generate the
     ``quantile`` of the finished output lengths longer than ``g`` (the last ``history`` finished
     requests); the batch's demand is then evaluated at each predicted completion time and the
-    largest value, minus the blocks in use now, is reserved. With fewer than ``min_history``
-    finished requests it predicts ``max_tokens``. Parameters: ``quantile`` (0.9), ``history``
+    largest value, minus the blocks in use now, is reserved (at most the whole pool). With fewer
+    than ``min_history`` finished requests it predicts ``max_tokens``. Parameters: ``quantile`` (0.9), ``history``
     (1000), ``min_history`` (20). Source: Past-Future scheduling (Gong et al. 2025, "Past-Future
     Scheduler for LLM Serving under SLA Guarantees")."""
 
@@ -171,4 +172,4 @@ class PastFutureWatermark(WatermarkPolicy):
         suffix_tokens = np.cumsum(tokens[::-1])[::-1]
         demand_blocks = (suffix_tokens + alive * remaining) / bs + alive   # + one partial block each
         peak = int(math.ceil(demand_blocks.max()))
-        return max(peak - self.engine.num_used_blocks, 0)
+        return min(max(peak - self.engine.num_used_blocks, 0), self.engine.num_blocks)
