@@ -563,6 +563,27 @@ LIVE_OPS = st.lists(st.one_of(ADD, ADD, st.tuples(st.just("step"), st.integers(1
                     min_size=6, max_size=20)
 
 
+def test_live_executor_counts_every_host_gap():
+    """Host time between live steps: all of it in host_gap_s; a gap over 50 ms (here a slow
+    on_step_end hook) is counted in long_host_gaps, and left out of the step durations."""
+    import time
+    engine = _live_engine()
+    slow = {"left": 1}
+
+    def hook():
+        if slow["left"]:
+            slow["left"] -= 1
+            time.sleep(0.08)
+
+    engine._on_step_end.append(hook)
+    summary = engine.run([make_request(f"g{i}", tokens=[(7 * i + j) % 500 for j in range(6 + i)], output_len=5)
+                          for i in range(3)])
+    assert summary["finished"] == 3
+    wall = engine.metrics.wall_clock()
+    assert wall["long_host_gaps"] == 1 and wall["host_gap_s"] >= 0.08
+    assert wall["uncounted_host_gap_s"] >= 0.08 and wall["policy_time_s"] >= 0.08
+
+
 @settings(max_examples=int(8 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=LIVE_OPS, eviction=st.sampled_from(EVICTIONS[:5]), prefix_cache=st.sampled_from(PREFIX_CACHES),
        scheduler=st.sampled_from(SCHEDULERS), seed=st.integers(0, 2**16))
