@@ -93,7 +93,7 @@ def test_maskable_ppo_trains_on_the_preemption_task(tmp_path):
 # Live backend on CPU (the tiny random model): six requests of the test split, one seed.
 LIVE = ["backend=live", "model=tiny", "backend.device=cpu", "engine.num_blocks=256", "workload.max_requests=6",
         "seeds=[0]", "baselines.watermark=[{name: fixed, fraction: 0.01}]", "live_warmup=2", "plots=false",
-        "workers=1", "seed=0"]
+        "workers=1", "seed=0", "oracle=false"]
 
 
 def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
@@ -255,7 +255,8 @@ def test_eval_on_the_agents_own_scenario_gives_no_warning(trained, tmp_path):
         agents.append(str(tmp_path / name))
     app("eval", f"hydra.run.dir={tmp_path / 'e'}", f"agents=[{','.join(agents)}]", *EVAL, "sweep=[]", "plots=false",
         "seeds=[0]", "baselines.watermark=[{name: fixed, fraction: 0.01}]")
-    notes = [line for line in (tmp_path / "e" / "leaderboard.md").read_text().splitlines() if "another scenario" in line]
+    markdown = (tmp_path / "e" / "leaderboard.md").read_text()
+    notes = [line for line in markdown.splitlines() if "another scenario" in line]
     assert len(notes) == 1 and "/other/model.zip" in notes[0] and "/own/" not in notes[0]
     assert "differs in: workload.rate_scale (trained 10.0, here 20.0)" in notes[0]
 

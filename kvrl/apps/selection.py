@@ -7,8 +7,8 @@ The scenario is composed exactly as in kvrl-train and kvrl-eval (``env=<task>`` 
 overrides, e.g. ``workload=azure_csv workload.path=<file>``), so agents are scored on the
 scenario the command names; an agent trained on another scenario is scored all the same, with a
 warning naming the task keys that differ. Writes ``selection.csv`` (best first: goodput, SLO
-attainment, path) into the Hydra run directory (``runs/select/<date>/<time>``) and prints the
-ranking.
+attainment, p99 latencies, requests served, path, split, workload) into the Hydra run directory
+(``runs/select/<date>/<time>``) and prints the ranking.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ log = logging.getLogger("kvrl.select")
 
 register_rl_schemas()
 
-COLUMNS = ("goodput_tok_s", "slo_attainment", "ttft_p99_s", "tpot_p99_s", "path")
+COLUMNS = ("goodput_tok_s", "slo_attainment", "ttft_p99_s", "tpot_p99_s", "requests", "path")
 
 
 def expand(specs: Sequence[str]) -> list[Path]:

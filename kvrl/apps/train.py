@@ -173,7 +173,8 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
     else:
         log.info("training loads: env.episode.rate_scales=%s, rate_scales_relative=%s (workload.rate_scale=%g): "
                  "episodes drawn from rate scales %s of %s", ep.rate_scales, str(ep.rate_scales_relative).lower(),
-                 rate_scale, [round(r, 6) for r in episode_rate_scales(env_cfg)], describe_workload(env_cfg.run["workload"]))
+                 rate_scale, [round(r, 6) for r in episode_rate_scales(env_cfg)],
+                 describe_workload(env_cfg.run["workload"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_meta(out_dir, algo, env_id, env_cfg)
     atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
