@@ -15,6 +15,7 @@ from kvrl.engine.config import EngineConfig
 from kvrl.engine.engine import Engine
 from kvrl.executors.base import Executor
 from kvrl.executors.hardware import DeviceSpec, ModelShape
+from kvrl.plugins.registry import OPTIONAL_KINDS
 
 
 def to_dict(cfg: Any) -> dict:
@@ -53,8 +54,13 @@ def build_executor(cfg: Any) -> Executor:
 
 
 def build_policies(cfg: Any) -> dict[str, Any]:
-    """One instance per plugin kind from ``cfg.<kind>`` (``{name: ..., params...}``)."""
-    return {kind: plugins.create_from_config(kind, cfg[kind]) for kind in plugins.KINDS}
+    """One instance per plugin kind from ``cfg.<kind>`` (``{name: ..., params...}``); an optional kind
+    (``tier``) that ``cfg`` leaves out or sets to null gets its default plugin."""
+    policies = {kind: plugins.create_from_config(kind, cfg[kind]) for kind in plugins.KINDS}
+    for kind, default in OPTIONAL_KINDS.items():
+        node = cfg.get(kind) if kind in cfg else None
+        policies[kind] = plugins.create_from_config(kind, node) if node is not None else plugins.create(kind, default)
+    return policies
 
 
 def build_engine(cfg: Any, executor: Executor | None = None, record_steps: bool = True) -> Engine:
@@ -65,4 +71,4 @@ def build_engine(cfg: Any, executor: Executor | None = None, record_steps: bool 
     slo = to_dict(cfg.slo) if "slo" in cfg else {}
     return Engine(engine_cfg, executor, policies["scheduler"], policies["watermark"], policies["eviction"],
                   policies["prefix_cache"], slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"),
-                  record_steps=record_steps)
+                  record_steps=record_steps, tier=policies["tier"])

@@ -71,6 +71,7 @@ class EngineKeys:
     watermark: Any = MISSING
     eviction: Any = MISSING
     prefix_cache: Any = MISSING
+    tier: Any = None            # optional plugin kind (kvrl.plugins.tiers); null = offload_all, used only with engine.cpu_tier_blocks > 0
     engine: EngineConfig = field(default_factory=EngineConfig)
     slo: SLOConfig = field(default_factory=SLOConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -35,6 +35,10 @@ class ScheduledBatch:
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (gpu_block, cpu_block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (cpu_block, gpu_block)
     copies: list[tuple[int, int]] = field(default_factory=list)     # (src_gpu_block, dst_gpu_block)
+    # CPU tier (engine.cpu_tier_blocks, kvrl.engine.tiers): both run before anything else in the step
+    # (tier_out first: its GPU blocks may be reused by this step); the forward pass waits for tier_in
+    tier_out: list[tuple[int, int]] = field(default_factory=list)   # (gpu_block, tier_block)
+    tier_in: list[tuple[int, int]] = field(default_factory=list)    # (tier_block, gpu_block)
     # what the engine did on the host around this step (the sim prices the engine's time between
     # steps from these; see kvrl.executors.profile.HOST_FEATURES)
     num_admitted: int = 0     # sequences admitted or swapped in while scheduling this step
@@ -48,7 +52,7 @@ class ScheduledBatch:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.seqs or self.swap_out or self.swap_in or self.copies)
+        return not (self.seqs or self.swap_out or self.swap_in or self.copies or self.tier_out or self.tier_in)
 
 
 @dataclass

@@ -45,6 +45,10 @@ class EngineConfig:
             to the engine clock, each step's share before it (default false: simulated time
             ignores how slow a policy is). Executors that measure host time themselves (live,
             whose step durations include the engine's time between steps) ignore it.
+        cpu_tier_blocks: blocks of the CPU tier under the prefix cache (issue #20,
+            :mod:`kvrl.engine.tiers`): reclaimed prefix blocks the ``tier`` policy offloads there are
+            loaded back on a later hit instead of recomputed. 0 (default) = no tier, the engine as
+            before. Needs a prefix cache and the paged allocator.
         seed: seed for anything random in the engine and executors.
         pause_gc: during :meth:`Engine.run`, Python's cyclic garbage collector is paused: the
             objects alive at the start are frozen (``gc.freeze``) and automatic collections are
@@ -71,12 +75,13 @@ class EngineConfig:
     prefix_hash_key: str = "random"
     policy_errors: str = "isolate"
     charge_policy_time: bool = False
+    cpu_tier_blocks: int = 0
     seed: int = 0
     pause_gc: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
-                     "num_cpu_blocks", "max_model_len"):
+                     "num_cpu_blocks", "max_model_len", "cpu_tier_blocks"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
@@ -87,6 +92,7 @@ class EngineConfig:
         check_range("engine.block_size", self.block_size, 1)
         if self.num_cpu_blocks is not None:
             check_range("engine.num_cpu_blocks", self.num_cpu_blocks, 0)
+        check_range("engine.cpu_tier_blocks", self.cpu_tier_blocks, 0)
         check_range("engine.swap_space_gb", self.swap_space_gb, 0.0)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
         check_range("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -76,7 +76,7 @@ class Engine:
     def __init__(self, config: EngineConfig, executor: Executor, scheduler: SchedulerPolicy,
                  watermark: WatermarkPolicy, eviction: EvictionPolicy, prefix_cache: PrefixCachePolicy,
                  slo_ttft_s: Optional[float] = None, slo_tpot_s: Optional[float] = None,
-                 record_steps: bool = True) -> None:
+                 record_steps: bool = True, tier: Optional[Policy] = None) -> None:
         if config.max_model_len is None:
             config.max_model_len = executor.max_model_len
         if config.num_blocks == 0:
@@ -97,8 +97,24 @@ class Engine:
         self._planned_aborts = 0                     # requests aborted while planning a step
         guarded = GuardedPrefixCache(prefix_cache, self.policy_timer,
                                      lambda call, exc: self._policy_failed("prefix_cache", exc, call))
-        self.allocator = make_allocator(config, guarded, clock=lambda: self.now)
+        # CPU tier under the prefix cache (issue #20; kvrl.engine.tiers): only with engine.cpu_tier_blocks > 0
+        self.tier = tier
+        self._tiered = config.cpu_tier_blocks > 0
+        if self._tiered:
+            from kvrl.engine.tiers import make_tiered_allocator
+            if tier is None:
+                from kvrl import plugins
+                self.tier = tier = plugins.create("tier", "offload_all")
+            self.allocator = make_tiered_allocator(
+                config, guarded, lambda: self.now, tier, executor.kv_block_bytes(config.block_size),
+                self.policy_timer, lambda call, exc: self._policy_failed("tier", exc, call))
+            self.metrics.extra_summary = self.allocator.summary
+        else:
+            self.allocator = make_allocator(config, guarded, clock=lambda: self.now)
         executor.allocate_kv(config.num_blocks, config.num_cpu_blocks, config.block_size)
+        if self._tiered:
+            executor.allocate_tier(config.cpu_tier_blocks, config.block_size)
+            self.allocator.stats.transfer_s = executor.tier_transfer_s
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.preempted = SeqQueue()                  # recompute victims, served before new arrivals
@@ -111,7 +127,7 @@ class Engine:
         self._pending_copies: list[tuple[int, int]] = []   # fork copies for the next step
         self._finished_at_schedule = 0                     # finished sequences counted into a batch so far
         self.view = EngineView(self)
-        for policy in (scheduler, watermark, eviction, prefix_cache):
+        for policy in (scheduler, watermark, eviction, prefix_cache, *([self.tier] if self._tiered else [])):
             policy.bind(self.view)
         # only hooks a policy overrides are called (the engine's per-step overhead matters in sim)
         decision_policies = (scheduler, watermark, eviction)
@@ -480,6 +496,8 @@ class Engine:
         if not preempted:
             self._schedule_swap_in(batch)
             self._schedule_waiting(batch, budget)
+        if self._tiered:
+            batch.tier_out, batch.tier_in = self.allocator.take_tier_ops()
         batch.num_admitted = self._admit_counter - admits
         batch.num_preempted = self.metrics.preemptions - preemptions
         return batch

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -114,6 +114,7 @@ class MetricsCollector:
     start_s: float = 0.0
     end_s: float = 0.0
     num_finished: int = 0
+    extra_summary: Optional[Callable[[], dict]] = None   # more summary keys (the CPU tier's, kvrl.engine.tiers)
 
     def add_request(self, request) -> RequestRecord:
         rec = RequestRecord(
@@ -196,6 +197,7 @@ class MetricsCollector:
             "prefix_check_failures": self.prefix_check_failures,
             "policy_errors": self.policy_errors,
             "steps": len(self.steps) if self.record_steps else float("nan"),
+            **(self.extra_summary() if self.extra_summary is not None else {}),
         }
 
     def write_steps_csv(self, f) -> None:

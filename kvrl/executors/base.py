@@ -41,6 +41,15 @@ class Executor(ABC):
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         """Create the GPU cache and the CPU swap pool."""
 
+    def allocate_tier(self, num_blocks: int, block_size: int) -> None:
+        """Create the CPU tier of ``num_blocks`` blocks under the prefix cache (``engine.cpu_tier_blocks``;
+        :mod:`kvrl.engine.tiers`); called after :meth:`allocate_kv`. Executors without one refuse."""
+        raise ValueError(f"engine.cpu_tier_blocks > 0: the {self.name or type(self).__name__} executor has no CPU tier")
+
+    def tier_transfer_s(self) -> tuple[float, float]:
+        """Seconds spent so far loading blocks from the CPU tier and storing blocks to it."""
+        return 0.0, 0.0
+
     @abstractmethod
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         """Run the batch's block operations and forward pass; sample; report elapsed seconds."""

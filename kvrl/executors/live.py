@@ -214,6 +214,70 @@ class LiveExecutor(Executor):
             self._swap_done.record(self._swap_stream)
         gpu.record_stream(self._swap_stream)
 
+    def allocate_tier(self, num_blocks: int, block_size: int) -> None:
+        """The CPU tier (kvrl.engine.tiers): block-major host blocks like the swap pool, pinned on CUDA."""
+        self.sync_swaps()
+        self.tier_pool = torch.empty((num_blocks, *self.cpu_pool.shape[1:]), dtype=self.dtype,
+                                     pin_memory=self.device.type == "cuda")
+        self._tier_s = [0.0, 0.0]
+        self._tier_events: list = []     # CUDA: (start, loads done, stores done) per step, read lazily
+
+    def tier_transfer_s(self) -> tuple[float, float]:
+        if not hasattr(self, "_tier_s"):
+            return 0.0, 0.0
+        for start, mid, end in self._tier_events:     # CUDA events: elapsed times once they completed
+            end.synchronize()
+            self._tier_s[1] += start.elapsed_time(mid) / 1e3
+            self._tier_s[0] += mid.elapsed_time(end) / 1e3
+        self._tier_events = []
+        return self._tier_s[0], self._tier_s[1]
+
+    def _tier_ops(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
+        """CPU-tier block operations, before anything else in the step: offloads (GPU -> tier; their
+        GPU blocks may be reused by this step) then loads (tier -> GPU). CUDA: the gather runs on
+        the compute stream, the host copies on the swap stream, and the compute stream waits for
+        the loads before the forward pass. A tier block is never read and written in one step."""
+        cuda = self._swap_stream is not None
+        if not cuda:
+            t0 = time.perf_counter()
+            if out:
+                self.tier_pool[torch.tensor([t for _, t in out])] = self.kv_by_block.index_select(
+                    0, torch.tensor([g for g, _ in out], device=self.device)).cpu()
+            t1 = time.perf_counter()
+            if into:
+                self.kv_by_block.index_copy_(0, torch.tensor([g for _, g in into], device=self.device),
+                                             self.tier_pool[torch.tensor([t for t, _ in into])].to(self.device))
+            self._tier_s[1] += t1 - t0
+            self._tier_s[0] += time.perf_counter() - t1
+            return
+        compute = torch.cuda.current_stream(self.device)
+        staged_out = None
+        if out:
+            out = sorted(out, key=lambda pair: pair[1])    # consecutive tier blocks become one copy
+            staged_out = self.kv_by_block.index_select(0, torch.tensor([g for g, _ in out], device=self.device))
+        ready = torch.cuda.Event()
+        ready.record(compute)
+        self._swap_stream.wait_event(ready)
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        with torch.cuda.stream(self._swap_stream):
+            start.record()
+            if out:
+                for first, tier_first, n in _runs([t for _, t in out]):
+                    self.tier_pool[tier_first:tier_first + n].copy_(staged_out[first:first + n], non_blocking=True)
+                staged_out.record_stream(self._swap_stream)
+            mid.record()
+            if into:
+                into = sorted(into)
+                staged_in = torch.empty((len(into), *self.tier_pool.shape[1:]), dtype=self.dtype, device=self.device)
+                for first, tier_first, n in _runs([t for t, _ in into]):
+                    staged_in[first:first + n].copy_(self.tier_pool[tier_first:tier_first + n], non_blocking=True)
+                gpu = torch.tensor([g for _, g in into], device=self.device)
+                self.kv_by_block.index_copy_(0, gpu, staged_in)
+                gpu.record_stream(self._swap_stream)
+            end.record()
+        compute.wait_event(end)
+        self._tier_events.append((start, mid, end))
+
     def sync_swaps(self) -> None:
         """Block until every issued swap transfer has finished (for profiling and pool changes)."""
         if self._swap_stream is not None:
@@ -371,6 +435,8 @@ class LiveExecutor(Executor):
         if self._swap_done is not None:
             torch.cuda.current_stream(self.device).wait_event(self._swap_done)
             self._swap_done = None
+        if batch.tier_out or batch.tier_in:
+            self._tier_ops(batch.tier_out, batch.tier_in)
         pending_out = self._gather_swap_out(batch.swap_out) if batch.swap_out else None
         if batch.copies:
             self._copy(batch.copies)

@@ -141,6 +141,28 @@ class SimExecutor(Executor):
     def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
         self._block_bytes = self.kv_block_bytes(block_size)
         self._clock, self._swaps = 0.0, SwapStream()
+        self._tier_s = [0.0, 0.0]
+
+    def allocate_tier(self, num_blocks: int, block_size: int) -> None:
+        self._tier_s = [0.0, 0.0]
+
+    def tier_transfer_s(self) -> tuple[float, float]:
+        return self._tier_s[0], self._tier_s[1]
+
+    def _issue_tier(self, batch: ScheduledBatch) -> None:
+        """CPU-tier transfers (kvrl.engine.tiers) on the swap stream at the step's start, priced as
+        swaps (profile transfer terms, else PCIe); this step's forward pass waits for them."""
+        n_out, n_in = len(batch.tier_out), len(batch.tier_in)
+        if self._step_model is not None:
+            out_s, in_s = self._step_model.swap_out_xfer(n_out), self._step_model.swap_in_xfer(n_in)
+        else:
+            pcie = self._block_bytes / self.device.pcie_bw
+            out_s, in_s = n_out * pcie, n_in * pcie
+        swaps = self._swaps
+        swaps.busy_until = max(swaps.busy_until, self._clock) + out_s + in_s
+        swaps.swap_in_ready = max(swaps.swap_in_ready, swaps.busy_until)
+        self._tier_s[0] += in_s
+        self._tier_s[1] += out_s
 
     def _timed(self, compute_s: float, forward_s: float, swap_out_s: float, swap_in_s: float) -> float:
         """The step's duration on the swap-stream timeline; advances the clock."""
@@ -160,6 +182,8 @@ class SimExecutor(Executor):
         return self.device.step_overhead_s + max(flops / self._flop_s, bytes_moved / self._byte_s)
 
     def execute(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.tier_out or batch.tier_in:
+            self._issue_tier(batch)
         if self._step_model is not None:
             return self._execute_profiled(batch)
         num_tokens = num_sampled = kv_read = pairs = 0

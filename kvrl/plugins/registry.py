@@ -45,6 +45,8 @@ from kvrl.plugins.base import check_choice, check_range
 log = logging.getLogger(__name__)
 
 KINDS = ("scheduler", "watermark", "eviction", "prefix_cache")
+#: kinds a config may leave out (then the named default is built): ``tier`` (issue #20, kvrl.plugins.tiers)
+OPTIONAL_KINDS = {"tier": "offload_all"}
 ENTRY_POINT_GROUP = "kvrl.plugins"
 
 
@@ -63,7 +65,7 @@ class PluginSpec:
     params_cls: type
 
 
-_registry: dict[str, dict[str, PluginSpec]] = {kind: {} for kind in KINDS}
+_registry: dict[str, dict[str, PluginSpec]] = {kind: {} for kind in (*KINDS, *OPTIONAL_KINDS)}
 _entry_points_loaded = False
 
 

@@ -1,0 +1,95 @@
+"""The ``tier`` plugin kind (issue #20) and its built-ins: ``none``, ``offload_all``, ``cost_aware``.
+
+A tier policy decides, for every evictable cached block the GPU prefix cache reclaims, whether
+its KV is offloaded to the CPU tier (``engine.cpu_tier_blocks`` blocks) or dropped. The engine
+carries the decision out (:mod:`kvrl.engine.tiers`): the tier keeps the block's identity and
+identity record, a later prefix match continues into the tier with the same check as on the GPU,
+and hit blocks are loaded back into fresh GPU blocks instead of being recomputed. Replacement
+inside the tier is least recently stored first (a tier block leaves the tier when it is loaded
+back, so its last use is its store).
+
+Why a fifth kind and not a parameter of ``prefix_cache``: the prefix-cache policy answers
+*which* evictable block goes first; the tier policy answers *what happens to it* (offload or
+drop). The two are independent choices (any reclaim order with any offload rule), so they are
+swept and learnt independently; folding the tier into ``prefix_cache`` would multiply every
+prefix-cache plugin by every offload rule. The kind is optional in configs (absent = ``none``),
+so every existing config and result is unchanged (docs/tiers.md).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from kvrl.plugins.base import Policy, check_range
+from kvrl.plugins.registry import register
+
+
+@dataclass(frozen=True)
+class ReclaimedBlock:
+    """A GPU prefix block being reclaimed: its position in its chain (``index``: 0 = the first
+    block of a prompt, so ``index * block_size`` tokens precede it) and the tier's state."""
+
+    index: int
+    block_size: int
+    tier_free_blocks: int     # CPU tier blocks free now (0: an offload replaces the oldest tier block)
+    tier_blocks: int          # the tier's size
+
+
+class TierPolicy(Policy):
+    """Offload-or-drop decisions for reclaimed GPU prefix blocks (see module doc).
+
+    Contract: :meth:`offload` returns a bool; a raise or a non-bool is a policy error
+    (``engine.policy_errors``) and the block is dropped, as without a tier. The policy never sees
+    token ids or identities (tenant isolation is the allocator's check, the same on every tier).
+    """
+
+    @abc.abstractmethod
+    def offload(self, block: ReclaimedBlock) -> bool:
+        """True: copy the block's KV to the CPU tier; False: drop it."""
+
+
+@register("tier", "none")
+class NoTier(TierPolicy):
+    """Drop every reclaimed block (the engine without a tier). No parameters."""
+
+    def offload(self, block):
+        return False
+
+
+@register("tier", "offload_all")
+class OffloadAll(TierPolicy):
+    """Offload every reclaimed block; the tier replaces its least recently stored block when
+    full. No parameters. Source: vLLM's CPU offloading connector and SGLang HiCache's
+    write-through-on-evict default."""
+
+    def offload(self, block):
+        return True
+
+
+@register("tier", "cost_aware")
+class CostAwareTier(TierPolicy):
+    """Offload a block when moving it out and back (2 x the executor's per-block transfer
+    estimate, amortised over ``batch_blocks`` blocks per transfer) is cheaper than recomputing it
+    (the executor's prefill estimate of ``index + 1`` blocks minus that of ``index`` blocks, i.e.
+    its own tokens attending to everything before it). Early blocks are cheap to recompute and
+    short prompts make batched prefill efficient, so they are dropped; deep blocks are kept.
+    Parameters: ``batch_blocks`` (transfer batch size the estimate assumes, default 16),
+    ``margin`` (offload when transfer < margin x recompute, default 1.0)."""
+
+    @dataclass
+    class Params:
+        batch_blocks: int = 16
+        margin: float = 1.0
+
+        def __post_init__(self):
+            check_range("batch_blocks", self.batch_blocks, 1)
+            check_range("margin", self.margin, 0.0)
+
+    def offload(self, block):
+        engine = self.engine
+        n = self.params.batch_blocks
+        transfer_s = 2.0 * engine.estimate_swap_s(n) / n
+        before = block.index * block.block_size
+        recompute_s = (engine.estimate_recompute_s(before + block.block_size)
+                       - engine.estimate_recompute_s(before))
+        return transfer_s < self.params.margin * recompute_s
