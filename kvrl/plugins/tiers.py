@@ -71,7 +71,8 @@ class CostAwareTier(TierPolicy):
     """Offload a block when moving it out and back (2 x the executor's per-block transfer
     estimate, amortised over ``batch_blocks`` blocks per transfer) is cheaper than recomputing it
     (the executor's prefill estimate of ``index + 1`` blocks minus that of ``index`` blocks, i.e.
-    its own tokens attending to everything before it). Early blocks are cheap to recompute and
+    its own tokens attending to everything before it; block 0 is priced as block 1, since the
+    fixed cost of a step is no block's). Early blocks are cheap to recompute and
     short prompts make batched prefill efficient, so they are dropped; deep blocks are kept.
     Parameters: ``batch_blocks`` (transfer batch size the estimate assumes, default 16),
     ``margin`` (offload when transfer < margin x recompute, default 1.0)."""
@@ -89,7 +90,7 @@ class CostAwareTier(TierPolicy):
         engine = self.engine
         n = self.params.batch_blocks
         transfer_s = 2.0 * engine.estimate_swap_s(n) / n
-        before = block.index * block.block_size
+        before = max(block.index, 1) * block.block_size    # block 0 priced as block 1: a step's fixed cost is no block's
         recompute_s = (engine.estimate_recompute_s(before + block.block_size)
                        - engine.estimate_recompute_s(before))
         return transfer_s < self.params.margin * recompute_s

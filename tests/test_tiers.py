@@ -1,0 +1,303 @@
+"""The CPU tier under the prefix cache (issue #20, kvrl.engine.tiers): invariants under random
+operations (no identity in two tiers, no leaked block, tenant scoping), the identity check on tier
+hits, the default (no tier) unchanged, sim pricing, config errors, and greedy token-exactness
+against transformers after an offload and reload on the live executor (CPU, tiny model)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from kvrl import plugins
+from kvrl.engine.batch import ScheduledBatch
+from kvrl.engine.config import EngineConfig
+from kvrl.engine.engine import Engine
+from kvrl.engine.paged_allocator import PagedAllocator
+from kvrl.engine.request import SeqStatus
+from kvrl.engine.tiers import TieredAllocator
+from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+from kvrl.executors.sim import SimExecutor
+from kvrl.plugins.base import PreemptionMode
+from tests.helpers import make_request
+
+
+def tier_engine(num_blocks=24, tier_blocks=16, tier="offload_all", prefix_cache="hash_lru", block_size=4,
+                scope="tenant", executor=None, mode="recompute", **kw):
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=kw.pop("num_cpu_blocks", 16),
+                       max_model_len=kw.pop("max_model_len", 4096), cpu_tier_blocks=tier_blocks,
+                       prefix_cache_scope=scope, **kw)
+    ex = executor or SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], profile="none")
+    return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
+                  plugins.create("eviction", "lifo", mode=mode),
+                  plugins.create("prefix_cache", prefix_cache), tier=plugins.create("tier", tier))
+
+
+def _prompt(group, length, rng):
+    base = np.random.default_rng(group).integers(0, 50, 64, dtype=np.int32)     # shared prefixes
+    return np.concatenate([base[: length - length // 4], rng.integers(0, 50, length // 4, dtype=np.int32)])
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(4, 40), st.integers(1, 8), st.integers(1, 2), st.integers(0, 3),
+                  st.sampled_from(["a", "b"])),
+        st.tuples(st.just("step"), st.integers(1, 6)),
+        st.tuples(st.just("preempt"), st.sampled_from(["swap", "recompute"])),
+        st.tuples(st.just("abort"), st.integers(0, 50)),
+    ),
+    min_size=1, max_size=40)
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash_lru", "hash_lfu", "radix_lru"])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, seed=st.integers(0, 2**16), tier_blocks=st.sampled_from([1, 3, 12]),
+       tier=st.sampled_from(["offload_all", "cost_aware"]))
+def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier):
+    """After every operation: pool and tier partitions exact, every GPU-cached identity absent from
+    the tier, every cached block a sequence holds registered under its own salt (two tenants send
+    the same prompts); at the end every request finished or was aborted and nothing is held."""
+    engine = tier_engine(num_blocks=28, tier_blocks=tier_blocks, tier=tier, prefix_cache=prefix_cache,
+                         max_num_batched_tokens=32, mode="swap")
+    rng = np.random.default_rng(seed)
+    added = []
+    for op in ops:
+        if op[0] == "add":
+            _, plen, olen, n, group, tenant = op
+            rid = f"r{len(added)}"
+            engine.submit(make_request(rid, tokens=_prompt(group, plen, rng), output_len=olen, n=n,
+                                       arrival_s=engine.now, tenant=tenant))
+            added.append((rid, olen, n))
+        elif op[0] == "step":
+            for _ in range(op[1]):
+                if engine.has_unfinished:
+                    engine.step()
+        elif op[0] == "preempt" and engine.running:
+            batch = ScheduledBatch()
+            engine._preempt(engine.running[-1], PreemptionMode(op[1]), batch)
+            engine.executor.execute(batch)
+        elif op[0] == "abort" and added:
+            rid = added[op[1] % len(added)][0]
+            if engine._groups[rid].num_open:
+                engine.abort(rid, "aborted by test")
+        engine.check_invariants()
+    steps = 0
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_invariants()
+        steps += 1
+        assert steps < 5000, "engine did not drain"
+    alloc = engine.allocator
+    assert alloc.num_used_blocks == 0 and alloc.num_free_blocks == alloc.num_blocks
+    for rid, olen, n in added:
+        rec = engine.metrics.requests[rid]
+        if not rec.error:
+            assert rec.output_tokens == n * olen
+            assert all(s.status is SeqStatus.FINISHED for s in engine._groups[rid].seqs)
+    s = engine.metrics.summary()
+    assert s["tier_loaded_blocks"] <= s["tier_offloaded_blocks"]
+    event(f"tier loads: {'some' if s['tier_loaded_blocks'] else 'none'}")
+
+
+def _fill_then_reuse(engine, prompts, fillers, tenants=("a", "a")):
+    """Serve ``prompts`` (tenant ``tenants[0]``), then ``fillers`` (which reclaim the GPU cache),
+    then ``prompts`` again (tenant ``tenants[1]``); returns the engine's summary."""
+    reqs = [make_request(f"p{i}", tokens=p, output_len=2, arrival_s=0.0, tenant=tenants[0]) for i, p in enumerate(prompts)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0, tenant="filler") for i, p in enumerate(fillers)]
+    reqs += [make_request(f"q{i}", tokens=p, output_len=2, arrival_s=2.0, tenant=tenants[1]) for i, p in enumerate(prompts)]
+    summary = engine.run(reqs)
+    engine.check_invariants()
+    assert summary["finished"] == len(reqs)
+    return summary
+
+
+def _prompts(n, length, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 1000, length, dtype=np.int32) for _ in range(n)]
+
+
+def test_reclaimed_prefix_blocks_come_back_from_the_cpu_tier():
+    prompts, fillers = _prompts(2, 33, 1), _prompts(6, 33, 2)
+    gpu_only = _fill_then_reuse(tier_engine(tier_blocks=0), prompts, fillers)
+    tiered = _fill_then_reuse(tier_engine(tier_blocks=64), prompts, fillers)
+    assert "tier_cpu_hit_rate" not in gpu_only and gpu_only["prefix_hit_rate"] == 0.0
+    assert tiered["tier_offloaded_blocks"] > 0
+    assert tiered["tier_loaded_blocks"] == 2 * 8          # both prompts' 8 full blocks (32 of 33 tokens)
+    assert tiered["tier_cpu_hit_rate"] == pytest.approx(2 * 32 / (10 * 33))
+    assert tiered["tier_bytes_loaded"] == 16 * SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]).kv_block_bytes(4)
+    assert tiered["tier_load_s"] > 0 and tiered["tier_store_s"] > 0
+
+
+@pytest.mark.parametrize("scope,hits", [("tenant", False), ("global", True)])
+def test_tier_hits_are_scoped_like_gpu_hits(scope, hits):
+    """Tenant b sends tenant a's prompts after a's blocks went to the CPU tier: under the default
+    tenant scope b gets nothing from the tier; under global scope it does."""
+    prompts, fillers = _prompts(2, 33, 1), _prompts(6, 33, 2)
+    summary = _fill_then_reuse(tier_engine(tier_blocks=64, scope=scope), prompts, fillers, tenants=("a", "b"))
+    assert summary["tier_offloaded_blocks"] > 0
+    assert (summary["tier_loaded_blocks"] > 0) is hits
+
+
+def test_a_tier_block_whose_record_differs_is_not_a_hit():
+    """The tier checks parent, tokens and salt on a hit as the GPU cache does: a tier block
+    whose recorded tokens differ from the requester's (what a hash collision would look like) is
+    a miss, counted in prefix_check_failures, and the prompt is recomputed."""
+    prompts, fillers = _prompts(1, 33, 1), _prompts(6, 33, 2)
+    engine = tier_engine(tier_blocks=64)
+    reqs = [make_request("p", tokens=prompts[0], output_len=2)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0) for i, p in enumerate(fillers)]
+    engine.run(reqs)
+    tier = engine.allocator.tier
+    seq_hashes = engine._groups["p"].seqs[0].block_hashes
+    slot = tier.lookup(seq_hashes[0])
+    assert slot is not None, "the first block should be in the tier"
+    entry = tier.entry(slot)
+    tier._entry[slot] = entry._replace(tokens=bytes(len(entry.tokens)))
+    before = engine.metrics.prefix_check_failures
+    engine.run([make_request("again", tokens=prompts[0], output_len=2, arrival_s=engine.now)])
+    assert engine.metrics.prefix_check_failures == before + 1
+    assert engine.allocator.stats.loaded_blocks == 0
+
+
+def test_tier_policy_none_changes_nothing():
+    """cpu_tier_blocks > 0 with tier=none: the same requests, times and tokens as no tier."""
+    prompts, fillers = _prompts(3, 33, 1), _prompts(6, 41, 2)
+    results = []
+    for blocks, tier in ((0, "offload_all"), (32, "none")):
+        engine = tier_engine(tier_blocks=blocks, tier=tier)
+        _fill_then_reuse(engine, prompts, fillers)
+        results.append([(r.request_id, r.first_token_s, r.finish_s, tuple(map(tuple, engine.outputs(r.request_id))))
+                        for r in engine.metrics.requests.values()])
+    assert isinstance(tier_engine(tier_blocks=0).allocator, PagedAllocator)
+    assert not isinstance(tier_engine(tier_blocks=0).allocator, TieredAllocator)
+    assert results[0] == results[1]
+
+
+def test_cost_aware_offloads_blocks_whose_reload_beats_recompute():
+    engine = tier_engine(tier_blocks=8, tier="cost_aware")
+    policy = engine.tier
+    from kvrl.plugins.tiers import ReclaimedBlock
+    view = engine.view
+    for index in (0, 5, 200):
+        transfer = 2 * view.estimate_swap_s(16) / 16
+        before = 4 * max(index, 1)
+        recompute = view.estimate_recompute_s(before + 4) - view.estimate_recompute_s(before)
+        assert policy.offload(ReclaimedBlock(index, 4, 8, 8)) is (transfer < recompute)
+    # shallow blocks are cheap to recompute (memory-bound prefill), deep ones are not
+    decisions = {policy.offload(ReclaimedBlock(i, 4, 8, 8)) for i in (0, 2000)}
+    assert decisions == {False, True}
+
+
+def test_the_sim_prices_tier_transfers_before_the_forward_pass():
+    """Tier transfers run on the swap stream at the step's start and the forward pass waits for
+    them (the loads are its inputs), so a step with a forward pass lasts at least transfers + forward."""
+    from kvrl.engine.batch import ScheduledSeq
+    from kvrl.engine.request import Sequence
+    ex = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], profile="auto")
+    item = ScheduledSeq(Sequence(0, make_request("x", 64)), 32, 32, 1)
+    ex.allocate_kv(64, 0, 16)
+    ex.allocate_tier(8, 16)
+    plain = ex.execute(ScheduledBatch(seqs=[item])).elapsed_s
+    assert ex.tier_transfer_s() == (0.0, 0.0)
+    ex.allocate_kv(64, 0, 16)
+    ex.allocate_tier(8, 16)
+    tiered = ex.execute(ScheduledBatch(seqs=[item], tier_in=[(0, 2), (1, 3)], tier_out=[(4, 2)])).elapsed_s
+    load_s, store_s = ex.tier_transfer_s()
+    assert load_s > 0 and store_s > 0
+    assert tiered > plain and tiered >= load_s + store_s
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(prefix_cache="none"), "engine.cpu_tier_blocks"),
+    (dict(allocator="contiguous", prefix_cache="none"), "engine.cpu_tier_blocks"),
+])
+def test_a_tier_without_a_prefix_cache_is_an_error_naming_the_key(change, message):
+    with pytest.raises(ValueError, match=message):
+        tier_engine(tier_blocks=8, **change)
+
+
+def test_negative_tier_size_is_rejected():
+    with pytest.raises(ValueError, match="engine.cpu_tier_blocks"):
+        EngineConfig(cpu_tier_blocks=-1)
+    with pytest.raises(ValueError, match="engine.cpu_tier_blocks"):
+        EngineConfig(cpu_tier_blocks=2.5)
+
+
+def test_builder_takes_the_tier_section_or_its_default():
+    from kvrl.builder import build_policies
+    base = {"scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
+            "prefix_cache": {"name": "hash_lru"}}
+    assert build_policies(OmegaConf.create(base))["tier"].plugin_name == "offload_all"
+    assert build_policies(OmegaConf.create({**base, "tier": None}))["tier"].plugin_name == "offload_all"
+    policy = build_policies(OmegaConf.create({**base, "tier": {"name": "cost_aware", "margin": 2.0}}))["tier"]
+    assert policy.plugin_name == "cost_aware" and policy.params.margin == 2.0
+    with pytest.raises(ValueError, match="margin"):
+        build_policies(OmegaConf.create({**base, "tier": {"name": "cost_aware", "margin": -1.0}}))
+
+
+def test_a_failing_tier_policy_drops_the_block_and_is_counted():
+    from kvrl.plugins.tiers import TierPolicy
+
+    class Broken(TierPolicy):
+        def offload(self, block):
+            return "yes"
+
+    engine = tier_engine(tier_blocks=16)
+    engine.allocator.tier_policy = Broken(None)
+    prompts, fillers = _prompts(1, 33, 1), _prompts(6, 33, 2)
+    summary = _fill_then_reuse(engine, prompts, fillers)
+    assert summary["policy_errors"] > 0 and summary["tier_offloaded_blocks"] == 0
+    assert summary["tier_dropped_blocks"] == summary["policy_errors"]
+
+
+# ---------------------------------------------------------------------------------------- live (CPU)
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    from kvrl.model import make_random_checkpoint
+    path = tmp_path_factory.mktemp("qwen3")
+    make_random_checkpoint(path, family="qwen3", preset="tiny", seed=1)
+    return path
+
+
+def _live_engine(path, tier_blocks):
+    from kvrl.executors.live import LiveExecutor
+    from kvrl.model import load_model
+    model, config = load_model(path, dtype=torch.float32, device="cpu")
+    ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=False)
+    return tier_engine(num_blocks=20, tier_blocks=tier_blocks, executor=ex, max_model_len=512,
+                       max_num_batched_tokens=64)
+
+
+def test_live_greedy_output_is_exact_after_offload_and_reload(tiny_checkpoint):
+    """Two conversations' prompts, then fillers that push their prefix blocks out of a 20-block GPU
+    pool into the CPU tier, then the prompts again: the reloaded blocks serve the second round and
+    the greedy tokens equal transformers' for every request."""
+    from tests.test_live_exactness import hf_greedy
+    rng = np.random.default_rng(4)
+    system = rng.integers(0, 512, 20, dtype=np.int32)
+    prompts = [np.concatenate([system, rng.integers(0, 512, k, dtype=np.int32)]) for k in (9, 14)]
+    fillers = [rng.integers(0, 512, 30, dtype=np.int32) for _ in range(3)]
+    engine = _live_engine(tiny_checkpoint, tier_blocks=32)
+    reqs = [make_request(f"p{i}", tokens=p, output_len=6, arrival_s=0.0) for i, p in enumerate(prompts)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=6, arrival_s=1.0 + i) for i, p in enumerate(fillers)]
+    reqs += [make_request(f"q{i}", tokens=p, output_len=6, arrival_s=10.0) for i, p in enumerate(prompts)]
+    summary = engine.run(reqs)
+    assert summary["finished"] == len(reqs)
+    assert summary["tier_loaded_blocks"] >= 8, summary
+    expected = hf_greedy(tiny_checkpoint, [*prompts, *fillers, *prompts], 6)
+    assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+
+
+def test_live_offload_then_reload_restores_identical_kv(tiny_checkpoint):
+    engine = _live_engine(tiny_checkpoint, tier_blocks=4)
+    ex = engine.executor
+    ex.kv.normal_()
+    before = ex.kv_by_block[[3, 5]].clone()
+    ex.execute(ScheduledBatch(tier_out=[(3, 2), (5, 0)]))
+    ex.kv.zero_()
+    ex.execute(ScheduledBatch(tier_in=[(0, 7), (2, 1)]))
+    assert torch.equal(ex.kv_by_block[1], before[0]) and torch.equal(ex.kv_by_block[7], before[1])
