@@ -121,6 +121,27 @@ class PagedAllocator:
             self._tokens_in_use += self._fill[block]
         self.ref_counts[block] += 1
 
+    def _release(self, blocks, now: float) -> None:
+        """:meth:`_decref` of each of ``blocks`` in order (inlined: this runs once per block of
+        every finished or swapped-out sequence)."""
+        ref, fill, cached = self.ref_counts, self._fill, self._cached
+        release, free_list = self.prefix_cache.on_release, self._free
+        used = tokens = 0
+        try:
+            for block in blocks:
+                rc = ref[block] - 1
+                ref[block] = rc
+                if rc == 0:
+                    used += 1
+                    tokens += fill[block]
+                    if cached[block]:
+                        release(block, now)
+                    else:
+                        free_list.append(block)
+        finally:                                   # the counts stay right if a policy call raises
+            self._num_used -= used
+            self._tokens_in_use -= tokens
+
     def _decref(self, block: int, now: float) -> None:
         rc = self.ref_counts[block] - 1
         self.ref_counts[block] = rc
@@ -240,8 +261,19 @@ class PagedAllocator:
                 self._decref(old, self._clock())
                 seq.block_table[idx] = new
         need = -(-upto // self.block_size) - len(seq.block_table)
-        for _ in range(need):
-            seq.block_table.append(self._allocate())
+        if need > 0:
+            table, free_list = seq.block_table, self._free
+            take = min(need, len(free_list))       # uncached free blocks first, as _allocate takes them
+            if take:
+                ref, fill = self.ref_counts, self._fill
+                for _ in range(take):
+                    block = free_list.popleft()
+                    ref[block] = 1
+                    fill[block] = 0
+                    table.append(block)
+                self._num_used += take
+            for _ in range(need - take):
+                table.append(self._allocate())
         return copies
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
@@ -292,9 +324,7 @@ class PagedAllocator:
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s GPU and CPU blocks (tail first, so cached tails are reclaimed first)."""
-        now = self._clock()
-        for block in reversed(seq.block_table):
-            self._decref(block, now)
+        self._release(reversed(seq.block_table), self._clock())
         seq.block_table = []
         self._cpu_free.extend(seq.cpu_block_table)
         seq.cpu_block_table = []
@@ -306,9 +336,7 @@ class PagedAllocator:
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Move ``seq`` to the CPU pool; returns (gpu_block, cpu_block) pairs to copy first."""
         pairs = [(block, self._cpu_free.pop()) for block in seq.block_table]
-        now = self._clock()
-        for block in reversed(seq.block_table):
-            self._decref(block, now)
+        self._release(reversed(seq.block_table), self._clock())
         seq.cpu_block_table = [cpu for _, cpu in pairs]
         seq.block_table = []
         return pairs
