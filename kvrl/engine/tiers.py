@@ -15,10 +15,11 @@ exactly as on the GPU. An identity is in at most one tier: loading a block back 
 the tier, and a block newly registered on the GPU removes the tier's copy of its identity.
 
 Block operations (carried out by the executor, like swaps): ``tier_out`` (gpu_block, tier_block)
-copies a reclaimed block's KV to the tier before anything in the step may overwrite it;
-``tier_in`` (tier_block, gpu_block) loads a hit into a fresh GPU block before the forward pass
-that reads it. A tier block given up in a step (loaded back or superseded) is reused only from the
-next step on, so no step both reads and writes one tier block.
+copies a reclaimed block's KV to the tier (gathered before anything in the step may overwrite
+it; the host copy overlaps the step); ``tier_in`` (tier_block, gpu_block) loads a hit into a fresh
+GPU block before the forward pass that reads it. No step both reads and writes one tier block: a
+tier block given up in a step (loaded back or superseded) is reused only from the next step on,
+and a block written in a step is no hit before the next.
 
 Units: blocks; ``bytes`` = blocks x the executor's ``kv_block_bytes``; seconds are the executor's
 transfer times (priced by the sim, measured live).
@@ -76,6 +77,10 @@ class CpuTier:
 
     def entry(self, block: int) -> TierEntry:
         return self._entry[block]
+
+    def stored_now(self, block: int) -> bool:
+        """Whether ``block`` was written in this step (its copy may still be in flight: no hit yet)."""
+        return block in self._stored_now
 
     def store(self, entry: TierEntry) -> Optional[int]:
         """A tier block for ``entry`` (a free one, else the oldest stored one, replaced); None when
@@ -281,7 +286,7 @@ class TieredAllocator(PagedAllocator):
         width = bs * 8
         for i in range(len(gpu.block_ids), max_blocks):
             slot = tier.lookup(hashes[i])
-            if slot is None:
+            if slot is None or tier.stored_now(slot):
                 break
             if self._checked:
                 if data is None:

@@ -225,58 +225,57 @@ class LiveExecutor(Executor):
     def tier_transfer_s(self) -> tuple[float, float]:
         if not hasattr(self, "_tier_s"):
             return 0.0, 0.0
-        for start, mid, end in self._tier_events:     # CUDA events: elapsed times once they completed
-            end.synchronize()
-            self._tier_s[1] += start.elapsed_time(mid) / 1e3
-            self._tier_s[0] += mid.elapsed_time(end) / 1e3
+        for start, loaded, stored in self._tier_events:     # CUDA events: elapsed times once they completed
+            stored.synchronize()
+            self._tier_s[0] += start.elapsed_time(loaded) / 1e3
+            self._tier_s[1] += loaded.elapsed_time(stored) / 1e3
         self._tier_events = []
         return self._tier_s[0], self._tier_s[1]
 
     def _tier_ops(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
-        """CPU-tier block operations, before anything else in the step: offloads (GPU -> tier; their
-        GPU blocks may be reused by this step) then loads (tier -> GPU). CUDA: the gather runs on
-        the compute stream, the host copies on the swap stream, and the compute stream waits for
-        the loads before the forward pass. A tier block is never read and written in one step."""
-        cuda = self._swap_stream is not None
-        if not cuda:
+        """CPU-tier block operations, before anything else in the step: the offloaded blocks are
+        gathered first (a load may target a block reclaimed in this step), then the loads (tier ->
+        GPU) run, then the gathered blocks go to the tier. CUDA: the gather runs on the compute
+        stream, the host copies on the swap stream, and the compute stream waits for the loads
+        only. No tier block is read and written in one step (kvrl.engine.tiers)."""
+        gpu_out = torch.tensor([g for g, _ in sorted(out, key=lambda p: p[1])], device=self.device) if out else None
+        host_out = sorted(t for _, t in out)
+        if self._swap_stream is None:
             t0 = time.perf_counter()
-            if out:
-                self.tier_pool[torch.tensor([t for _, t in out])] = self.kv_by_block.index_select(
-                    0, torch.tensor([g for g, _ in out], device=self.device)).cpu()
-            t1 = time.perf_counter()
+            staged_out = self.kv_by_block.index_select(0, gpu_out) if out else None
             if into:
                 self.kv_by_block.index_copy_(0, torch.tensor([g for _, g in into], device=self.device),
                                              self.tier_pool[torch.tensor([t for t, _ in into])].to(self.device))
-            self._tier_s[1] += t1 - t0
-            self._tier_s[0] += time.perf_counter() - t1
+            t1 = time.perf_counter()
+            if out:
+                self.tier_pool[torch.tensor(host_out)] = staged_out.cpu()
+            self._tier_s[0] += t1 - t0
+            self._tier_s[1] += time.perf_counter() - t1
             return
         compute = torch.cuda.current_stream(self.device)
-        staged_out = None
-        if out:
-            out = sorted(out, key=lambda pair: pair[1])    # consecutive tier blocks become one copy
-            staged_out = self.kv_by_block.index_select(0, torch.tensor([g for g, _ in out], device=self.device))
+        staged_out = self.kv_by_block.index_select(0, gpu_out) if out else None   # consecutive tier blocks: one copy
         ready = torch.cuda.Event()
         ready.record(compute)
         self._swap_stream.wait_event(ready)
-        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start, loaded, stored = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         with torch.cuda.stream(self._swap_stream):
             start.record()
-            if out:
-                for first, tier_first, n in _runs([t for _, t in out]):
-                    self.tier_pool[tier_first:tier_first + n].copy_(staged_out[first:first + n], non_blocking=True)
-                staged_out.record_stream(self._swap_stream)
-            mid.record()
             if into:
                 into = sorted(into)
                 staged_in = torch.empty((len(into), *self.tier_pool.shape[1:]), dtype=self.dtype, device=self.device)
                 for first, tier_first, n in _runs([t for t, _ in into]):
                     staged_in[first:first + n].copy_(self.tier_pool[tier_first:tier_first + n], non_blocking=True)
-                gpu = torch.tensor([g for _, g in into], device=self.device)
-                self.kv_by_block.index_copy_(0, gpu, staged_in)
-                gpu.record_stream(self._swap_stream)
-            end.record()
-        compute.wait_event(end)
-        self._tier_events.append((start, mid, end))
+                gpu_in = torch.tensor([g for _, g in into], device=self.device)
+                self.kv_by_block.index_copy_(0, gpu_in, staged_in)
+                gpu_in.record_stream(self._swap_stream)
+            loaded.record()
+            if out:
+                for first, tier_first, n in _runs(host_out):
+                    self.tier_pool[tier_first:tier_first + n].copy_(staged_out[first:first + n], non_blocking=True)
+                staged_out.record_stream(self._swap_stream)
+            stored.record()
+        compute.wait_event(loaded)
+        self._tier_events.append((start, loaded, stored))
 
     def sync_swaps(self) -> None:
         """Block until every issued swap transfer has finished (for profiling and pool changes)."""

@@ -151,7 +151,8 @@ class SimExecutor(Executor):
 
     def _issue_tier(self, batch: ScheduledBatch) -> None:
         """CPU-tier transfers (kvrl.engine.tiers) on the swap stream at the step's start, priced as
-        swaps (profile transfer terms, else PCIe); this step's forward pass waits for them."""
+        swaps (profile transfer terms, else PCIe): the loads first, which this step's forward pass
+        waits for, then the stores, which only occupy the stream (their blocks were gathered)."""
         n_out, n_in = len(batch.tier_out), len(batch.tier_in)
         if self._step_model is not None:
             out_s, in_s = self._step_model.swap_out_xfer(n_out), self._step_model.swap_in_xfer(n_in)
@@ -159,8 +160,10 @@ class SimExecutor(Executor):
             pcie = self._block_bytes / self.device.pcie_bw
             out_s, in_s = n_out * pcie, n_in * pcie
         swaps = self._swaps
-        swaps.busy_until = max(swaps.busy_until, self._clock) + out_s + in_s
-        swaps.swap_in_ready = max(swaps.swap_in_ready, swaps.busy_until)
+        swaps.busy_until = max(swaps.busy_until, self._clock) + in_s
+        if in_s:
+            swaps.swap_in_ready = max(swaps.swap_in_ready, swaps.busy_until)
+        swaps.busy_until += out_s
         self._tier_s[0] += in_s
         self._tier_s[1] += out_s
 

@@ -1,0 +1,141 @@
+"""GPU-only prefix caching vs + a CPU tier on one workload, over seeds (issue #20, docs/tiers.md).
+
+Composes ``conf/run.yaml`` with the given Hydra overrides (the workload, pool sizes, backend),
+runs every variant on every seed and writes ``results.json`` (every run's metrics.json summary
+plus the workload's working set) and ``table.md`` (mean over seeds, min-max in brackets) under
+``--out``. Variants:
+
+* ``gpu``: ``engine.cpu_tier_blocks=0`` (today's engine);
+* ``cpu``: ``engine.cpu_tier_blocks=<--tier-blocks>``, ``tier=offload_all``;
+* ``cost``: the same tier with ``tier=cost_aware``.
+
+Working set: at every arrival, the sum over conversations (prefix groups) that have started and
+not yet sent their last turn of their latest prompt length, plus the shared system prompt once;
+reported as mean and peak over arrivals, in tokens and as a multiple of the GPU pool's tokens.
+
+Example (the sim numbers of docs/tiers.md)::
+
+    python scripts/tiers_study.py --out runs/tiers/sim --seeds 0 1 2 -- workload=multi_turn \\
+        workload.num_conversations=200 ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = {
+    "gpu": lambda blocks: ["engine.cpu_tier_blocks=0"],
+    "cpu": lambda blocks: [f"engine.cpu_tier_blocks={blocks}", "tier=offload_all"],
+    "cost": lambda blocks: [f"engine.cpu_tier_blocks={blocks}", "tier=cost_aware"],
+}
+COLUMNS = ("ttft_p50_s", "ttft_p99_s", "throughput_tok_s", "prefix_hit_rate", "tier_gpu_hit_rate",
+           "tier_cpu_hit_rate", "tier_loaded_blocks", "tier_offloaded_blocks", "tier_load_s", "recomputed_tokens",
+           "preemptions")
+
+
+def compose(overrides: list[str]):
+    import kvrl.apps  # noqa: F401  (config resolvers)
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from kvrl import plugins
+    from kvrl.apps.schema import register_schemas, validate_config
+    register_schemas()
+    plugins.available("tier")            # registers the built-ins' Hydra config options
+    with initialize_config_module("kvrl.conf", version_base="1.3"):
+        cfg = hydra_compose("run", overrides=overrides)
+    validate_config(cfg)
+    return cfg
+
+
+def working_set(requests, pool_tokens: int, system_len: int) -> dict:
+    """Mean and peak over arrivals of the live conversations' latest prompt tokens (see module doc)."""
+    groups: dict[str, list] = {}
+    for r in requests:
+        groups.setdefault(r.prefix_group or r.request_id, []).append(r)
+    spans = [(min(r.arrival_s for r in rs), max(r.arrival_s for r in rs), sorted(rs, key=lambda r: r.arrival_s))
+             for rs in groups.values()]
+    sizes = []
+    for t in sorted(r.arrival_s for r in requests):
+        live = 0
+        for first, last, rs in spans:
+            if first <= t <= last:
+                live += max(r.prompt_len for r in rs if r.arrival_s <= t) - system_len
+        sizes.append(live + system_len)
+    mean, peak = float(np.mean(sizes)), float(np.max(sizes))
+    return {"working_set_mean_tokens": mean, "working_set_peak_tokens": peak,
+            "working_set_mean_x_pool": mean / pool_tokens, "working_set_peak_x_pool": peak / pool_tokens}
+
+
+def run_one(overrides: list[str]) -> dict:
+    from kvrl.builder import build_engine, to_dict
+    from kvrl.workloads import build_workload
+    cfg = compose(overrides)
+    engine = build_engine(cfg, record_steps=False)
+    requests = build_workload(to_dict(cfg.workload), vocab_size=engine.executor.vocab_size,
+                              max_model_len=engine.config.max_model_len)
+    wall = time.perf_counter()
+    metrics = engine.run(list(requests))
+    metrics["wall_s"] = time.perf_counter() - wall
+    pool = engine.config.num_blocks * engine.config.block_size
+    metrics.update(working_set(requests, pool, int(cfg.workload.get("system_prompt_len", 0) or 0)))
+    metrics["num_blocks"] = engine.config.num_blocks
+    metrics["backend"] = engine.executor.name
+    metrics["cost_source"] = getattr(engine.executor, "cost_source", "measured")
+    metrics["device"] = str(getattr(engine.executor, "device", ""))
+    return metrics
+
+
+def table(results: list[dict], variants: list[str]) -> str:
+    def cell(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "-"
+        mean = float(np.mean(values))
+        fmt = (lambda x: f"{x:.4g}")
+        return fmt(mean) if len(values) == 1 else f"{fmt(mean)} [{fmt(min(values))}-{fmt(max(values))}]"
+    lines = ["| variant | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for v in variants:
+        rows = [r for r in results if r["variant"] == v]
+        lines.append(f"| {v} | " + " | ".join(cell([r.get(c) for r in rows]) for c in COLUMNS) + " |")
+    ws = results[0]
+    lines.append("")
+    lines.append(f"working set (seed {ws['seed']}): mean {ws['working_set_mean_tokens']:.0f} tokens = "
+                 f"{ws['working_set_mean_x_pool']:.1f}x the GPU pool, peak {ws['working_set_peak_tokens']:.0f} = "
+                 f"{ws['working_set_peak_x_pool']:.1f}x; runs per variant: {len(results) // len(variants)}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--variants", nargs="+", default=["gpu", "cpu", "cost"], choices=list(VARIANTS))
+    parser.add_argument("--tier-blocks", type=int, default=8192, help="engine.cpu_tier_blocks of the tier variants")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/run.yaml (after --)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        for variant in args.variants:
+            overrides = [*args.overrides, f"seed={seed}", *VARIANTS[variant](args.tier_blocks)]
+            metrics = run_one(overrides)
+            metrics.update(variant=variant, seed=seed, overrides=overrides)
+            results.append(metrics)
+            print(f"seed {seed} {variant}: ttft p50 {metrics['ttft_p50_s']:.4f} s p99 {metrics['ttft_p99_s']:.4f} s, "
+                  f"{metrics['throughput_tok_s']:.1f} tok/s, hit {metrics['prefix_hit_rate']:.3f} "
+                  f"(cpu {metrics.get('tier_cpu_hit_rate', 0.0):.3f}), wall {metrics['wall_s']:.1f} s", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    text = table(results, args.variants)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
