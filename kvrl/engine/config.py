@@ -38,9 +38,11 @@ class EngineConfig:
         prefix_hash_key: key of the ``blake2b`` hash: ``random`` (default: ``os.urandom`` at start-up)
             or ``seed`` (derived from ``seed``, for reproducible identities; guessable). Results do
             not depend on it: identities are internal.
-        policy_errors: ``isolate`` (default: a failing policy call is recorded; an eviction
-            failure aborts only the request that needed the block, a scheduler failure falls back
-            to FCFS order, a watermark failure to vLLM's 0.01) or ``raise`` (stop, for debugging).
+        policy_errors: ``isolate`` (default: a policy call that raises or breaks its contract is a
+            counted policy error with a fallback that affects only the request concerned: an
+            eviction failure aborts only the request that needed the block, a scheduler failure
+            falls back to FCFS, a watermark failure to vLLM's 0.01, a prefix-cache failure to no
+            caching for that call; see :mod:`kvrl.engine.engine`) or ``raise`` (stop, for debugging).
         charge_policy_time: add the wall time of the policies' calls (``metrics.policy_time_s``)
             to the engine clock, each step's share before it (default false: simulated time
             ignores how slow a policy is). Executors that measure host time themselves (live,
