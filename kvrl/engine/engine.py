@@ -31,7 +31,12 @@ at the end of the run) and replaced by a fallback:
 - event hooks: the event is dropped.
 
 With ``engine.policy_errors=raise`` the first policy error stops the run (:class:`PolicyError`).
-Every policy call is timed (``metrics.policy_time_s``, wall seconds, outermost calls only).
+Every policy call is timed (``policy_time_s`` in :meth:`MetricsCollector.wall_clock` and
+metrics.json: wall seconds, outermost calls only).
+
+Cost: a step's work is linear in what it schedules and scans, never in the queue lengths: the
+waiting queues (:class:`~kvrl.engine.queues.SeqQueue`) keep their order and drop admitted
+sequences in O(1), so an offline batch of ``N`` requests costs O(N) overall, not O(N^2).
 """
 from __future__ import annotations
 
