@@ -48,6 +48,7 @@ from typing import Iterable, Optional
 
 from kvrl.engine.allocators import make_allocator, request_blocks
 from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
+from kvrl.engine.callbacks import StepEvent
 from kvrl.engine.config import EngineConfig
 from kvrl.engine.guards import GuardedPrefixCache
 from kvrl.engine.metrics import MetricsCollector, RequestRecord
@@ -139,6 +140,20 @@ class Engine:
         self._on_step_end = [p.on_step_end for p in decision_policies if type(p).on_step_end is not Policy.on_step_end]
         self._on_finish = [p.on_finish for p in decision_policies if type(p).on_finish is not Policy.on_finish]
         self._on_preempt = [p.on_preempt for p in decision_policies if type(p).on_preempt is not Policy.on_preempt]
+        self._callbacks: list = []                   # kvrl.engine.callbacks: observers of every executed step
+        self.stopped_by = None                       # the callback that asked the current run to stop
+
+    def add_callback(self, callback):
+        """Call ``callback.on_step(event)`` after every executed step (see :mod:`kvrl.engine.callbacks`);
+        returns ``callback``. Raises ``TypeError`` if it has no callable ``on_step``."""
+        if not callable(getattr(callback, "on_step", None)):
+            raise TypeError(f"engine callback {callback!r} has no callable on_step(event) -> bool")
+        self._callbacks.append(callback)
+        return callback
+
+    def remove_callback(self, callback) -> None:
+        """Stop calling ``callback`` (``ValueError`` if it is not registered)."""
+        self._callbacks.remove(callback)
 
     # ================================================================== requests
     def view_of(self, seq: Sequence) -> SeqView:
@@ -241,6 +256,20 @@ class Engine:
         """Generated token ids of each sample of a request (in fork order)."""
         return [list(s.output_token_ids) for s in self._groups[request_id].seqs]
 
+    def sequences(self, request_id: str) -> list[Sequence]:
+        """The sequences of an added request (in fork order). ``KeyError`` naming the id if it was
+        never added (or was rejected)."""
+        group = self._groups.get(request_id)
+        if group is None:
+            raise KeyError(f"request {request_id!r} was not added to this engine")
+        return list(group.seqs)
+
+    def is_open(self, request_id: str) -> bool:
+        """Whether ``request_id`` was added and still has a sequence that neither finished nor was
+        aborted (False for an id never added or rejected)."""
+        group = self._groups.get(request_id)
+        return group is not None and group.num_open > 0
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.running or self.swapped or self.preempted or self.waiting)
@@ -308,6 +337,21 @@ class Engine:
             except Exception as exc:
                 kind = getattr(getattr(hook, "__self__", None), "plugin_kind", "") or "policy"
                 self._policy_failed(kind, exc, getattr(hook, "__name__", "hook"))
+
+    def preempt(self, seq_id: int, mode: PreemptionMode | str) -> PreemptionMode:
+        """Preempt the running sequence ``seq_id`` between steps, through the scheduler's own path
+        (the eviction policy is not asked; its ``on_preempt`` hooks run). A swap that cannot happen
+        (no CPU blocks, allocator without swap) becomes a recompute, as in a step. A swap-out runs on
+        the executor at once and advances the engine clock by its ``elapsed_s``. Returns the mode
+        applied; ``ValueError`` if ``seq_id`` is not running or ``mode`` is not a preemption mode."""
+        seq = next((s for s in self.running if s.seq_id == seq_id), None)
+        if seq is None:
+            raise ValueError(f"preempt: sequence {seq_id} is not running (running: {[s.seq_id for s in self.running]})")
+        batch = ScheduledBatch()
+        self._preempt(seq, PreemptionMode(mode), batch)
+        if not batch.is_empty:
+            self.now += self.executor.execute(batch).elapsed_s
+        return PreemptionMode.SWAP if seq.status is SeqStatus.SWAPPED else PreemptionMode.RECOMPUTE
 
     def _preempt(self, seq: Sequence, mode: PreemptionMode, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
@@ -582,7 +626,9 @@ class Engine:
             if self.has_unfinished and self._planned_aborts == aborts:
                 raise RuntimeError("engine made no progress although requests are pending (engine bug)")
             return batch
+        t0 = perf_counter()
         out = self.executor.execute(batch)
+        execute_wall_s = perf_counter() - t0
         if len(out.sampled) != len(batch.seqs):
             raise RuntimeError(f"executor returned {len(out.sampled)} samples for {len(batch.seqs)} sequences")
         duration = out.elapsed_s
@@ -605,10 +651,23 @@ class Engine:
             len(self.swapped), tokens - decodes, decodes, self.allocator.num_used_blocks,
             self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
         self._run_hooks(self._on_step_end)
+        if self._callbacks:
+            event = StepEvent(self.step_index, self.now, batch, out, duration, execute_wall_s)
+            for callback in list(self._callbacks):
+                go_on = callback.on_step(event)
+                if not isinstance(go_on, bool):
+                    raise TypeError(f"engine callback {callback!r}: on_step returned {go_on!r}, not a bool "
+                                    f"(True: go on, False: stop the run)")
+                if not go_on and self.stopped_by is None:
+                    self.stopped_by = callback
         return batch
 
-    def run(self, requests: Iterable[Request], progress: bool = False, max_steps: Optional[int] = None) -> dict:
-        """Serve ``requests`` by arrival time until all finish (or ``max_steps``); returns the summary.
+    def run(self, requests: Iterable[Request], progress: bool = False, max_steps: Optional[int] = None,
+            callbacks: Iterable = ()) -> dict:
+        """Serve ``requests`` by arrival time until all finish (or ``max_steps``, or a callback's
+        ``on_step`` returns False: ``self.stopped_by``); returns the summary. ``callbacks`` are
+        registered for this run only (:mod:`kvrl.engine.callbacks`); every registered callback's
+        ``on_run_start``/``on_run_end`` (where it has them) run around the loop.
 
         Requests that can never be served are rejected (recorded with the reason in
         ``metrics.rejected``) and the others keep running. With ``config.pause_gc`` the cyclic
@@ -626,10 +685,15 @@ class Engine:
             gc.freeze()
         if pause:
             gc.disable()
+        added = [self.add_callback(cb) for cb in callbacks]
+        self.stopped_by = None
         try:
+            for cb in self._callbacks:
+                if hasattr(cb, "on_run_start"):
+                    cb.on_run_start(self)
             i = 0
             while i < len(pending) or self.has_unfinished:
-                if max_steps is not None and self.step_index >= max_steps:
+                if (max_steps is not None and self.step_index >= max_steps) or self.stopped_by is not None:
                     break
                 if not self.has_unfinished and pending[i].arrival_s > self.now:
                     self.now = pending[i].arrival_s      # idle until the next arrival
@@ -641,7 +705,12 @@ class Engine:
                     self.step()
                     if bar is not None:
                         bar.update(self.metrics.num_finished - before)
+            for cb in self._callbacks:
+                if hasattr(cb, "on_run_end"):
+                    cb.on_run_end(self)
         finally:
+            for cb in added:
+                self.remove_callback(cb)
             if freeze:
                 gc.unfreeze()
             if pause:

@@ -1,0 +1,103 @@
+"""Engine callbacks (kvrl.engine.callbacks), public preemption and request-state queries."""
+from __future__ import annotations
+
+import pytest
+
+from kvrl.engine.callbacks import EngineCallback, StepEvent
+from kvrl.engine.request import SeqStatus
+from kvrl.plugins.base import PreemptionMode
+from tests.helpers import make_engine, make_request
+
+
+def _requests(n=6, output_len=8):
+    return [make_request(f"r{i}", 24, output_len, arrival_s=0.001 * i, seed=i) for i in range(n)]
+
+
+class _Log(EngineCallback):
+    def __init__(self, stop_at=None):
+        self.events: list[StepEvent] = []
+        self.calls: list[str] = []
+        self.stop_at = stop_at
+
+    def on_run_start(self, engine):
+        self.calls.append("start")
+
+    def on_step(self, event):
+        self.events.append(event)
+        return self.stop_at is None or event.step_index < self.stop_at
+
+    def on_run_end(self, engine):
+        self.calls.append("end")
+
+
+def test_callback_sees_every_step_and_the_run_is_unchanged():
+    reqs = _requests()
+    plain = make_engine()
+    expected = plain.run(reqs)
+    engine = make_engine()
+    log = engine.add_callback(_Log())
+    assert engine.run(reqs) == expected
+    assert log.calls == ["start", "end"] and engine.stopped_by is None
+    assert [e.step_index for e in log.events] == list(range(1, engine.step_index + 1))
+    assert log.events[-1].now_s == engine.now
+    assert sum(e.duration_s for e in log.events) == pytest.approx(engine.now - engine.metrics.start_s)
+    assert [e.batch.num_tokens for e in log.events] == [row[6] + row[7] for row in engine.metrics.steps]
+    for e in log.events:
+        assert len(e.output.sampled) == len(e.batch.seqs) and e.execute_wall_s >= 0.0
+        assert e.duration_s == e.output.elapsed_s      # sim: no policy time charged
+
+
+def test_returning_false_stops_the_run_after_that_step():
+    engine = make_engine()
+    stopper, other = _Log(stop_at=3), _Log()
+    summary = engine.run(_requests(), callbacks=[stopper, other])
+    assert engine.step_index == 3 and engine.stopped_by is stopper
+    assert len(other.events) == 3 and other.calls == ["start", "end"]      # every callback saw the step
+    assert summary["finished"] < 6
+    assert engine._callbacks == []          # run-scoped callbacks are removed afterwards
+    engine.run([make_request("late", 8, 2, arrival_s=engine.now)])      # a new run starts unstopped
+    assert engine.stopped_by is None and engine.sequences("late")[0].status is SeqStatus.FINISHED
+
+
+def test_bad_callbacks_are_refused_with_a_clear_error():
+    engine = make_engine()
+    with pytest.raises(TypeError, match="no callable on_step"):
+        engine.add_callback(object())
+
+    class _NoBool:
+        def on_step(self, event):
+            return None
+
+    with pytest.raises(TypeError, match="not a bool"):
+        engine.run(_requests(1), callbacks=[_NoBool()])
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_public_preempt_and_request_queries(mode):
+    engine = make_engine(num_blocks=64, num_cpu_blocks=64)
+    engine.submit(make_request("a", 20, 10, seed=1))
+    for _ in range(3):
+        engine.step()
+    (seq,) = engine.sequences("a")
+    assert engine.is_open("a") and not engine.is_open("never")
+    with pytest.raises(KeyError, match="'never' was not added"):
+        engine.sequences("never")
+    before = engine.now
+    applied = engine.preempt(seq.seq_id, mode)
+    assert applied is PreemptionMode(mode) and seq not in engine.running
+    assert seq.status is (SeqStatus.SWAPPED if mode == "swap" else SeqStatus.WAITING)
+    assert (engine.now > before) == (mode == "swap")      # a swap-out is executed and takes time
+    engine.check_invariants()
+    with pytest.raises(ValueError, match="not running"):
+        engine.preempt(seq.seq_id, mode)
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_invariants()
+    assert not engine.is_open("a") and seq.status is SeqStatus.FINISHED and seq.num_preemptions == 1
+
+
+def test_swap_without_cpu_blocks_falls_back_to_recompute():
+    engine = make_engine(num_cpu_blocks=0)
+    engine.submit(make_request("a", 20, 10, seed=1))
+    engine.step()
+    assert engine.preempt(engine.sequences("a")[0].seq_id, "swap") is PreemptionMode.RECOMPUTE
