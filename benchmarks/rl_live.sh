@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
-# Live evaluation of the committed sim-trained watermark agent on one GPU (an H200), in the
-# watermark task's scenario (conf/env/watermark.yaml: Qwen3-0.6B shape, random bf16 weights,
-# 1,024 KV blocks, Azure code trace test split at 20x, TTFT <= 2 s, TPOT <= 5 ms).
+# Live evaluation of the committed sim-trained watermark agents on one GPU (an H200), scenario by
+# scenario, with the sim's prediction beside every live number (docs/rl.md, "Live").
 #
-#   bash benchmarks/rl_live.sh            # on the GPU machine; carry .whl (hydra, gymnasium, SB3 wheels)
+#   bash benchmarks/rl_live.sh                     # pressure and phased (conf/env/*.yaml), 10 seeds each
+#   bash benchmarks/rl_live.sh pressure            # one scenario
+#   bash benchmarks/rl_live.sh watermark           # the Azure-code task with docs/results/agents/watermark-dqn
 #
-# Stages, each writing under $OUT:
-#   1. sim:  the same evaluation on the sim backend (the shipped H200 profile): the reference
-#            table, and the estimate of the live wall time (live serves in real time, so a run
-#            costs about its engine time).
+# Per scenario, each stage writing under $OUT/<scenario>/:
+#   1. sim:  kvrl-eval on the sim backend (the shipped H200 profile) with exactly the policies and
+#            seeds of the live stage: the prediction, and the live wall-time estimate (live serves
+#            in real time, so a run costs about its engine time).
 #   2. live: kvrl-eval backend=live, the val-picked fixed watermark taken from the sim
-#            (val_pick=sim: no GPU time spent sweeping val), $SEEDS seeds, policies: the agent,
-#            fixed 0.01, the val-best fixed watermark, token_ratio.
-# Environment: SEEDS (default [0,1]), AGENT (default docs/results/agents/watermark-dqn),
-# LIVE_LIMIT_S (default 420: the live stage is stopped after that, the sim table stays), EXTRA
-# (more overrides for both stages) and LIVE_EXTRA (live stage only), e.g. for a CPU smoke test:
-#   EXTRA="workload.max_requests=20 sweep=[0.0,0.3]" LIVE_EXTRA="model=tiny backend.device=cpu" bash benchmarks/rl_live.sh
+#            (val_pick=sim: no GPU time spent sweeping val), no val tuning and no oracle sweep.
+#   3. compare.md: per policy, sim and live goodput (mean ± 95% CI over seeds) side by side, and the
+#            paired per-seed difference to fixed 0.01 in both, with whether the signs agree where the
+#            sim's difference is significant.
+# Policies: the scenario's agents (every training seed: no cherry-picking), fixed 0.01, the
+# val-best fixed watermark, the pi and bandit controllers at their defaults.
+# Environment: SEEDS (default [0,...,9]); AGENTS_<scenario> (a comma-separated list; default every
+# docs/results/agents/<scenario>-*/ directory, for watermark docs/results/agents/watermark-dqn);
+# BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 480, per scenario: the
+# live stage is stopped after that, the sim table stays); EXTRA (more overrides for both stages)
+# and LIVE_EXTRA (live stage only). A CPU smoke test with the tiny model:
+#   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
+#     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 . benchmarks/device_env.sh
-SEEDS=${SEEDS:-[0,1]}
-AGENT=${AGENT:-docs/results/agents/watermark-dqn}
-LIVE_LIMIT_S=${LIVE_LIMIT_S:-420}
-BASELINES='baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio}]'
+SCENARIOS=("$@"); [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(pressure phased)
+SEEDS=${SEEDS:-[0,1,2,3,4,5,6,7,8,9]}
+LIVE_LIMIT_S=${LIVE_LIMIT_S:-480}
+BASELINES=${BASELINES:-'baselines.watermark=[{name: fixed, fraction: 0.01},{name: pi},{name: bandit}]'}
 PLOTS=false; python3 -c "import matplotlib" 2>/dev/null && PLOTS=true
-COMMON=(env=watermark model=qwen3-0.6b device=h200 "agents=[$AGENT]" "seeds=$SEEDS" "$BASELINES" "plots=$PLOTS" ${EXTRA:-})
 t0=$(date +%s)
 
 echo "=== versions ($(date -u +%FT%TZ))"
@@ -33,21 +40,79 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 python3 -c "import sys, torch, gymnasium, stable_baselines3 as sb3; print('python', sys.version.split()[0], 'torch', torch.__version__, 'gymnasium', gymnasium.__version__, 'sb3', sb3.__version__)" || exit 1
 git log -1 --format='commit %h %s' 2>/dev/null || true
 
-echo "=== sim ($(date +%T))"
-timeout 240 python3 -m kvrl.apps.eval "${COMMON[@]}" backend=sim workers=4 "hydra.run.dir=$OUT/rl_sim" \
-  > "$OUT/rl_sim.log" 2>&1
-rc=$?; tail -n 25 "$OUT/rl_sim.log"; [ $rc -eq 0 ] || { echo "sim stage failed (rc=$rc)"; exit $rc; }
-python3 - "$OUT/rl_sim/results.csv" <<'PY'
+status=0
+for sc in "${SCENARIOS[@]}"; do
+  var="AGENTS_${sc}"; agents=${!var:-}
+  if [ -z "$agents" ]; then
+    if [ "$sc" = watermark ]; then agents=docs/results/agents/watermark-dqn
+    else agents=$(ls -d docs/results/agents/"$sc"-*/ 2>/dev/null | sed 's:/$::' | paste -sd, -); fi
+  fi
+  [ -n "$agents" ] || { echo "no agents for scenario $sc (set AGENTS_$sc)"; status=2; continue; }
+  dir="$OUT/$sc"; mkdir -p "$dir"
+  COMMON=(env="$sc" "agents=[$agents]" "seeds=$SEEDS" "$BASELINES" tune=null oracle=false "plots=$PLOTS" ${EXTRA:-})
+  echo "=== $sc: sim ($(date +%T)); agents: $agents"
+  timeout 900 python3 -m kvrl.apps.eval "${COMMON[@]}" backend=sim workers=4 "hydra.run.dir=$dir/sim" \
+    > "$dir/sim.log" 2>&1
+  rc=$?; tail -n 20 "$dir/sim.log"; [ $rc -eq 0 ] || { echo "$sc: sim stage failed (rc=$rc)"; status=$rc; continue; }
+  python3 - "$dir/sim/results.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["split"] == "test"]
 engine_s = sum(float(r["duration_s"]) for r in rows)
 print(f"estimate: {len(rows)} live test runs, {engine_s:.0f} s of engine time in the sim; "
       f"live wall about {engine_s * 1.1 + 60:.0f} s (+10% host overhead, ~60 s model load, graph capture, warm-up)")
 PY
+  echo "=== $sc: live ($(date +%T))"
+  timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=1 ${LIVE_EXTRA:-} \
+    "hydra.run.dir=$dir/live" > "$dir/live.log" 2>&1
+  rc=$?; tail -n 20 "$dir/live.log"; [ $rc -eq 0 ] || { echo "$sc: live stage rc=$rc"; status=$rc; }
+  [ -f "$dir/live/results.csv" ] || continue
+  python3 - "$dir/sim/results.csv" "$dir/live/results.csv" "$sc" > "$dir/compare.md" <<'PY'
+"""Sim prediction beside each live number: goodput per policy and the paired difference to fixed 0.01."""
+import csv, sys
+from collections import defaultdict
 
-echo "=== live ($(date +%T))"
-timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=4 ${LIVE_EXTRA:-} \
-  "hydra.run.dir=$OUT/rl_live" > "$OUT/rl_live.log" 2>&1
-rc=$?; tail -n 25 "$OUT/rl_live.log"
-echo "=== done in $(( $(date +%s) - t0 )) s (live rc=$rc); leaderboards: $OUT/rl_sim/leaderboard.md $OUT/rl_live/leaderboard.md"
-exit $rc
+import numpy as np
+from scipy import stats
+
+
+def load(path):
+    out = defaultdict(dict)                       # policy -> seed -> goodput
+    for r in csv.DictReader(open(path)):
+        if r["split"] == "test":
+            out[r["policy"]][int(r["seed"])] = float(r["goodput_tok_s"])
+    return out
+
+
+def ci(x):
+    x = np.asarray(x, float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+sim, live, name = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+ref = next((p for p in sim if p.startswith("fixed(fraction=0.01)")), None)
+print(f"## {name}: sim prediction vs live (goodput tok/s, mean ± 95% CI over seeds; Δ = paired per-seed "
+      f"difference to {ref})\n")
+print("| policy | sim | live | Δ sim | Δ live | same sign |")
+print("|---|---|---|---|---|---|")
+for p in sim:
+    seeds = sorted(set(sim[p]) & set(live.get(p, {})))
+    s, l = ci([sim[p][k] for k in seeds]) if seeds else ci(list(sim[p].values())), \
+        ci([live[p][k] for k in seeds]) if seeds else (float("nan"), float("nan"))
+    cells = [f"{s[0]:.1f} ± {s[1]:.1f}", f"{l[0]:.1f} ± {l[1]:.1f}"]
+    if ref and p != ref and seeds and all(k in sim[ref] and k in live.get(ref, {}) for k in seeds):
+        ds = ci([sim[p][k] - sim[ref][k] for k in seeds])
+        dl = ci([live[p][k] - live[ref][k] for k in seeds])
+        significant = abs(ds[0]) > ds[1]
+        agree = ("yes" if np.sign(ds[0]) == np.sign(dl[0]) else "**no**") if significant else "(sim n.s.)"
+        cells += [f"{ds[0]:+.1f} ± {ds[1]:.1f}", f"{dl[0]:+.1f} ± {dl[1]:.1f}", agree]
+    else:
+        cells += ["", "", ""]
+    print(f"| {p} | " + " | ".join(cells) + " |")
+print(f"\n{len(seeds)} seeds served live of {len(next(iter(sim.values())))} in the sim.")
+PY
+  cat "$dir/compare.md"
+done
+echo "=== done in $(( $(date +%s) - t0 )) s; per scenario: $OUT/<scenario>/{sim,live}/leaderboard.md and compare.md"
+exit $status

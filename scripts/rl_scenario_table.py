@@ -25,7 +25,7 @@ EVICTIONS = ("lifo", "fewest_computed", "cost_aware")
 def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="watermark", choices=("watermark", "preemption"))
+    parser.add_argument("--task", default="watermark", help="a task of conf/env/ (watermark, preemption, pressure, phased)")
     parser.add_argument("--splits", default="train,val,test")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the task's scenario")
     args = parser.parse_args()
