@@ -175,18 +175,19 @@ def test_tier_policy_none_changes_nothing():
 
 
 def test_cost_aware_offloads_blocks_whose_reload_beats_recompute():
-    engine = tier_engine(tier_blocks=8, tier="cost_aware")
-    policy = engine.tier
     from kvrl.plugins.tiers import ReclaimedBlock
-    view = engine.view
+    engine = tier_engine(tier_blocks=8, tier="cost_aware", block_size=16)
+    policy, view = engine.tier, engine.view
+    transfer = 2 * view.estimate_swap_s(16) / 16
     for index in (0, 5, 200):
-        transfer = 2 * view.estimate_swap_s(16) / 16
-        before = 4 * max(index, 1)
-        recompute = view.estimate_recompute_s(before + 4) - view.estimate_recompute_s(before)
-        assert policy.offload(ReclaimedBlock(index, 4, 8, 8)) is (transfer < recompute)
-    # shallow blocks are cheap to recompute (memory-bound prefill), deep ones are not
-    decisions = {policy.offload(ReclaimedBlock(i, 4, 8, 8)) for i in (0, 2000)}
-    assert decisions == {False, True}
+        before = 16 * index
+        recompute = 16 * (view.estimate_recompute_s(before + 2048) - view.estimate_recompute_s(before)) / 2048
+        assert policy.offload(ReclaimedBlock(index, 16, 8, 8)) is (transfer < recompute)
+    # a slow enough host link makes it drop shallow blocks and keep deep ones (longer attention context)
+    slow = tier_engine(tier_blocks=8, tier="cost_aware", block_size=16)
+    slow.tier = plugins.create("tier", "cost_aware", margin=transfer / policy.recompute_s(ReclaimedBlock(300, 16, 8, 8)) * 1.01)
+    slow.tier.bind(slow.view)
+    assert [slow.tier.offload(ReclaimedBlock(i, 16, 8, 8)) for i in (0, 600)] == [False, True]
 
 
 def test_the_sim_prices_tier_transfers_before_the_forward_pass():

@@ -69,28 +69,37 @@ class OffloadAll(TierPolicy):
 @register("tier", "cost_aware")
 class CostAwareTier(TierPolicy):
     """Offload a block when moving it out and back (2 x the executor's per-block transfer
-    estimate, amortised over ``batch_blocks`` blocks per transfer) is cheaper than recomputing it
-    (the executor's prefill estimate of ``index + 1`` blocks minus that of ``index`` blocks, i.e.
-    its own tokens attending to everything before it; block 0 is priced as block 1, since the
-    fixed cost of a step is no block's). Early blocks are cheap to recompute and
-    short prompts make batched prefill efficient, so they are dropped; deep blocks are kept.
-    Parameters: ``batch_blocks`` (transfer batch size the estimate assumes, default 16),
-    ``margin`` (offload when transfer < margin x recompute, default 1.0)."""
+    estimate, amortised over ``batch_blocks`` blocks per transfer) is cheaper than recomputing it,
+    priced as a busy engine pays for it: the block's share of a ``chunk_tokens``-token prefill
+    chunk at the block's depth (``block_size x (prefill(before + chunk) - prefill(before)) /
+    chunk`` with the executor's prefill estimate, ``before = index x block_size`` tokens ahead of
+    it). Deep blocks (long attention context) and large models favour offloading; with a slow
+    host link or a small model, shallow blocks are dropped. Parameters: ``batch_blocks`` (default
+    16), ``chunk_tokens`` (default 2048), ``margin`` (offload when transfer < margin x recompute,
+    default 1.0)."""
 
     @dataclass
     class Params:
         batch_blocks: int = 16
+        chunk_tokens: int = 2048
         margin: float = 1.0
 
         def __post_init__(self):
             check_range("batch_blocks", self.batch_blocks, 1)
+            check_range("chunk_tokens", self.chunk_tokens, 1)
             check_range("margin", self.margin, 0.0)
 
-    def offload(self, block):
-        engine = self.engine
+    def recompute_s(self, block: ReclaimedBlock) -> float:
+        """Seconds the engine would spend recomputing ``block`` (see class doc)."""
+        engine, chunk = self.engine, self.params.chunk_tokens
+        before = block.index * block.block_size
+        return block.block_size * (engine.estimate_recompute_s(before + chunk)
+                                   - engine.estimate_recompute_s(before)) / chunk
+
+    def transfer_s(self) -> float:
+        """Seconds to move one block out and back in (batched estimate)."""
         n = self.params.batch_blocks
-        transfer_s = 2.0 * engine.estimate_swap_s(n) / n
-        before = max(block.index, 1) * block.block_size    # block 0 priced as block 1: a step's fixed cost is no block's
-        recompute_s = (engine.estimate_recompute_s(before + block.block_size)
-                       - engine.estimate_recompute_s(before))
-        return transfer_s < self.params.margin * recompute_s
+        return 2.0 * self.engine.estimate_swap_s(n) / n
+
+    def offload(self, block):
+        return self.transfer_s() < self.params.margin * self.recompute_s(block)
