@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("action", choices=("list", "check", "update"))
     parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md and docs/**/*.md)")
     parser.add_argument("--kind", choices=(*KINDS, "all"), default="all")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     files = args.files or default_files()
     kinds = KINDS if args.kind == "all" else (args.kind,)
     if args.action == "list":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce the sweeps of docs/sweeps.md in sim and refresh their figures and tables
 # (docs/figures/sweeps/<sweep>/: the PNG and PDF figures, report.md and summary.csv of kvrl-report,
-# and commit.txt: the tree, Python and hydra-core they ran with). docs/sweeps.md's tables are then
+# and commit.txt: the tree (KVRL_COMMIT when it runs outside a git checkout), Python and
+# hydra-core they ran with). docs/sweeps.md's tables are then
 # rebuilt from those summary.csv files by `python scripts/docs_tables.py update docs/sweeps.md`
 # (scripts/regen_docs.sh runs both).
 #
@@ -35,7 +36,8 @@ sweep() {   # sweep <name> <baseline> <overrides...>: multirun into $OUT/<name>,
   # the report names the local sweep directory: keep the committed copy free of machine paths
   sed -i "s|$OUT/$name|$name|g" "docs/figures/sweeps/$name/report.md"
   printf 'commit %s%s\npython %s\nhydra-core %s\ncommand scripts/sweeps_docs.sh %s\n' \
-    "$(git rev-parse --short HEAD)" "$(git diff --quiet HEAD -- kvrl envs conf || echo ' (with uncommitted changes)')" \
+    "${KVRL_COMMIT:-$(git rev-parse --short HEAD)}" \
+    "$( [ -n "${KVRL_COMMIT:-}" ] || git diff --quiet HEAD -- kvrl envs conf || echo ' (with uncommitted changes)')" \
     "$(python -c 'import platform; print(platform.python_version())')" \
     "$(python -c 'import hydra; print(hydra.__version__)')" "$name" > "docs/figures/sweeps/$name/commit.txt"
 }
