@@ -2,7 +2,7 @@
 
 Serves one kvrl-fidelity workload live (fcfs / fixed 0.01 / lifo / hash_lru) and, for a sample
 of the mixed (decode + prefill) and decode steps, re-executes the very same batch three more times
-right after it (idempotent: the same K/V is written to the same slots). The first execution is
+right after the engine applied it (an engine callback; idempotent: the same K/V is written to the same slots). The first execution is
 the step as the engine runs it; the repeats are the step back to back, as a profile times it.
 Runs with Python's garbage collector as is, with it frozen after warm-up, and as is again.
 
@@ -18,33 +18,33 @@ import numpy as np
 from kvrl import plugins
 from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
 from kvrl.apps.profile_app import build_live
+from kvrl.engine.callbacks import EngineCallback
+from kvrl.engine.request import SeqStatus
 
 
-class Probe:
-    """Executor wrapper: times every step and re-runs sampled ones back to back."""
+class Probe(EngineCallback):
+    """Engine callback: keeps every step's time inside ``execute`` and re-runs sampled steps back
+    to back on ``live``. It runs after the engine applied the step, so a step whose sequences did
+    not all stay running (one finished or failed and released its blocks) is not re-run."""
 
-    def __init__(self, inner, every: int = 5) -> None:
-        self.inner, self.every, self.rows = inner, every, []
+    def __init__(self, live, every: int = 5) -> None:
+        self.live, self.every, self.rows = live, every, []
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def execute(self, batch):
-        t0 = time.perf_counter()
-        out = self.inner.execute(batch)
-        first = time.perf_counter() - t0
+    def on_step(self, event) -> bool:
+        batch = event.batch
         kind = "decode" if all(s.num_tokens == 1 for s in batch.seqs) else "mixed"
         if any(s.num_tokens == 1 for s in batch.seqs) and not (batch.swap_in or batch.swap_out or batch.copies) \
+                and all(s.seq.status is SeqStatus.RUNNING for s in batch.seqs) \
                 and (kind == "mixed" or len(self.rows) % self.every == 0):
             reps = []
             for _ in range(3):
                 t1 = time.perf_counter()
-                self.inner.execute(batch)
+                self.live.execute(batch)
                 reps.append(time.perf_counter() - t1)
-            self.rows.append((kind, first, float(np.median(reps))))
+            self.rows.append((kind, event.execute_wall_s, float(np.median(reps))))
         else:
-            self.rows.append((kind, first, float("nan")))
-        return out
+            self.rows.append((kind, event.execute_wall_s, float("nan")))
+        return True
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
         else:
             gc.unfreeze()
         probe = Probe(live)
-        _engine(ecfg, probe, pol, cfg["slo"]).run(reqs)
+        _engine(ecfg, live, pol, cfg["slo"]).run(reqs, callbacks=[probe])
         print(f"\n{args.workload} / vllm, {mode}: {len(probe.rows)} steps")
         for kind in ("decode", "mixed"):
             rows = [r for r in probe.rows if r[0] == kind]

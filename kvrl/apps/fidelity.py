@@ -28,6 +28,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kvrl.engine.callbacks import EngineCallback
+
 log = logging.getLogger("kvrl.fidelity")
 
 #: (key, label, better): better = +1 when larger is better, -1 when smaller is, 0 for neither.
@@ -48,44 +50,37 @@ RANK_METRICS = ("goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "tpot_mean_s"
 TARGETS = {"throughput_tok_s": 0.05, "ttft_p50_s": 0.10, "tpot_p50_s": 0.10}
 
 
-class _WallLimit(RuntimeError):
-    pass
+class _Recorder(EngineCallback):
+    """Engine callback on the live run: keeps every executed batch, its live ``elapsed_s`` and the
+    wall seconds inside ``execute`` (priced by the sim's cost model after the run, so nothing but
+    three list appends happens between live steps), and stops the run after the step that exceeds
+    ``max_wall_s`` of wall time since the run started (``error`` then says so)."""
 
-
-class _Recorder:
-    """Wraps the live executor: keeps every executed batch and its live ``elapsed_s`` (priced by
-    the sim's cost model after the run, so nothing but two list appends happens between live
-    steps), and stops a run that exceeds ``max_wall_s`` of wall time."""
-
-    def __init__(self, inner, max_wall_s: Optional[float]) -> None:
-        self.inner = inner
+    def __init__(self, max_wall_s: Optional[float]) -> None:
         self.max_wall_s = max_wall_s
         self.batches: list = []
         self.elapsed: list[float] = []
         self.inside: list[float] = []     # wall seconds inside execute (elapsed_s adds the engine's gap)
+        self.error: Optional[str] = None
         self._t0 = time.perf_counter()
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def allocate_kv(self, num_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
-        self.inner.allocate_kv(num_blocks, num_cpu_blocks, block_size)
+    def on_run_start(self, engine) -> None:
         self._t0 = time.perf_counter()
 
-    def execute(self, batch):
-        t0 = time.perf_counter()
-        out = self.inner.execute(batch)
-        self.inside.append(time.perf_counter() - t0)
-        self.batches.append(batch)
-        self.elapsed.append(out.elapsed_s)
+    def on_step(self, event) -> bool:
+        self.inside.append(event.execute_wall_s)
+        self.batches.append(event.batch)
+        self.elapsed.append(event.output.elapsed_s)
         if self.max_wall_s and time.perf_counter() - self._t0 > self.max_wall_s:
-            raise _WallLimit(f"live run exceeded max_live_wall_s={self.max_wall_s}")
-        return out
+            self.error = f"live run exceeded max_live_wall_s={self.max_wall_s}"
+            return False
+        return True
 
-    def replay(self, pricer) -> list[dict]:
+    def replay(self, pricer, live) -> list[dict]:
         """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
         sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
-        and the sim's host term (so the run can be re-priced offline with another profile)."""
+        and the sim's host term (so the run can be re-priced offline with another profile); ``live``
+        is the live executor (its CUDA-graph sizes)."""
         from kvrl.executors.profile import HOST_WORK, batch_features, host_work
 
         model = pricer.profile.model if pricer.profile is not None else None
@@ -97,7 +92,7 @@ class _Recorder:
                 if model is not None and batch.seqs else 0.0
             rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
-                         "graph": int(self.inner.uses_graph(n_pre, n_dec))})
+                         "graph": int(live.uses_graph(n_pre, n_dec))})
         return rows
 
 
@@ -227,15 +222,14 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     from kvrl.apps.outputs import atomic_write, write_json
 
     res: dict[str, Any] = {}
-    recorder = _Recorder(live, max_wall_s)
-    eng = _engine(ecfg, recorder, pcfg, slo)
+    recorder = _Recorder(max_wall_s)
+    eng = _engine(ecfg, live, pcfg, slo)
     wall = time.perf_counter()
-    try:
-        with GcPauses() as pauses:
-            eng.run(requests)
-    except _WallLimit as exc:
-        log.warning("%s: %s; pair skipped", title, exc)
-        res["error"] = str(exc)
+    with GcPauses() as pauses:
+        eng.run(requests, callbacks=[recorder])
+    if recorder.error:
+        log.warning("%s: %s; pair skipped", title, recorder.error)
+        res["error"] = recorder.error
     res["live_wall_s"] = time.perf_counter() - wall
     res["live_gc"] = pauses.summary()
     resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
@@ -246,7 +240,7 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
     pricer = make_sim()
     pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
-    replay = recorder.replay(pricer)
+    replay = recorder.replay(pricer, live)
     recorder.batches.clear()
     with open(out / "replay.csv", "w", newline="") as f:
         w = csv.DictWriter(f, ["step", *(replay[0] if replay else ("live_s", "sim_s"))])
@@ -258,12 +252,12 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
         return res
     repeats = []
     for _ in range(live_repeats - 1):   # the same live run again: how far live is from itself
-        again = _engine(ecfg, _Recorder(live, max_wall_s), pcfg, slo, record_steps=False)
-        try:
-            again.run(requests)
+        again, limit = _engine(ecfg, live, pcfg, slo, record_steps=False), _Recorder(max_wall_s)
+        again.run(requests, callbacks=[limit])
+        if limit.error:
+            log.warning("%s: repeat: %s", title, limit.error)
+        else:
             repeats.append(summarize(again))
-        except _WallLimit as exc:
-            log.warning("%s: repeat: %s", title, exc)
     if repeats:
         res["live_again"], res["live_repeats"] = repeats[0], repeats
     sim = make_sim()

@@ -33,6 +33,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from kvrl.engine.callbacks import EngineCallback
+
 log = logging.getLogger("kvrl.profile")
 
 # --------------------------------------------------------------------------------- grids
@@ -371,23 +373,17 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
     return out
 
 
-class _Timed:
-    """Executor wrapper that keeps each executed batch, the time inside ``execute`` and the live
-    ``elapsed_s`` (which adds the engine's own time since the previous step). It does nothing
-    else between steps, so the gaps it sees are the engine's."""
+class _Timed(EngineCallback):
+    """Engine callback that keeps each executed batch, the engine-measured wall seconds inside
+    ``execute`` and the live ``elapsed_s`` (which adds the engine's own time since the previous
+    step). It does nothing else between steps (one list append), so the gaps it sees are the engine's."""
 
-    def __init__(self, inner) -> None:
-        self.inner = inner
+    def __init__(self) -> None:
         self.rows: list[tuple[Any, float, float]] = []
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def execute(self, batch):
-        t0 = time.perf_counter()
-        out = self.inner.execute(batch)
-        self.rows.append((batch, time.perf_counter() - t0, out.elapsed_s))
-        return out
+    def on_step(self, event) -> bool:
+        self.rows.append((event.batch, event.execute_wall_s, event.output.elapsed_s))
+        return True
 
 
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
@@ -421,14 +417,14 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
         reqs.append(Request(f"h{i}", arrival, prompt, max(o, 1)))
         if g.get("host_rate"):   # Poisson arrivals: queues like a server's, not one offline burst
             arrival += float(rng.exponential(1.0 / g["host_rate"]))
-    timed = _Timed(ex)
+    timed = _Timed()
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                        max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
                        max_model_len=max_len)
-    eng = Engine(cfg, timed, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
+    eng = Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
                  plugins.create_from_config("eviction", dict(eviction or {"name": "lifo"})),
                  plugins.create("prefix_cache", "hash_lru"), record_steps=True)
-    eng.run(reqs)
+    eng.run(reqs, callbacks=[timed])
     # the first steps follow an idle gap (elapsed_s then counts only execute)
     return [({**batch_features(b), **host_work(b)}, inner, el) for b, inner, el in timed.rows[2:]]
 
