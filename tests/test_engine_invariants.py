@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvrl.engine.request import SeqStatus
-from kvrl.plugins.base import PreemptionMode
 from tests.helpers import make_engine, make_request
 
 PREFIX_CACHES = ["none", "hash_lru", "hash_lfu", "radix_lru"]
@@ -31,12 +30,8 @@ def _shared_prompt(rng, group, length):
 
 def _preempt_one(engine, mode):
     """Force a preemption from outside the scheduler, through the engine's own path."""
-    if not engine.running:
-        return
-    from kvrl.engine.batch import ScheduledBatch
-    batch = ScheduledBatch()
-    engine._preempt(engine.running[-1], PreemptionMode(mode), batch)
-    engine.executor.execute(batch)   # the executor performs the swap-out
+    if engine.running:
+        engine.preempt(engine.running[-1].seq_id, mode)   # a swap-out runs on the executor at once
 
 
 @pytest.mark.parametrize("prefix_cache", PREFIX_CACHES)
@@ -64,7 +59,7 @@ def test_invariants_hold_under_random_operations(prefix_cache, eviction, ops, mo
             _preempt_one(engine, op[1])
         elif op[0] == "abort" and added:
             rid = added[op[1] % len(added)][0]
-            if rid in engine._groups and engine._groups[rid].num_open:
+            if engine.is_open(rid):
                 engine.abort(rid, "aborted by test")
         engine.check_invariants()
     steps = 0
@@ -83,10 +78,10 @@ def test_invariants_hold_under_random_operations(prefix_cache, eviction, ops, mo
         rec = engine.metrics.requests[rid]
         if rec.error:
             continue
-        group = engine._groups[rid]
+        seqs = engine.sequences(rid)
         assert rec.finish_s is not None, f"request {rid} never finished"
-        assert len(group.seqs) == n
-        assert all(s.status is SeqStatus.FINISHED and s.num_output == olen for s in group.seqs)
+        assert len(seqs) == n
+        assert all(s.status is SeqStatus.FINISHED and s.num_output == olen for s in seqs)
         assert rec.output_tokens == n * olen
 
 

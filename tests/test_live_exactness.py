@@ -126,9 +126,7 @@ def test_swap_out_then_in_restores_identical_kv(checkpoint):
     before = torch.stack([ex.kv[:, :, b] for b in seq.block_table]).clone()
     from kvrl.engine.batch import ScheduledBatch
     from kvrl.plugins.base import PreemptionMode
-    out = ScheduledBatch()
-    engine._preempt(seq, PreemptionMode.SWAP, out)
-    ex.execute(out)
+    assert engine.preempt(seq.seq_id, "swap") is PreemptionMode.SWAP   # the swap-out runs at once
     ex.kv.normal_()                               # clobber the GPU pool
     back = ScheduledBatch(swap_in=engine.allocator.swap_in(seq))
     ex.execute(back)

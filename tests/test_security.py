@@ -16,6 +16,7 @@ import pytest
 
 from kvrl import plugins
 from kvrl.apps import attack
+from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
 from tests.helpers import make_engine, make_request
 
@@ -347,6 +348,17 @@ def test_tenant_quota_lets_a_newcomer_pass_the_hogs_queue():
     assert ttft["tenant_quota"] < ttft["fixed"] / 5
 
 
+class _PeakRunning(EngineCallback):
+    """Most running sequences of ``tenant`` seen after any step."""
+
+    def __init__(self, engine, tenant: str) -> None:
+        self.engine, self.tenant, self.peak = engine, tenant, 0
+
+    def on_step(self, event) -> bool:
+        self.peak = max(self.peak, sum(s.request.tenant == self.tenant for s in self.engine.running))
+        return True
+
+
 @pytest.mark.parametrize("contended_only,peak", [(True, 10), (False, 5)])
 def test_tenant_quota_holds_back_only_under_contention_unless_strict(contended_only, peak):
     """Tenant b runs one long request (it is active but asks for nothing more); tenant a sends 10
@@ -356,11 +368,9 @@ def test_tenant_quota_holds_back_only_under_contention_unless_strict(contended_o
                          watermark_params={"contended_only": contended_only})
     reqs = [make_request("b", 8, 120, tenant="b", seed=1)]
     reqs += [make_request(f"a{i}", 24, 12, arrival_s=0.001, tenant="a", seed=10 + i) for i in range(10)]
-    seen = [0]
-    engine._on_step_end.append(
-        lambda: seen.__setitem__(0, max(seen[0], sum(s.request.tenant == "a" for s in engine.running))))
-    assert engine.run(reqs)["finished"] == 11
-    assert seen[0] == peak
+    peak_a = _PeakRunning(engine, "a")
+    assert engine.run(reqs, callbacks=[peak_a])["finished"] == 11
+    assert peak_a.peak == peak
 
 
 def test_tenant_quota_is_a_no_op_for_a_single_tenant():

@@ -19,7 +19,6 @@ from kvrl.engine.request import SeqStatus
 from kvrl.engine.tiers import TieredAllocator
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
 from kvrl.executors.sim import SimExecutor
-from kvrl.plugins.base import PreemptionMode
 from tests.helpers import make_request
 
 
@@ -74,12 +73,10 @@ def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, t
                 if engine.has_unfinished:
                     engine.step()
         elif op[0] == "preempt" and engine.running:
-            batch = ScheduledBatch()
-            engine._preempt(engine.running[-1], PreemptionMode(op[1]), batch)
-            engine.executor.execute(batch)
+            engine.preempt(engine.running[-1].seq_id, op[1])
         elif op[0] == "abort" and added:
             rid = added[op[1] % len(added)][0]
-            if engine._groups[rid].num_open:
+            if engine.is_open(rid):
                 engine.abort(rid, "aborted by test")
         engine.check_invariants()
     steps = 0
@@ -94,7 +91,7 @@ def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, t
         rec = engine.metrics.requests[rid]
         if not rec.error:
             assert rec.output_tokens == n * olen
-            assert all(s.status is SeqStatus.FINISHED for s in engine._groups[rid].seqs)
+            assert all(s.status is SeqStatus.FINISHED for s in engine.sequences(rid))
     s = engine.metrics.summary()
     assert s["tier_loaded_blocks"] <= s["tier_offloaded_blocks"]
     event(f"tier loads: {'some' if s['tier_loaded_blocks'] else 'none'}")
@@ -149,7 +146,7 @@ def test_a_tier_block_whose_record_differs_is_not_a_hit():
     reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0) for i, p in enumerate(fillers)]
     engine.run(reqs)
     tier = engine.allocator.tier
-    seq_hashes = engine._groups["p"].seqs[0].block_hashes
+    seq_hashes = engine.sequences("p")[0].block_hashes
     slot = tier.lookup(seq_hashes[0])
     assert slot is not None, "the first block should be in the tier"
     entry = tier.entry(slot)
