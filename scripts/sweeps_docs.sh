@@ -48,7 +48,7 @@ mkdir -p "$OUT"
 for name in "${names[@]}"; do
   case $name in
     opt_factor)      sweep opt_factor a=0 "${PRESSURE[@]}" watermark=opt_factor 'watermark.a=range(0,12.5,0.5)' $SEEDS ;;
-    avg_block_len)   sweep avg_block_len t=7.4 "${PRESSURE[@]}" watermark=avg_block_len 'watermark.t=range(1.8,7.6,0.2)' $SEEDS ;;
+    avg_block_len)   sweep avg_block_len t=7.4 "${PRESSURE[@]}" watermark=avg_block_len 'watermark.t=range(1.8,7.6,0.4)' $SEEDS ;;
     fixed)           sweep fixed fraction=0.01 "${PRESSURE[@]}" watermark=fixed watermark.fraction=0.0,0.01,0.02,0.05,0.1,0.2 $SEEDS ;;
     eviction_prefix) sweep eviction_prefix eviction=lifo,prefix_cache=hash_lru "${PREFIX[@]}" \
                        eviction=lifo,fewest_computed,most_blocks,cost_aware prefix_cache=none,hash_lru,hash_lfu,radix_lru $SEEDS ;;

@@ -18,7 +18,7 @@ FIGURES = ROOT / "docs" / "figures" / "sweeps"
 METRICS = (("goodput_tok_s", "goodput tok/s"), ("ttft_p99_s", "p99 TTFT s"), ("preemptions", "preemptions"))
 # worked example 1: (sweep, parameter column, label, values shown)
 WATERMARKS = (("opt_factor", "watermark.a", "opt_factor", "a", (0, 1, 4, 8, 12)),
-              ("avg_block_len", "watermark.t", "avg_block_len", "t", (1.8, 4.0, 6.0, 7.4)),
+              ("avg_block_len", "watermark.t", "avg_block_len", "t", (1.8, 3.0, 4.2, 5.4, 6.6, 7.4)),
               ("fixed", "watermark.fraction", "fixed", "fraction", (0.0, 0.01, 0.05, 0.1, 0.2)))
 
 
