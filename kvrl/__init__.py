@@ -1,4 +1,7 @@
-"""kvrl: KV-cache memory management research framework."""
-__version__ = "0.1.0"
+"""kvrl: KV-cache memory management research framework.
 
-import kvrl.envs  # noqa: E402,F401  (registers the Gymnasium environments; imports only gymnasium)
+``import kvrl`` imports nothing heavy (no Gymnasium, torch or engine). The Gymnasium ids
+(``kvrl/Watermark-v0``, ...) are registered by ``import kvrl.envs``; ``gymnasium.make`` also finds
+them without it through Gymnasium's ``module:id`` form, ``gymnasium.make("kvrl.envs:kvrl/Watermark-v0")``.
+"""
+__version__ = "0.1.0"
