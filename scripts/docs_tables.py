@@ -52,21 +52,24 @@ class Block:
 
 
 def find_blocks(text: str, path: Path) -> list[Block]:
-    """The generated blocks of ``text``; a marker without its partner, a nested BEGIN or an unknown
-    kind raises ``ValueError`` naming ``path`` and the line."""
+    """The generated blocks of ``text`` (markers inside fenced code blocks are not blocks); a marker
+    without its partner, a nested BEGIN or an unknown kind raises ``ValueError`` naming ``path`` and
+    the line."""
     blocks: list[Block] = []
     open_: Optional[tuple[int, re.Match, int]] = None
-    offset = 0
+    offset, fenced = 0, False
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         stripped = line.rstrip("\n")
-        match = BEGIN.match(stripped)
+        if stripped.lstrip().startswith("```") and not open_:
+            fenced = not fenced          # markers shown inside a code block are examples, not blocks
+        match = None if fenced else BEGIN.match(stripped)
         if match:
             if open_:
                 raise ValueError(f"{path}:{number}: BEGIN GENERATED inside the block opened at line {open_[0]}")
             if match["kind"] not in KINDS:
                 raise ValueError(f"{path}:{number}: unknown kind {match['kind']!r} (expected one of {', '.join(KINDS)})")
             open_ = (number, match, offset + len(line))
-        elif stripped.strip() == END:
+        elif stripped.strip() == END and not fenced:
             if not open_:
                 raise ValueError(f"{path}:{number}: END GENERATED without a BEGIN")
             first, m, start = open_

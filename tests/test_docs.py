@@ -22,6 +22,7 @@ spec.loader.exec_module(docs_tables)
 def test_markers_are_balanced_and_name_their_command_and_kind(tmp_path):
     text = ("intro\n<!-- BEGIN GENERATED: echo 1 | cheap -->\nold\n<!-- END GENERATED -->\n"
             "<!-- BEGIN GENERATED: scripts/x.sh | sim -->\n<!-- END GENERATED -->\n")
+    text += "```\n<!-- BEGIN GENERATED: shown in a code block | cheap -->\n<!-- END GENERATED -->\n```\n"
     blocks = docs_tables.find_blocks(text, Path("f.md"))
     assert [(b.line, b.command, b.kind, text[b.start:b.end]) for b in blocks] == [
         (2, "echo 1", "cheap", "old\n"), (5, "scripts/x.sh", "sim", "")]
