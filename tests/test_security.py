@@ -247,9 +247,10 @@ def _succeeds(row):
 def test_forging_and_salt_spoofing_attackers_are_at_chance_with_the_defaults(tmp_path):
     """kvrl-attack prefix-probe with the two new attackers, one account per probe, tenant scope.
     The forger (a Wagner 8-list collision against xxh3 per attacker account) reconstructs the
-    labels against prefix_hash=xxh3 (measured: accuracy 0.95, Fisher p 3e-9); against the
+    labels against prefix_hash=xxh3 (measured: accuracy 1.000, Fisher p 1.5e-11); against the
     default keyed blake2b, and the salt spoofer against either hash, sit at chance (Fisher's
-    test does not reject, the TTFT gap's 95% interval contains 0)."""
+    test does not reject, the TTFT gap's 95% interval contains 0; measured: accuracy 0.600,
+    p = 0.24, gap CI -0.07 to 1.03 ms)."""
     rows = {r["run"]: r for r in attack.run(attack_cfg("prefix_probe", *PROBE_ATTACKS), tmp_path)["rows"]}
     assert sorted(rows) == ["tenant/blake2b/forge", "tenant/blake2b/salt_spoof", "tenant/xxh3/forge",
                             "tenant/xxh3/salt_spoof"]
