@@ -464,3 +464,22 @@ def test_third_party_params_are_validated_from_their_declarations():
     assert OmegaConf.to_container(node) == {"mode": "recompute", "factor": 1.0, "limit": None, "name": "test_declared"}
     with pytest.raises(ValueError, match="eviction.mode"):
         kp.create_from_config("eviction", OmegaConf.merge(node, {"mode": "swapp"}))
+
+
+def test_offline_batches_cost_linear_time_in_the_queue_length():
+    """87fbe4f rebuilt the waiting list every step (quadratic: 40k offline requests took 128 s).
+    With 2 admissions per step, 4x the requests must cost about 4x the CPU time, not 16x."""
+    import time
+
+    def cpu_seconds(n):
+        engine = make_engine(num_blocks=256, block_size=16, prefix_cache="none", max_num_seqs=2,
+                             max_num_batched_tokens=64)
+        reqs = [make_request(f"o{i}", tokens=[1 + i % 7, 2], output_len=1) for i in range(n)]
+        t = time.process_time()
+        summary = engine.run(reqs)
+        assert summary["finished"] == n
+        return time.process_time() - t
+
+    small = min(cpu_seconds(2000) for _ in range(2))
+    large = min(cpu_seconds(8000) for _ in range(2))
+    assert large < 8 * small, f"2,000 requests: {small:.2f} s, 8,000: {large:.2f} s"

@@ -253,6 +253,7 @@ TYPED = {   # values of each field's declared type, any range (sizes bounded: se
     "prefix_cache_scope": st.sampled_from(["tenant", "global", "none"]),
     "policy_errors": st.sampled_from(["isolate", "raise", "ignore"]),
     "charge_policy_time": st.booleans(),
+    "cpu_tier_blocks": st.integers(-1, 40),
     "prefix_hash": st.sampled_from(["blake2b", "sha256", "xxh3", "md5"]),
     "prefix_hash_key": st.sampled_from(["random", "seed", "fixed"]),
     "seed": st.integers(-5, 2**40),
