@@ -114,3 +114,36 @@ def test_fidelity_recorder_is_a_callback_that_records_and_stops_past_its_wall_li
     summary = cut.run(_requests(), callbacks=[limited])
     assert cut.step_index == 1 and len(limited.batches) == 1 and cut.stopped_by is limited
     assert "exceeded max_live_wall_s" in limited.error and summary["finished"] == 0
+
+
+def test_prefix_cache_event_hooks_are_called():
+    """Policy's hooks are part of every kind's contract: a prefix cache that overrides them hears
+    of every step, finish and preemption."""
+    from kvrl import plugins
+    from kvrl.engine.config import EngineConfig
+    from kvrl.engine.engine import Engine
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+    from kvrl.executors.sim import SimExecutor
+    from kvrl.plugins.prefix_caches import HashLRU
+
+    class _Counting(HashLRU):
+        def __init__(self, params):
+            super().__init__(params)
+            self.calls = {"step": 0, "finish": 0, "preempt": 0}
+
+        def on_step_end(self):
+            self.calls["step"] += 1
+
+        def on_finish(self, seq):
+            self.calls["finish"] += 1
+
+        def on_preempt(self, seq, mode):
+            self.calls["preempt"] += 1
+
+    cache = _Counting(plugins.create("prefix_cache", "hash_lru").params)
+    engine = Engine(EngineConfig(num_blocks=40, block_size=4, num_cpu_blocks=0, max_model_len=4096),
+                    SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]), plugins.create("scheduler", "fcfs"),
+                    plugins.create("watermark", "fixed", fraction=0.0), plugins.create("eviction", "lifo"), cache)
+    summary = engine.run([make_request(f"r{i}", 24, 40, seed=i) for i in range(8)])
+    assert summary["finished"] == 8 and summary["preemptions"] > 0
+    assert cache.calls == {"step": engine.step_index, "finish": 8, "preempt": summary["preemptions"]}

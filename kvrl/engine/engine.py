@@ -135,11 +135,12 @@ class Engine:
         self.view = EngineView(self)
         for policy in (scheduler, watermark, eviction, prefix_cache, *([self.tier] if self._tiered else [])):
             policy.bind(self.view)
-        # only hooks a policy overrides are called (the engine's per-step overhead matters in sim)
-        decision_policies = (scheduler, watermark, eviction)
-        self._on_step_end = [p.on_step_end for p in decision_policies if type(p).on_step_end is not Policy.on_step_end]
-        self._on_finish = [p.on_finish for p in decision_policies if type(p).on_finish is not Policy.on_finish]
-        self._on_preempt = [p.on_preempt for p in decision_policies if type(p).on_preempt is not Policy.on_preempt]
+        # every policy's event hooks (prefix cache and tier included); only hooks a policy overrides
+        # are called (the engine's per-step overhead matters in sim)
+        hooked = (scheduler, watermark, eviction, prefix_cache, *([self.tier] if self._tiered else []))
+        self._on_step_end = [p.on_step_end for p in hooked if type(p).on_step_end is not Policy.on_step_end]
+        self._on_finish = [p.on_finish for p in hooked if type(p).on_finish is not Policy.on_finish]
+        self._on_preempt = [p.on_preempt for p in hooked if type(p).on_preempt is not Policy.on_preempt]
         self._callbacks: list = []                   # kvrl.engine.callbacks: observers of every executed step
         self.stopped_by = None                       # the callback that asked the current run to stop
 

@@ -35,7 +35,10 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
 
 
 class Policy(abc.ABC):
-    """Base of all plugins: parameters, the engine view, and optional event hooks."""
+    """Base of all plugins: parameters, the engine view, and optional event hooks.
+
+    The engine calls the hooks a plugin overrides, of every kind (scheduler, watermark, eviction,
+    prefix cache, tier); a hook that raises is a policy error and its event is dropped."""
 
     plugin_kind: str = ""
     plugin_name: str = ""
