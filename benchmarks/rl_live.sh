@@ -12,14 +12,16 @@
 #            in real time, so a run costs about its engine time).
 #   2. live: kvrl-eval backend=live, the val-picked fixed watermark taken from the sim
 #            (val_pick=sim: no GPU time spent sweeping val), no val tuning and no oracle sweep.
-#   3. compare.md: per policy, sim and live goodput (mean ± 95% CI over seeds) side by side, and the
-#            paired per-seed difference to fixed 0.01 in both, with whether the signs agree where the
-#            sim's difference is significant.
+#   3. compare.md (scripts/rl_live_compare.py): per policy, sim and live goodput (mean ± 95% CI over
+#            seeds) side by side, and the paired per-seed difference to fixed 0.01 in both with its
+#            verdict, and whether the signs agree where the sim's difference is significant.
 # Policies: the scenario's agents (every training seed: no cherry-picking), fixed 0.01, the
-# val-best fixed watermark, the pi and bandit controllers at their defaults.
+# val-best fixed watermark (picked in the sim), the pi controller at its defaults: 6 policies x 10
+# seeds = 60 live runs of 6.5 s (pressure) to 8.5 s (phased) of engine time, 7-9 minutes per
+# scenario with model load and warm-up (the sim stage prints the estimate).
 # Environment: SEEDS (default [0,...,9]); AGENTS_<scenario> (a comma-separated list; default every
 # docs/results/agents/<scenario>-*/ directory, for watermark docs/results/agents/watermark-dqn);
-# BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 480, per scenario: the
+# BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 600, per scenario: the
 # live stage is stopped after that, the sim table stays); EXTRA (more overrides for both stages)
 # and LIVE_EXTRA (live stage only). A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
@@ -30,8 +32,8 @@ cd "$(dirname "$0")/.."
 . benchmarks/device_env.sh
 SCENARIOS=("$@"); [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(pressure phased)
 SEEDS=${SEEDS:-[0,1,2,3,4,5,6,7,8,9]}
-LIVE_LIMIT_S=${LIVE_LIMIT_S:-480}
-BASELINES=${BASELINES:-'baselines.watermark=[{name: fixed, fraction: 0.01},{name: pi},{name: bandit}]'}
+LIVE_LIMIT_S=${LIVE_LIMIT_S:-600}
+BASELINES=${BASELINES:-'baselines.watermark=[{name: fixed, fraction: 0.01},{name: pi}]'}
 PLOTS=false; python3 -c "import matplotlib" 2>/dev/null && PLOTS=true
 t0=$(date +%s)
 
@@ -66,52 +68,7 @@ PY
     "hydra.run.dir=$dir/live" > "$dir/live.log" 2>&1
   rc=$?; tail -n 20 "$dir/live.log"; [ $rc -eq 0 ] || { echo "$sc: live stage rc=$rc"; status=$rc; }
   [ -f "$dir/live/results.csv" ] || continue
-  python3 - "$dir/sim/results.csv" "$dir/live/results.csv" "$sc" > "$dir/compare.md" <<'PY'
-"""Sim prediction beside each live number: goodput per policy and the paired difference to fixed 0.01."""
-import csv, sys
-from collections import defaultdict
-
-import numpy as np
-from scipy import stats
-
-
-def load(path):
-    out = defaultdict(dict)                       # policy -> seed -> goodput
-    for r in csv.DictReader(open(path)):
-        if r["split"] == "test":
-            out[r["policy"]][int(r["seed"])] = float(r["goodput_tok_s"])
-    return out
-
-
-def ci(x):
-    x = np.asarray(x, float)
-    if len(x) < 2:
-        return float(x.mean()), float("nan")
-    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-
-
-sim, live, name = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
-ref = next((p for p in sim if p.startswith("fixed(fraction=0.01)")), None)
-print(f"## {name}: sim prediction vs live (goodput tok/s, mean ± 95% CI over seeds; Δ = paired per-seed "
-      f"difference to {ref})\n")
-print("| policy | sim | live | Δ sim | Δ live | same sign |")
-print("|---|---|---|---|---|---|")
-for p in sim:
-    seeds = sorted(set(sim[p]) & set(live.get(p, {})))
-    s, l = ci([sim[p][k] for k in seeds]) if seeds else ci(list(sim[p].values())), \
-        ci([live[p][k] for k in seeds]) if seeds else (float("nan"), float("nan"))
-    cells = [f"{s[0]:.1f} ± {s[1]:.1f}", f"{l[0]:.1f} ± {l[1]:.1f}"]
-    if ref and p != ref and seeds and all(k in sim[ref] and k in live.get(ref, {}) for k in seeds):
-        ds = ci([sim[p][k] - sim[ref][k] for k in seeds])
-        dl = ci([live[p][k] - live[ref][k] for k in seeds])
-        significant = abs(ds[0]) > ds[1]
-        agree = ("yes" if np.sign(ds[0]) == np.sign(dl[0]) else "**no**") if significant else "(sim n.s.)"
-        cells += [f"{ds[0]:+.1f} ± {ds[1]:.1f}", f"{dl[0]:+.1f} ± {dl[1]:.1f}", agree]
-    else:
-        cells += ["", "", ""]
-    print(f"| {p} | " + " | ".join(cells) + " |")
-print(f"\n{len(seeds)} seeds served live of {len(next(iter(sim.values())))} in the sim.")
-PY
+  python3 scripts/rl_live_compare.py "$dir/sim/results.csv" "$dir/live/results.csv" "$sc" > "$dir/compare.md"
   cat "$dir/compare.md"
 done
 echo "=== done in $(( $(date +%s) - t0 )) s; per scenario: $OUT/<scenario>/{sim,live}/leaderboard.md and compare.md"
