@@ -9,8 +9,8 @@ as far as the hash is collision resistant. ``engine.prefix_hash`` picks the hash
 * ``blake2b`` (default): BLAKE2b-256 keyed with a per-engine secret (:func:`hash_key`: 32 bytes
   from ``os.urandom`` at start-up, unless ``engine.prefix_hash_key=seed``). Collision resistant,
   and keyed, so nobody outside the engine can even compute an identity: a forger has no target.
-  Chosen over SHA-256 for that second property; SHA-256 is about as fast here (hashlib's C code
-  on 160-byte inputs: each block costs one Python-level call either way, see docs/security.md).
+  Chosen over SHA-256 for that second property at the same price: each block costs the same four
+  calls into hashlib's C code either way (docs/security.md §1b measures both on a full trace).
 * ``sha256``: unkeyed SHA-256 (vLLM's choice since CVE-2025-25183). Collision resistant; its
   identities are computable by anyone, which matters only if they leak.
 * ``xxh3``: the pre-#14 identity, unkeyed 64-bit XXH3. Fast but forgeable: a generalized-birthday
