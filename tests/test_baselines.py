@@ -111,3 +111,23 @@ def test_eval_tunes_on_val_adds_the_oracle_and_compares_with_the_strongest(tmp_p
     columns = list(rows[0])
     assert f"Δgoodput_tok_s vs {strongest}_mean" in columns
     assert f"Δgoodput_tok_s vs fixed(fraction={best_f}) [oracle: best constant on test]_mean" in columns
+
+
+
+def test_live_eval_tunes_in_the_sim_with_val_pick_sim(tmp_path):
+    """backend=live with val_pick=sim: the tuning grid runs on val in the sim (no accelerator
+    time), labelled [val-tuned in sim]; the tuned policy runs live on test."""
+    out = tmp_path / "live"
+    args = ["backend=live", "model=tiny", "backend.device=cpu", "engine.num_blocks=256", "workload.max_requests=4",
+            "seeds=[0]", "tune_seeds=[0]", "agents=[]", "live_warmup=1", "plots=false", "workers=1", "seed=0",
+            "val_pick=sim", "fixed_best=0.0", "oracle=false", "baselines.watermark=[{name: opt_factor}]",
+            "tune.watermark={opt_factor: {a: [0.0, 200.0]}}", f"hydra.run.dir={out}"]
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.eval", *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    val = [r for r in rows if r["split"] == "val"]
+    assert {r["backend"] for r in val} == {"sim"} and {r["policy"] for r in val} == {"opt_factor(a=0.0)",
+                                                                                    "opt_factor(a=200.0)"}
+    test = [r for r in rows if r["split"] == "test"]
+    assert {r["backend"] for r in test} == {"live"}
+    assert sum(r["policy"].endswith("[val-tuned in sim]") for r in test) == 1

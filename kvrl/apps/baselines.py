@@ -98,9 +98,9 @@ def best_of(candidates: Sequence[Mapping[str, Any]], results: Sequence[Mapping[s
 
 
 def tune_on_val(kind: str, baselines: Sequence[Mapping[str, Any]], tune: Optional[Mapping[str, Any]],
-                runner: Runner) -> tuple[list[tuple[str, dict]], list[dict]]:
-    """The val-tuned policies, as ``(label, plugin)``, and every val run (for results.csv). All
-    grids run in one batch (so workers stay busy)."""
+                runner: Runner, tag: str = VAL_TUNED) -> tuple[list[tuple[str, dict]], list[dict]]:
+    """The val-tuned policies, as ``(label [tag], plugin)``, and every val run (for results.csv).
+    All grids run in one batch (so workers stay busy)."""
     grids = tuning_grids(kind, baselines, tune)
     if not grids:
         return [], []
@@ -112,7 +112,7 @@ def tune_on_val(kind: str, baselines: Sequence[Mapping[str, Any]], tune: Optiona
     tuned = []
     for points in grids.values():
         best = best_of(points, results)
-        tuned.append((f"{label_of(best)} [{VAL_TUNED}]", best))
+        tuned.append((f"{label_of(best)} [{tag}]", best))
     return tuned, results
 
 

@@ -323,13 +323,17 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         results += sweep_results
         policies.append(best)
 
-    def runner(entries, split, kind, seed_list=seeds):      # (label, plugin) pairs, once per seed
+    def runner(entries, split, kind, seed_list=seeds, on=run):     # (label, plugin) pairs, once per seed
         jobs = [Job(Policy(label, kind, plugin), split, seed) for seed in seed_list for label, plugin in entries]
-        return run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(entries))
+        return run_jobs(on, role, jobs, resample, cfg.workers, chunk=len(entries))
     tune_seeds = list(cfg.tune_seeds) if cfg.tune_seeds is not None else seeds
+    tune_run, tag = run, VAL_TUNED
+    if cfg.val_pick == "sim" and run["backend"]["name"] != "sim":     # as the val sweep: no accelerator time
+        tune_run, tag = {**run, "backend": sim_backend()}, f"{VAL_TUNED} in sim"
     grids = OmegaConf.to_container(cfg.tune, resolve=True) if cfg.tune is not None else {}    # null: no tuning
     tuned, tune_results = tune_on_val(role, baselines, (grids or {}).get(role),
-                                      lambda entries, split, kind: runner(entries, split, kind, tune_seeds))
+                                      lambda entries, split, kind: runner(entries, split, kind, tune_seeds, tune_run),
+                                      tag)
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents)     # one row per distinct plugin config
