@@ -180,12 +180,14 @@ def _victim_then_forger(victim_tokens, forged_block):
             make_request("forger", tokens=forger, arrival_s=1.0, tenant="mallory", output_len=2)]
 
 
-def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_default(monkeypatch):
+@pytest.mark.parametrize("cache", ["hash_lru", "hash_lfu", "radix_lru"])
+def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_default(monkeypatch, cache):
     """A real forgery: mallory's first block differs from the victim's but has the victim's xxh3
     identity (chained from mallory's own tenant salt). With prefix_hash=xxh3 it is reused (all 48
     of the victim's tokens are a hit for mallory). Under the default, even with the hash made to
     collide exactly as xxh3 does (monkeypatched), the hit check sees other tokens and refuses:
-    no reuse, one failure counted, and the victim's cached blocks are left in place."""
+    no reuse, one failure counted, and the victim's cached blocks are left in place. In each of
+    the three prefix caches: the check is the allocator's, not the policy's."""
     from kvrl.apps.forge import forge_prefix
     from kvrl.engine.allocators import cache_salt
     from kvrl.engine.hashing import BlockHasher
@@ -193,20 +195,24 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     forged = forge_prefix(victim[:16], cache_salt("tenant", "victim", None), cache_salt("tenant", "mallory", None),
                           vocab_size=1000, seed=1)
     assert not np.array_equal(forged, victim[:16])
-    xxh3 = make_engine(num_blocks=64, block_size=16, prefix_hash="xxh3")
+    xxh3 = make_engine(num_blocks=64, block_size=16, prefix_hash="xxh3", prefix_cache=cache)
     xxh3.run(_victim_then_forger(victim, forged))
     assert xxh3.metrics.prompt_tokens_hit == 48                    # the forgery works against xxh3
-    default = make_engine(num_blocks=64, block_size=16)
+    default = make_engine(num_blocks=64, block_size=16, prefix_cache=cache)
     assert default.config.prefix_hash == "blake2b"
     default.run(_victim_then_forger(victim, forged))
     assert default.metrics.prompt_tokens_hit == 0
     as_xxh3, root, extend = BlockHasher("xxh3"), BlockHasher.root, BlockHasher.extend
     monkeypatch.setattr(BlockHasher, "root", lambda self, salt: root(as_xxh3, salt))
     monkeypatch.setattr(BlockHasher, "extend", lambda self, *a: extend(as_xxh3, *a))
-    colliding = make_engine(num_blocks=64, block_size=16)
+    colliding = make_engine(num_blocks=64, block_size=16, prefix_cache=cache)
     assert colliding.allocator._hasher.checked
     summary = colliding.run(_victim_then_forger(victim, forged))
     assert colliding.metrics.prompt_tokens_hit == 0 and summary["prefix_check_failures"] == 1
+    victim_ids: list = []                      # the victim's first block is still cached, with its own tokens
+    as_xxh3.extend(victim_ids, victim, 16, 1, cache_salt("tenant", "victim", None))
+    block = colliding.allocator.prefix_cache.lookup(victim_ids[0])
+    assert colliding.allocator._registered_identity(block)[1] == victim[:16].astype("<i8").tobytes()
     assert summary["finished"] == 2
     colliding.check_invariants()
 
