@@ -585,7 +585,7 @@ def test_live_executor_counts_every_host_gap():
     assert wall["uncounted_host_gap_s"] >= 0.08 and wall["policy_time_s"] >= 0.08
 
 
-@settings(max_examples=int(8 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(5 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=LIVE_OPS, eviction=st.sampled_from(EVICTIONS[:5]), prefix_cache=st.sampled_from(PREFIX_CACHES),
        scheduler=st.sampled_from(SCHEDULERS), seed=st.integers(0, 2**16))
 def test_fuzz_live_executor_with_chaos_policies(ops, eviction, prefix_cache, scheduler, seed):
