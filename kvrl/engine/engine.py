@@ -44,7 +44,7 @@ import gc
 import logging
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from kvrl.engine.allocators import make_allocator, request_blocks
 from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
@@ -55,9 +55,11 @@ from kvrl.engine.metrics import MetricsCollector, RequestRecord
 from kvrl.engine.queues import SeqQueue
 from kvrl.engine.request import Request, RequestRejected, Sequence, SeqStatus
 from kvrl.engine.views import EngineView, SeqView
-from kvrl.executors.base import Executor
 from kvrl.plugins.base import (EvictionPolicy, Policy, PreemptionMode, PrefixCachePolicy, SchedulerPolicy,
                                WatermarkPolicy)
+
+if TYPE_CHECKING:   # executors sit above the engine (import-linter layers in pyproject.toml)
+    from kvrl.executors.base import Executor
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from kvrl.engine.hashing import BlockHash
 from kvrl.plugins.base import PrefixCachePolicy
 from kvrl.plugins.registry import register
+
+if TYPE_CHECKING:   # plugins sit below the engine (import-linter layers in pyproject.toml)
+    from kvrl.engine.hashing import BlockHash
 
 
 @register("prefix_cache", "none")
