@@ -73,16 +73,16 @@ def assert_all_accounted(engine: Engine, expected: dict[str, tuple[int, int]]) -
         rejected.setdefault(rid, reason)
     for rid, (olen, n) in expected.items():
         rec = engine.metrics.requests.get(rid)
-        if rec is None or (rid in rejected and engine._groups.get(rid) is None):
+        if rec is None:
             assert rid in rejected, f"request {rid} was lost (neither served nor rejected)"
             continue
         if rec.error:
             assert isinstance(rec.error, str) and rec.error.strip(), f"request {rid} aborted without a reason"
             continue
-        group = engine._groups[rid]
+        seqs = engine.sequences(rid)
         assert rec.finish_s is not None, f"request {rid} never finished"
-        assert len(group.seqs) == n and all(s.status is SeqStatus.FINISHED and s.num_output == olen
-                                            for s in group.seqs), f"request {rid} finished short"
+        assert len(seqs) == n and all(s.status is SeqStatus.FINISHED and s.num_output == olen
+                                      for s in seqs), f"request {rid} finished short"
         assert rec.output_tokens == n * olen
 
 
@@ -454,12 +454,8 @@ def _shared_prompt(rng, group, length):
 
 def _preempt_running(engine: Engine, mode: str, index: int) -> None:
     """Force a preemption from outside the scheduler, through the engine's own path."""
-    if not engine.running:
-        return
-    from kvrl.engine.batch import ScheduledBatch
-    batch = ScheduledBatch()
-    engine._preempt(engine.running[index % len(engine.running)], PreemptionMode(mode), batch)
-    engine.executor.execute(batch)
+    if engine.running:
+        engine.preempt(engine.running[index % len(engine.running)].seq_id, mode)
 
 
 @settings(max_examples=int(500 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -499,7 +495,7 @@ def _drive(engine: Engine, ops, seed: int) -> None:
             _preempt_running(engine, op[1], op[2])
         elif op[0] == "abort" and added:
             rid = list(added)[op[1] % len(added)]
-            if rid in engine._groups and engine._groups[rid].num_open:
+            if engine.is_open(rid):
                 engine.abort(rid, "aborted by test")
         elif op[0] == "fault":
             faults.budget[op[1]] += op[2]
