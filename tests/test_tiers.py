@@ -299,3 +299,27 @@ def test_live_offload_then_reload_restores_identical_kv(tiny_checkpoint):
     ex.kv.zero_()
     ex.execute(ScheduledBatch(tier_in=[(0, 7), (2, 1)]))
     assert torch.equal(ex.kv_by_block[1], before[0]) and torch.equal(ex.kv_by_block[7], before[1])
+
+
+def test_run_config_composes_the_tier_group_and_reports_tier_metrics():
+    """``conf/run.yaml`` with ``tier=cost_aware engine.cpu_tier_blocks=...`` (what kvrl-run takes)
+    builds the tiered engine with that policy; without the override the default config has no tier."""
+    import kvrl.apps  # noqa: F401  (config resolvers)
+    from hydra import compose, initialize_config_module
+    from kvrl.apps.schema import register_schemas
+    from kvrl.builder import build_engine, to_dict
+    from kvrl.workloads import build_workload
+    register_schemas()
+    plugins.available("tier")
+    small = ["workload=multi_turn", "workload.num_conversations=4", "workload.system_prompt_len=64",
+             "engine.num_blocks=24", "backend.profile=none"]
+    with initialize_config_module("kvrl.conf", version_base="1.3"):
+        tiered = compose("run", overrides=[*small, "tier=cost_aware", "tier.margin=1000.0", "engine.cpu_tier_blocks=64"])
+        plain = compose("run", overrides=small)
+    assert not isinstance(build_engine(plain).allocator, TieredAllocator)
+    engine = build_engine(tiered)
+    assert isinstance(engine.allocator, TieredAllocator) and engine.tier.plugin_name == "cost_aware"
+    requests = build_workload(to_dict(tiered.workload), vocab_size=engine.executor.vocab_size,
+                              max_model_len=engine.config.max_model_len)
+    summary = engine.run(list(requests))
+    assert summary["tier_cpu_blocks"] == 64 and summary["tier_offloaded_blocks"] > 0
