@@ -70,7 +70,8 @@ def main() -> int:
               "tier_loaded_blocks": summaries[1].get("tier_loaded_blocks"),
               "tier_offloaded_blocks": summaries[1].get("tier_offloaded_blocks"),
               "tier_load_s": summaries[1].get("tier_load_s"), "tier_store_s": summaries[1].get("tier_store_s"),
-              "prefix_hit_rate": [s["prefix_hit_rate"] for s in summaries], "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE}
+              "prefix_hit_rate": [s["prefix_hit_rate"] for s in summaries],
+              "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE}
     print(json.dumps(result))
     return 0 if kv_ok and tokens_ok and summaries[1].get("tier_loaded_blocks", 0) > 0 else 1
 

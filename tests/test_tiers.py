@@ -100,9 +100,12 @@ def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, t
 def _fill_then_reuse(engine, prompts, fillers, tenants=("a", "a")):
     """Serve ``prompts`` (tenant ``tenants[0]``), then ``fillers`` (which reclaim the GPU cache),
     then ``prompts`` again (tenant ``tenants[1]``); returns the engine's summary."""
-    reqs = [make_request(f"p{i}", tokens=p, output_len=2, arrival_s=0.0, tenant=tenants[0]) for i, p in enumerate(prompts)]
-    reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0, tenant="filler") for i, p in enumerate(fillers)]
-    reqs += [make_request(f"q{i}", tokens=p, output_len=2, arrival_s=2.0, tenant=tenants[1]) for i, p in enumerate(prompts)]
+    reqs = [make_request(f"p{i}", tokens=p, output_len=2, arrival_s=0.0, tenant=tenants[0])
+            for i, p in enumerate(prompts)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0, tenant="filler")
+             for i, p in enumerate(fillers)]
+    reqs += [make_request(f"q{i}", tokens=p, output_len=2, arrival_s=2.0, tenant=tenants[1])
+             for i, p in enumerate(prompts)]
     summary = engine.run(reqs)
     engine.check_invariants()
     assert summary["finished"] == len(reqs)
@@ -122,7 +125,8 @@ def test_reclaimed_prefix_blocks_come_back_from_the_cpu_tier():
     assert tiered["tier_offloaded_blocks"] > 0
     assert tiered["tier_loaded_blocks"] == 2 * 8          # both prompts' 8 full blocks (32 of 33 tokens)
     assert tiered["tier_cpu_hit_rate"] == pytest.approx(2 * 32 / (10 * 33))
-    assert tiered["tier_bytes_loaded"] == 16 * SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]).kv_block_bytes(4)
+    block_bytes = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]).kv_block_bytes(4)
+    assert tiered["tier_bytes_loaded"] == 16 * block_bytes
     assert tiered["tier_load_s"] > 0 and tiered["tier_store_s"] > 0
 
 
@@ -182,7 +186,8 @@ def test_cost_aware_offloads_blocks_whose_reload_beats_recompute():
         assert policy.offload(ReclaimedBlock(index, 16, 8, 8)) is (transfer < recompute)
     # a slow enough host link makes it drop shallow blocks and keep deep ones (longer attention context)
     slow = tier_engine(tier_blocks=8, tier="cost_aware", block_size=16)
-    slow.tier = plugins.create("tier", "cost_aware", margin=transfer / policy.recompute_s(ReclaimedBlock(300, 16, 8, 8)) * 1.01)
+    margin = 1.01 * transfer / policy.recompute_s(ReclaimedBlock(300, 16, 8, 8))
+    slow.tier = plugins.create("tier", "cost_aware", margin=margin)
     slow.tier.bind(slow.view)
     assert [slow.tier.offload(ReclaimedBlock(i, 16, 8, 8)) for i in (0, 600)] == [False, True]
 
@@ -314,7 +319,8 @@ def test_run_config_composes_the_tier_group_and_reports_tier_metrics():
     small = ["workload=multi_turn", "workload.num_conversations=4", "workload.system_prompt_len=64",
              "engine.num_blocks=24", "backend.profile=none"]
     with initialize_config_module("kvrl.conf", version_base="1.3"):
-        tiered = compose("run", overrides=[*small, "tier=cost_aware", "tier.margin=1000.0", "engine.cpu_tier_blocks=64"])
+        tiered = compose("run", overrides=[*small, "tier=cost_aware", "tier.margin=1000.0",
+                                           "engine.cpu_tier_blocks=64"])
         plain = compose("run", overrides=small)
     assert not isinstance(build_engine(plain).allocator, TieredAllocator)
     engine = build_engine(tiered)

@@ -199,7 +199,8 @@ class TieredAllocator(PagedAllocator):
         self.stats = TierStats(block_bytes)
         self._timer = timer
         self._on_error = on_error
-        self._meta: list[Optional[tuple[BlockHash, int]]] = [None] * self.num_blocks   # cached block -> (identity, index)
+        # cached block -> (identity, chain index)
+        self._meta: list[Optional[tuple[BlockHash, int]]] = [None] * self.num_blocks
         self._tier_out: list[tuple[int, int]] = []
         self._tier_in: list[tuple[int, int]] = []
 
