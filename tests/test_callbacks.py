@@ -54,9 +54,9 @@ def test_returning_false_stops_the_run_after_that_step():
     assert engine.step_index == 3 and engine.stopped_by is stopper
     assert len(other.events) == 3 and other.calls == ["start", "end"]      # every callback saw the step
     assert summary["finished"] < 6
-    assert engine._callbacks == []          # run-scoped callbacks are removed afterwards
     engine.run([make_request("late", 8, 2, arrival_s=engine.now)])      # a new run starts unstopped
     assert engine.stopped_by is None and engine.sequences("late")[0].status is SeqStatus.FINISHED
+    assert len(stopper.events) == len(other.events) == 3     # run-scoped callbacks were removed
 
 
 def test_bad_callbacks_are_refused_with_a_clear_error():
@@ -147,3 +147,11 @@ def test_prefix_cache_event_hooks_are_called():
     summary = engine.run([make_request(f"r{i}", 24, 40, seed=i) for i in range(8)])
     assert summary["finished"] == 8 and summary["preemptions"] > 0
     assert cache.calls == {"step": engine.step_index, "finish": 8, "preempt": summary["preemptions"]}
+
+
+def test_a_refused_run_callback_leaves_none_registered():
+    engine, log = make_engine(), _Log()
+    with pytest.raises(TypeError, match="no callable on_step"):
+        engine.run(_requests(1), callbacks=[log, object()])
+    engine.run(_requests(1))
+    assert engine.step_index > 0 and log.events == []

@@ -688,9 +688,11 @@ class Engine:
             gc.freeze()
         if pause:
             gc.disable()
-        added = [self.add_callback(cb) for cb in callbacks]
+        added: list = []
         self.stopped_by = None
         try:
+            for cb in callbacks:                     # registered for this run only (removed below)
+                added.append(self.add_callback(cb))
             for cb in self._callbacks:
                 if hasattr(cb, "on_run_start"):
                     cb.on_run_start(self)
