@@ -59,8 +59,8 @@ class NoTier(TierPolicy):
 @register("tier", "offload_all")
 class OffloadAll(TierPolicy):
     """Offload every reclaimed block; the tier replaces its least recently stored block when
-    full. No parameters. Source: vLLM's CPU offloading connector and SGLang HiCache's
-    write-through-on-evict default."""
+    full. No parameters. The plain policy of a CPU tier, as the CPU KV offloading of vLLM and
+    SGLang's HiCache provide it (issue #20)."""
 
     def offload(self, block):
         return True
