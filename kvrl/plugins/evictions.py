@@ -7,6 +7,7 @@ including the one that needs a block) and a mode. ``mode`` is ``recompute``, ``s
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, check_choice
@@ -28,8 +29,9 @@ class _ByKey(EvictionPolicy):
 
     Params = ModeParams
 
+    @abc.abstractmethod
     def key(self, seq):
-        raise NotImplementedError
+        """Victim order: the candidate with the largest key is preempted."""
 
     def mode_for(self, seq) -> PreemptionMode:
         mode = self.params.mode
