@@ -2,8 +2,8 @@
 
 A profile times the live executor: its kernels, model code and executor. When any of them
 changes, the profile's step times may no longer hold. :func:`code_fingerprint` hashes that code
-(:data:`TIMING_SOURCES`) as Python syntax trees without docstrings, so comment and docstring edits
-do not count; :func:`profile_fingerprint` adds the package versions a profile records.
+(:data:`TIMING_SOURCES`) as source text without docstrings, comments and blank lines, so comment and
+docstring edits do not count; :func:`profile_fingerprint` adds the package versions a profile records.
 
 A profile stores its fingerprint in ``meta["fingerprint"]`` (written by ``kvrl-profile``). When
 the tree's code hash differs, :func:`staleness` says so, unless the profile lists the tree's hash
@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import io
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -25,20 +27,33 @@ TIMING_SOURCES = ("kvrl.kernels", "kvrl.model.layers", "kvrl.model.model", "kvrl
                   "kvrl.executors.live", "kvrl.executors.piecewise", "kvrl.executors.base")
 
 
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Line numbers of every module, class and function docstring."""
+    lines: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-    return tree
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
 
 
 def source_digest(text: str) -> str:
-    """SHA-256 of a module's syntax tree without docstrings and comments (hex)."""
-    tree = _strip_docstrings(ast.parse(text))
-    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+    """SHA-256 (hex) of a module's source without docstrings, comments, blank lines and trailing
+    spaces. Built on the source text, not on ``ast.dump`` (whose format changes between Python
+    versions), so the GPU machine's Python and this one's agree."""
+    drop = _docstring_lines(ast.parse(text))
+    comment_at = {tok.start[0]: tok.start[1] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                  if tok.type == tokenize.COMMENT}
+    kept = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if number in drop:
+            continue
+        line = line[:comment_at.get(number, len(line))].rstrip()
+        if line.strip():
+            kept.append(line)
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
 
 
 def _locate(name: str) -> tuple[Path, bool]:
