@@ -57,7 +57,7 @@ def test_the_val_picked_constant_equal_to_a_baseline_is_one_row():
 
 
 def test_invalid_runs_rank_last_and_are_flagged(tmp_path):
-    rows = build_rows(results({"lifo": [100, 110], "broken": [200, 210]},
+    rows = build_rows(results({"lifo": [100, 110], "broken": [200, 215]},
                               extra={"broken": {"aborted": 169, "policy_errors": 0}}), ["lifo"])
     assert [r.policy for r in rows] == ["lifo", "broken"] and rows[1].invalid == 2
     assert leaderboard.warnings(rows) == ["broken: 2 of 2 runs aborted requests or had policy errors "
