@@ -44,7 +44,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from kvrl.apps import tracking
+from kvrl.apps import sim_beside, tracking
 from kvrl.apps.baselines import VAL_TUNED, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
@@ -140,9 +140,13 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     cfg = job_config(run, role, job, resample)
     executor = live_executor(cfg, live_warmup) if cfg["backend"]["name"] == "live" else None
     engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace)
-    metrics = engine.run(cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len))
+    requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
+    metrics = engine.run(requests)
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
+    if cfg["backend"]["name"] == "live":      # the sim's prediction of the same run, beside it (#16)
+        predicted = sim_beside.predict(cfg, engine, requests)
+        out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}
