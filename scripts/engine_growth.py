@@ -1,0 +1,59 @@
+"""How the engine's run time grows with the number of requests (issue #15, "Load").
+
+Serves ``synthetic`` workloads (kvrl-run's defaults: prompts uniform in [32, 512], outputs
+lognormal with mean 128; qwen3-0.6b on the h200 cost model; fcfs / fixed / lifo / hash_lru;
+67,335 GPU blocks as kvrl-run sizes them on an H200) with all requests at t=0 (``offline``) or
+Poisson arrivals at ``--rate`` per second, and prints the CPU seconds of ``Engine.run`` (workload
+building excluded) per size as a Markdown table. CPU time, not wall time, so that other work on a
+shared machine does not inflate the numbers; the process is single-threaded.
+
+    python scripts/engine_growth.py --sizes 5000 20000 40000 --processes offline poisson
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from kvrl import plugins
+from kvrl.engine.config import EngineConfig
+from kvrl.engine.engine import Engine
+from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+from kvrl.executors.sim import SimExecutor
+from kvrl.workloads import build_workload
+
+
+def measure(num_requests: int, process: str, rate: float, prefix_cache: str = "hash_lru") -> dict:
+    shape = MODEL_SHAPES["qwen3-0.6b"]
+    engine = Engine(EngineConfig(num_blocks=67335, block_size=16, num_cpu_blocks=2340, max_model_len=shape.max_model_len),
+                    SimExecutor(shape, DEVICES["h200"]),
+                    plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
+                    plugins.create("eviction", "lifo"), plugins.create("prefix_cache", prefix_cache),
+                    record_steps=False)
+    workload = {"name": "synthetic", "num_requests": num_requests, "arrival": {"process": process, "rate": rate}}
+    requests = build_workload(workload, vocab_size=shape.vocab_size, max_model_len=shape.max_model_len)
+    cpu = time.process_time()
+    summary = engine.run(requests)
+    return {"requests": num_requests, "process": process, "cpu_s": time.process_time() - cpu,
+            "finished": summary["finished"], "duration_s": summary["duration_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 40000, 100000, 200000])
+    parser.add_argument("--processes", nargs="+", default=["offline", "poisson"], choices=["offline", "poisson"])
+    parser.add_argument("--prefix-cache", default="hash_lru", help="prefix_cache plugin (none: no block hashing)")
+    parser.add_argument("--rate", type=float, default=300.0, help="Poisson arrivals per second (above the ~190 the engine serves, so a queue builds)")
+    args = parser.parse_args()
+    logging.getLogger("kvrl").setLevel(logging.ERROR)
+    print("| arrivals | requests | CPU s of Engine.run | us per request | finished | simulated s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for process in args.processes:
+        for n in args.sizes:
+            r = measure(n, process, args.rate, args.prefix_cache)
+            print(f"| {process} | {n:,} | {r['cpu_s']:.1f} | {1e6 * r['cpu_s'] / n:.0f} | {r['finished']:,} | "
+                  f"{r['duration_s']:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
