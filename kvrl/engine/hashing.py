@@ -104,15 +104,20 @@ class BlockHasher:
         h.update(salt)
         return h.digest()
 
-    def extend(self, hashes: list, tokens: np.ndarray, block_size: int, num_blocks: int, salt: bytes) -> None:
-        """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of ``tokens``
-        (the sequence's token ids from position 0, at least ``num_blocks * block_size``)."""
+    def extend(self, hashes: list, tokens: np.ndarray, block_size: int, num_blocks: int, salt: bytes,
+               offset: int = 0) -> None:
+        """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of the sequence
+        whose token ids from position ``offset`` on are ``tokens`` (``offset`` at most
+        ``len(hashes) * block_size``; ``tokens`` reach position ``num_blocks * block_size``)."""
         start = len(hashes)
         if start >= num_blocks:
             return
+        if offset > start * block_size:
+            raise ValueError(f"tokens start at position {offset}, after the first block to hash ({start * block_size})")
         parent = hashes[-1] if hashes else self.root(salt)
         width = block_size * 8
-        buf = memoryview(np.ascontiguousarray(tokens[start * block_size:num_blocks * block_size], dtype="<i8"))
+        buf = memoryview(np.ascontiguousarray(tokens[start * block_size - offset:num_blocks * block_size - offset],
+                                              dtype="<i8"))
         buf = buf.cast("B")
         append = hashes.append
         if self.name == "xxh3":

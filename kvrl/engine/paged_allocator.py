@@ -155,9 +155,11 @@ class PagedAllocator:
 
     # ----------------------------------------------------------------- prefix matching
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        if len(seq.block_hashes) < num_full_blocks:
-            tokens = seq.token_slice(0, num_full_blocks * self.block_size)
-            self._hasher.extend(seq.block_hashes, tokens, self.block_size, num_full_blocks, self._salt(seq))
+        done = len(seq.block_hashes)
+        if done < num_full_blocks:     # only the new blocks' tokens (a long history is not re-read per block)
+            bs = self.block_size
+            tokens = seq.token_slice(done * bs, num_full_blocks * bs)
+            self._hasher.extend(seq.block_hashes, tokens, bs, num_full_blocks, self._salt(seq), offset=done * bs)
 
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
         """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute.
