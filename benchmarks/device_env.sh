@@ -8,3 +8,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+
+# GPU, driver, python/torch/triton and the commit, for a script's header (non-zero if torch is missing).
+device_versions() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+  python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, end=' ')
+try:
+    import triton; print('triton', triton.__version__)
+except ImportError:
+    print('triton -')" || return 1
+  git log -1 --format='commit %h %s' 2>/dev/null || true
+}

@@ -27,13 +27,7 @@ COMMON=("attack.scopes=[tenant]" "attack.probers=[plain,forge,salt_spoof]" "atta
 t0=$(date +%s)
 
 echo "=== versions ($(date -u +%FT%TZ))"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
-python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, end=' ')
-try:
-    import triton; print('triton', triton.__version__)
-except ImportError:
-    print('triton -')" || exit 1
-git log -1 --format='commit %h %s' 2>/dev/null || true
+device_versions || exit 1
 
 echo "=== sim ($(date +%T))"
 timeout 300 python3 -m kvrl.apps.attack prefix-probe backend=sim model=qwen3-0.6b "${COMMON[@]}" \

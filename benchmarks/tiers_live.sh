@@ -32,13 +32,7 @@ COMMON=(workload=multi_turn workload.num_conversations=80 workload.arrival.rate=
 t0=$(date +%s)
 
 echo "=== versions ($(date -u +%FT%TZ))"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
-python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, end=' ')
-try:
-    import triton; print('triton', triton.__version__)
-except ImportError:
-    print('triton -')" || exit 1
-git log -1 --format='commit %h %s' 2>/dev/null || true
+device_versions || exit 1
 
 echo "=== sim ($(date +%T))"
 timeout 300 python3 scripts/tiers_study.py --out "$OUT/tiers_sim" --seeds $SEEDS --variants $VARIANTS \
