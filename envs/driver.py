@@ -1,9 +1,10 @@
-"""Serving one episode: the arrival loop of :meth:`Engine.run`, one engine step at a time, and the
-reward accounting between decisions.
+"""Serving one episode: the engine's :class:`~kvrl.engine.loop.ServingLoop`, one iteration at a
+time, and the reward accounting between decisions.
 
-:meth:`EngineDriver.step` is exactly one iteration of :meth:`Engine.run`'s loop (idle until the
-next arrival, submit the arrivals that are due, run one engine step), so an episode that serves a
-whole split reproduces ``kvrl-run`` on the same config bit for bit.
+:meth:`EngineDriver.step` and :meth:`EngineDriver.step_iter` are one iteration of the loop that
+:meth:`Engine.run` runs (idle until the next arrival, submit the arrivals that are due, run one
+engine step), so an episode that serves a whole split reproduces ``kvrl-run`` on the same config
+bit for bit.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from kvrl.engine.engine import Engine
+from kvrl.engine.loop import ServingLoop
 from kvrl.engine.metrics import RequestRecord
 from kvrl.engine.request import Request
 from kvrl.envs.config import RewardConfig
@@ -38,7 +40,7 @@ class RewardParts:
 
 
 class EngineDriver:
-    """Serves ``requests`` (sorted by arrival) on ``engine``, optionally until engine time ``end_s``.
+    """Serves ``requests`` on ``engine``, optionally until engine time ``end_s``.
 
     ``finished``: every request was submitted and nothing is left (trace end). ``timed_out``:
     engine time reached ``end_s`` (a time limit; what is in flight stays unfinished).
@@ -48,38 +50,31 @@ class EngineDriver:
         if not requests:
             raise ValueError("an episode needs at least one request")
         self.engine = engine
-        self.pending = list(requests)
-        self.end_s = end_s
-        self._next = 0
         self._open: list[RequestRecord] = []
         self._seen_recomputed = 0
         self._seen_swapped = 0
-        engine.metrics.start_s = engine.now = self.pending[0].arrival_s
+        self.loop = ServingLoop(engine, requests, end_s=end_s,
+                                on_submit=lambda r: self._open.append(engine.metrics.requests[r.request_id]))
+        self.step = self.loop.step              # one iteration, the eviction plugin deciding
+        self.step_iter = self.loop.step_iter    # one iteration, yielding its block shortages
+
+    @property
+    def pending(self) -> list[Request]:
+        """The episode's requests, by arrival time."""
+        return self.loop.pending
 
     @property
     def finished(self) -> bool:
-        return self._next >= len(self.pending) and not self.engine.has_unfinished
+        return self.loop.finished
 
     @property
     def timed_out(self) -> bool:
-        return self.end_s is not None and self.engine.now >= self.end_s
+        return self.loop.timed_out
 
     @property
     def done(self) -> bool:
-        return self.finished or self.timed_out
-
-    def step(self) -> None:
-        """One iteration of :meth:`Engine.run`'s loop. Call only while not :attr:`finished`."""
-        engine, pending = self.engine, self.pending
-        if not engine.has_unfinished and pending[self._next].arrival_s > engine.now:
-            engine.now = pending[self._next].arrival_s       # idle until the next arrival
-        while self._next < len(pending) and pending[self._next].arrival_s <= engine.now:
-            request = pending[self._next]
-            if engine.submit(request):
-                self._open.append(engine.metrics.requests[request.request_id])
-            self._next += 1
-        if engine.has_unfinished:
-            engine.step()
+        """Finished, or a limit of the loop reached (the episode's ``end_s``)."""
+        return self.loop.done
 
     def collect(self) -> RewardParts:
         """What finished and what was recomputed or swapped since the last call."""

@@ -4,7 +4,8 @@ One :meth:`Engine.step`:
 1. running sequences (oldest admission first) get their next tokens (1 for decode, a chunk for
    an unfinished prefill) while the token budget lasts; a sequence that needs a block when none
    is free triggers the eviction policy (swap or recompute a victim) until it fits or is itself
-   the victim;
+   the victim (:meth:`Engine.step_iter` yields each such shortage to its caller instead, see
+   :mod:`kvrl.engine.decisions`);
 2. if nothing was preempted: swapped sequences are swapped back in (FIFO) while the watermark
    allows; they compute from the next step on, so the copy overlaps this step (prefetch);
 3. if nothing was preempted: waiting sequences (recompute-preempted ones first, then new arrivals
@@ -40,17 +41,18 @@ sequences in O(1), so an offline batch of ``N`` requests costs O(N) overall, not
 """
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Generator, Iterable, Optional
 
 from kvrl.engine.allocators import make_allocator, request_blocks
 from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 from kvrl.engine.callbacks import StepEvent
 from kvrl.engine.config import EngineConfig
+from kvrl.engine.decisions import Shortage
 from kvrl.engine.guards import GuardedPrefixCache
+from kvrl.engine.loop import ServingLoop
 from kvrl.engine.metrics import MetricsCollector, RequestRecord
 from kvrl.engine.queues import SeqQueue
 from kvrl.engine.request import Request, RequestRejected, Sequence, SeqStatus
@@ -157,6 +159,11 @@ class Engine:
     def remove_callback(self, callback) -> None:
         """Stop calling ``callback`` (``ValueError`` if it is not registered)."""
         self._callbacks.remove(callback)
+
+    @property
+    def callbacks(self) -> tuple:
+        """The registered callbacks, in call order."""
+        return tuple(self._callbacks)
 
     # ================================================================== requests
     def view_of(self, seq: Sequence) -> SeqView:
@@ -409,8 +416,11 @@ class Engine:
                 budget -= k
                 i += 1
                 continue
-            while alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
-                victim, mode = self._select_victim(running[i:])
+            while (need := alloc.blocks_to_extend(seq, upto)) > alloc.num_free_blocks:
+                candidates = running[i:]
+                decision = yield Shortage(self.view_of(seq), [self.view_of(s) for s in candidates], need,
+                                          alloc.num_free_blocks)
+                victim, mode = self._check_decision(decision, candidates)
                 if victim is None:   # the policy failed: only the request that needed the block is aborted
                     budget += self._abort_planned(seq.request.request_id, mode, batch)
                     i = len(batch.seqs)   # batch.seqs[j].seq is running[j] for every j < i
@@ -443,10 +453,12 @@ class Engine:
         batch.copies = [pair for pair in batch.copies if pair[1] not in gpu]
         return freed
 
-    def _select_victim(self, candidates: list[Sequence]) -> tuple[Optional[Sequence], object]:
-        """(victim, mode) from the eviction policy, or (None, error message) if it failed."""
+    def _check_decision(self, decision, candidates: list[Sequence]) -> tuple[Optional[Sequence], object]:
+        """(victim, mode) of an eviction decision, or (None, error message) when it names no
+        candidate or is an exception (the eviction policy failed)."""
         try:
-            decision = self._timed(self.eviction.select, [self.view_of(s) for s in candidates])
+            if isinstance(decision, Exception):
+                raise decision
             victim = next((s for s in candidates if s.seq_id == decision.seq_id), None)
             if victim is None:
                 raise ValueError(f"chose seq {decision.seq_id}, which is not a candidate "
@@ -454,6 +466,21 @@ class Engine:
             return victim, PreemptionMode(decision.mode)
         except Exception as exc:
             return None, self._policy_failed("eviction", exc)
+
+    def _answered(self, steps: Generator[Shortage, object, object]):
+        """Run a generator of :meth:`step_iter`'s kind to its end, answering every shortage with
+        the eviction plugin (its exception, if it raises, is the answer: a policy error); returns
+        the generator's value."""
+        try:
+            point = next(steps)
+            while True:
+                try:
+                    decision = self._timed(self.eviction.select, point.candidates)
+                except Exception as exc:
+                    decision = exc
+                point = steps.send(decision)
+        except StopIteration as stop:
+            return stop.value
 
     def _schedule_swap_in(self, batch: ScheduledBatch) -> None:
         alloc = self.allocator
@@ -539,12 +566,16 @@ class Engine:
 
     def schedule(self) -> ScheduledBatch:
         """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
+        return self._answered(self._plan())
+
+    def _plan(self) -> Generator[Shortage, object, ScheduledBatch]:
+        """:meth:`schedule` as a generator of its block shortages (see :meth:`step_iter`)."""
         admits, preemptions, finished = self._admit_counter, self.metrics.preemptions, len(self.metrics.finished_output_lens)
         batch = ScheduledBatch(copies=self._pending_copies, num_waiting=len(self.waiting) + len(self.preempted),
                                num_finished=finished - self._finished_at_schedule)
         self._finished_at_schedule = finished
         self._pending_copies = []
-        budget, preempted = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        budget, preempted = yield from self._schedule_running(batch, self.config.max_num_batched_tokens)
         if not preempted:
             self._schedule_swap_in(batch)
             self._schedule_waiting(batch, budget)
@@ -622,9 +653,18 @@ class Engine:
 
     # ================================================================== driving
     def step(self) -> ScheduledBatch:
-        """Schedule, execute and apply one step; returns the executed batch."""
+        """Schedule, execute and apply one step, the eviction plugin answering every block
+        shortage; returns the executed batch."""
+        return self._answered(self.step_iter())
+
+    def step_iter(self) -> Generator[Shortage, object, ScheduledBatch]:
+        """One step as a generator: yields a :class:`~kvrl.engine.decisions.Shortage` each time
+        a running sequence needs a block while none is free, and receives the decision through
+        ``send`` (an :class:`~kvrl.plugins.base.EvictionDecision`; see :mod:`kvrl.engine.decisions`);
+        returns the executed batch (``StopIteration.value``). :meth:`step` is this generator
+        answered by the eviction plugin, so both compute the same step for the same decisions."""
         aborts = self._planned_aborts
-        batch = self.schedule()
+        batch = yield from self._plan()
         if batch.is_empty:
             if self.has_unfinished and self._planned_aborts == aborts:
                 raise RuntimeError("engine made no progress although requests are pending (engine bug)")
@@ -668,63 +708,17 @@ class Engine:
     def run(self, requests: Iterable[Request], progress: bool = False, max_steps: Optional[int] = None,
             callbacks: Iterable = ()) -> dict:
         """Serve ``requests`` by arrival time until all finish (or ``max_steps``, or a callback's
-        ``on_step`` returns False: ``self.stopped_by``); returns the summary. ``callbacks`` are
-        registered for this run only (:mod:`kvrl.engine.callbacks`); every registered callback's
-        ``on_run_start``/``on_run_end`` (where it has them) run around the loop.
+        ``on_step`` returns False: ``self.stopped_by``); returns the summary. This is
+        :meth:`ServingLoop.run <kvrl.engine.loop.ServingLoop.run>`: ``callbacks`` are registered
+        for this run only (:mod:`kvrl.engine.callbacks`), every registered callback's
+        ``on_run_start``/``on_run_end`` (where it has them) run around the loop, and with
+        ``config.pause_gc`` the cyclic garbage collector is paused for the run (see
+        :class:`EngineConfig`).
 
         Requests that can never be served are rejected (recorded with the reason in
-        ``metrics.rejected``) and the others keep running. With ``config.pause_gc`` the cyclic
-        garbage collector is paused for the run (see :class:`EngineConfig`).
+        ``metrics.rejected``) and the others keep running.
         """
-        pending = sorted(requests, key=lambda r: r.arrival_s)
-        self.metrics.start_s = self.now = pending[0].arrival_s if pending else 0.0
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(pending), desc="requests", unit="req", mininterval=0.5)
-        pause = self.config.pause_gc and gc.isenabled()
-        freeze = pause and gc.get_freeze_count() == 0     # never unfreeze what someone else froze
-        if freeze:
-            gc.freeze()
-        if pause:
-            gc.disable()
-        added: list = []
-        self.stopped_by = None
-        try:
-            for cb in callbacks:                     # registered for this run only (removed below)
-                added.append(self.add_callback(cb))
-            for cb in self._callbacks:
-                if hasattr(cb, "on_run_start"):
-                    cb.on_run_start(self)
-            i = 0
-            while i < len(pending) or self.has_unfinished:
-                if (max_steps is not None and self.step_index >= max_steps) or self.stopped_by is not None:
-                    break
-                if not self.has_unfinished and pending[i].arrival_s > self.now:
-                    self.now = pending[i].arrival_s      # idle until the next arrival
-                while i < len(pending) and pending[i].arrival_s <= self.now:
-                    self.submit(pending[i])
-                    i += 1
-                if self.has_unfinished:
-                    before = self.metrics.num_finished
-                    self.step()
-                    if bar is not None:
-                        bar.update(self.metrics.num_finished - before)
-            for cb in self._callbacks:
-                if hasattr(cb, "on_run_end"):
-                    cb.on_run_end(self)
-        finally:
-            for cb in added:
-                self.remove_callback(cb)
-            if freeze:
-                gc.unfreeze()
-            if pause:
-                gc.enable()
-            if bar is not None:
-                bar.close()
-        for key, count in self.metrics.policy_error_counts.items():
-            log.warning("policy errors: %s x %d", key, count)
-        return self.metrics.summary()
+        return ServingLoop(self, requests, max_steps=max_steps).run(callbacks, progress=progress)
 
     def submit(self, request: Request) -> bool:
         """Add ``request``; a rejected one is recorded and logged instead of raising."""

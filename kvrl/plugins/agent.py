@@ -156,8 +156,10 @@ class AgentEviction(EvictionPolicy):
             self.drive(features, actions,
                        lambda obs, mask: actions.decode(agent.act(obs, mask), mask, clip=True)[:2])
 
-    def drive(self, features: FeatureConfig, actions: "PreemptionActions", decide: Decider) -> None:
-        """Track features and ask ``decide(observation, mask) -> (slot, mode)`` at each shortage."""
+    def drive(self, features: FeatureConfig, actions: "PreemptionActions", decide: Optional[Decider] = None) -> None:
+        """Track features; ask ``decide(observation, mask) -> (slot, mode)`` at each shortage, or,
+        without ``decide``, leave the decisions to the caller of ``Engine.step_iter`` (the
+        environment, which builds each observation with :meth:`observe`)."""
         self.tracker = FeatureTracker(features)
         self.tracker.bind(self.engine)
         self.actions = actions
