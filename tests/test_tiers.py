@@ -52,13 +52,13 @@ ops = st.lists(
 @pytest.mark.parametrize("prefix_cache", ["hash_lru", "hash_lfu", "radix_lru"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, seed=st.integers(0, 2**16), tier_blocks=st.sampled_from([1, 3, 12]),
-       tier=st.sampled_from(["offload_all", "cost_aware"]))
-def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier):
-    """After every operation: pool and tier partitions exact, every GPU-cached identity absent from
-    the tier, every cached block a sequence holds registered under its own salt (two tenants send
+       tier=st.sampled_from(["offload_all", "cost_aware"]), disk_blocks=st.sampled_from([0, 2, 16]))
+def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier, disk_blocks):
+    """After every operation: pool and tier partitions exact (CPU and disk), every GPU-cached
+    identity absent from both tiers and no identity on CPU and disk at once, every cached block a sequence holds registered under its own salt (two tenants send
     the same prompts); at the end every request finished or was aborted and nothing is held."""
     engine = tier_engine(num_blocks=28, tier_blocks=tier_blocks, tier=tier, prefix_cache=prefix_cache,
-                         max_num_batched_tokens=32, mode="swap")
+                         max_num_batched_tokens=32, mode="swap", disk_tier_blocks=disk_blocks)
     rng = np.random.default_rng(seed)
     added = []
     for op in ops:
@@ -95,6 +95,9 @@ def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, t
     s = engine.metrics.summary()
     assert s["tier_loaded_blocks"] <= s["tier_offloaded_blocks"]
     event(f"tier loads: {'some' if s['tier_loaded_blocks'] else 'none'}")
+    if disk_blocks:
+        assert s["tier_disk_loaded_blocks"] <= s["tier_demoted_blocks"]
+        event(f"disk loads: {'some' if s['tier_disk_loaded_blocks'] else 'none'}")
 
 
 def _fill_then_reuse(engine, prompts, fillers, tenants=("a", "a")):
@@ -254,6 +257,132 @@ def test_a_failing_tier_policy_drops_the_block_and_is_counted():
     assert summary["tier_dropped_blocks"] == summary["policy_errors"]
 
 
+# ---------------------------------------------------------------------------------------- disk tier (sim)
+def test_replaced_cpu_tier_blocks_come_back_from_disk():
+    """A 16-block CPU tier under 12 fillers' worth of reclaims keeps nothing of the first prompts;
+    with a disk tier below it the replaced blocks are demoted and the prompts hit on disk (staged
+    through the CPU tier), priced by the default disk bandwidth, with every identity in one place."""
+    from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH
+    prompts, fillers = _prompts(2, 33, 1), _prompts(12, 33, 2)
+    cpu_only = _fill_then_reuse(tier_engine(tier_blocks=16, max_num_batched_tokens=40), prompts, fillers)
+    engine = tier_engine(tier_blocks=16, disk_tier_blocks=128, max_num_batched_tokens=40)
+    tiered = _fill_then_reuse(engine, prompts, fillers)
+    assert cpu_only["prefix_hit_rate"] == 0.0 and "tier_disk_hit_rate" not in cpu_only
+    assert tiered["tier_demoted_blocks"] == tiered["tier_replaced_blocks"] > 0
+    assert tiered["tier_disk_loaded_blocks"] > 0
+    assert tiered["tier_disk_hit_rate"] == pytest.approx(tiered["tier_disk_loaded_blocks"] * 4 / (16 * 33))
+    assert tiered["prefix_hit_rate"] == pytest.approx(tiered["tier_gpu_hit_rate"] + tiered["tier_cpu_hit_rate"]
+                                                      + tiered["tier_disk_hit_rate"])
+    nbytes = tiered["tier_bytes_disk_loaded"]
+    assert tiered["tier_disk_load_s"] == pytest.approx(DEFAULT_DISK_BANDWIDTH.read_s(nbytes))
+    assert tiered["tier_disk_store_s"] == pytest.approx(DEFAULT_DISK_BANDWIDTH.write_s(tiered["tier_bytes_demoted"]))
+    assert tiered["tier_disk_ttft_saved_s"] != 0.0
+
+
+@pytest.mark.parametrize("scope,hits", [("tenant", False), ("global", True)])
+def test_disk_hits_are_scoped_like_gpu_hits(scope, hits):
+    prompts, fillers = _prompts(2, 33, 1), _prompts(12, 33, 2)
+    summary = _fill_then_reuse(tier_engine(tier_blocks=16, disk_tier_blocks=128, scope=scope,
+                                           max_num_batched_tokens=40), prompts, fillers, tenants=("a", "b"))
+    assert summary["tier_demoted_blocks"] > 0
+    assert (summary["tier_disk_loaded_blocks"] > 0) is hits
+
+
+def test_a_disk_block_whose_record_differs_is_not_a_hit():
+    prompts, fillers = _prompts(1, 33, 1), _prompts(12, 33, 2)
+    engine = tier_engine(tier_blocks=16, disk_tier_blocks=128, max_num_batched_tokens=40)
+    engine.run([make_request("p", tokens=prompts[0], output_len=2)]
+               + [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=1.0) for i, p in enumerate(fillers)])
+    disk = engine.allocator.disk
+    slot = disk.lookup(engine.sequences("p")[0].block_hashes[0])
+    assert slot is not None, "the first block should be on disk"
+    entry = disk.entry(slot)
+    disk._entry[slot] = entry._replace(salt=b"another tenant")
+    before = engine.metrics.prefix_check_failures
+    engine.run([make_request("again", tokens=prompts[0], output_len=2, arrival_s=engine.now)])
+    assert engine.metrics.prefix_check_failures == before + 1
+    assert engine.allocator.stats.disk_loaded_blocks == 0
+
+
+def test_tier_none_and_cost_aware_decide_demotions():
+    """tier=none never demotes (the base class default), offload_all always does, cost_aware when
+    a disk read plus a PCIe load beats recomputing the block."""
+    from kvrl.plugins.tiers import DemotedBlock
+    block = DemotedBlock(index=10, block_size=16, disk_free_blocks=4, disk_blocks=8, disk_read_s=1e-5)
+    assert plugins.create("tier", "none").demote(block) is False
+    assert plugins.create("tier", "offload_all").demote(block) is True
+    engine = tier_engine(tier_blocks=8, tier="cost_aware", block_size=16, disk_tier_blocks=8)
+    policy = engine.tier
+    pcie = engine.view.estimate_swap_s(16) / 16
+    recompute = policy.recompute_s(block)
+    assert policy.demote(block) is (1e-5 + pcie < recompute)
+    assert policy.demote(DemotedBlock(10, 16, 4, 8, disk_read_s=2 * recompute)) is False
+
+
+def test_the_sim_prices_disk_reads_before_the_tier_loads():
+    """Disk hits are read (profile or default disk bandwidth) before their PCIe loads, and the
+    forward pass waits for both: a step with disk reads lasts longer by about the read time."""
+    from kvrl.engine.batch import ScheduledSeq
+    from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH
+    from kvrl.engine.request import Sequence
+    ex = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], profile="none")
+    item = ScheduledSeq(Sequence(0, make_request("x", 64)), 32, 32, 1)
+    times = []
+    for disk_in in ([], [(0, 0), (1, 1)]):
+        ex.allocate_kv(64, 0, 16)
+        ex.allocate_tier(8, 16)
+        times.append(ex.execute(ScheduledBatch(seqs=[item], tier_in=[(0, 2), (1, 3)], disk_in=disk_in)).elapsed_s)
+    read_s = DEFAULT_DISK_BANDWIDTH.read_s(2 * ex.kv_block_bytes(16))
+    assert times[1] - times[0] == pytest.approx(read_s, rel=1e-6)
+
+
+def test_disk_bandwidth_comes_from_the_profile_or_the_documented_default():
+    from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH, DiskBandwidth
+    assert DiskBandwidth.from_meta({}) is DEFAULT_DISK_BANDWIDTH
+    assert DiskBandwidth.from_meta(None) is DEFAULT_DISK_BANDWIDTH
+    measured = DiskBandwidth.from_meta({"disk": {"read_bytes_per_s": 1e9, "write_bytes_per_s": 5e8}})
+    assert measured.read_s(2e9) == 2.0 and measured.write_s(1e9) == 2.0
+    with pytest.raises(ValueError, match="read_bytes_per_s"):
+        DiskBandwidth(0.0, 1.0)
+
+
+def test_disk_bandwidth_measurement_round_trips_block_files(tmp_path):
+    from kvrl.engine.disk_tier import measure_disk_bandwidth
+    result = measure_disk_bandwidth(str(tmp_path), block_bytes=64 << 10, num_blocks=8, threads=2)
+    assert result["read_bytes_per_s"] > 0 and result["write_bytes_per_s"] > 0
+    assert result["file_bytes"] == 64 << 10 and result["dir"] == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []          # its files are removed
+
+
+def test_disk_store_orders_io_per_block(tmp_path):
+    """A read queued after a write of the same block sees the write; a rewrite after a read does
+    not overtake it; a short buffer is refused naming the sizes."""
+    from kvrl.engine.disk_tier import DiskStore
+    store = DiskStore(4, 1024, str(tmp_path), threads=3)
+    a, b = np.full(1024, 7, np.uint8), np.full(1024, 9, np.uint8)
+    got = np.zeros(1024, np.uint8)
+    store.write(2, a)
+    store.read(2, got)
+    store.write(2, b)
+    store.drain()
+    assert (got == 7).all()
+    again = np.zeros(1024, np.uint8)
+    store.read(2, again).result()
+    assert (again == 9).all()
+    with pytest.raises(ValueError, match="1024-byte"):
+        store.read(1, np.zeros(10, np.uint8))
+    store.close()
+
+
+def test_disk_tier_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="engine.disk_tier_blocks > 0 needs engine.cpu_tier_blocks"):
+        EngineConfig(disk_tier_blocks=8)
+    with pytest.raises(ValueError, match="engine.disk_tier_blocks"):
+        EngineConfig(cpu_tier_blocks=8, disk_tier_blocks=-1)
+    with pytest.raises(ValueError, match="engine.disk_tier_threads"):
+        EngineConfig(cpu_tier_blocks=8, disk_tier_blocks=8, disk_tier_threads=0)
+
+
 # ---------------------------------------------------------------------------------------- live (CPU)
 torch = pytest.importorskip("torch")
 
@@ -266,13 +395,13 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
-def _live_engine(path, tier_blocks):
+def _live_engine(path, tier_blocks, **kw):
     from kvrl.executors.live import LiveExecutor
     from kvrl.model import load_model
     model, config = load_model(path, dtype=torch.float32, device="cpu")
     ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=False)
     return tier_engine(num_blocks=20, tier_blocks=tier_blocks, executor=ex, max_model_len=512,
-                       max_num_batched_tokens=64)
+                       max_num_batched_tokens=64, **kw)
 
 
 def test_live_greedy_output_is_exact_after_offload_and_reload(tiny_checkpoint):
@@ -329,3 +458,39 @@ def test_run_config_composes_the_tier_group_and_reports_tier_metrics():
                               max_model_len=engine.config.max_model_len)
     summary = engine.run(list(requests))
     assert summary["tier_cpu_blocks"] == 64 and summary["tier_offloaded_blocks"] > 0
+
+
+def test_live_greedy_output_is_exact_after_a_disk_reload(tiny_checkpoint, tmp_path):
+    """As above with a 12-block CPU tier over a disk tier in ``tmp_path``: the prompts' blocks are
+    pushed through the CPU tier to disk by the fillers, read back from their files on the second
+    round, and the greedy tokens equal transformers' for every request."""
+    from tests.test_live_exactness import hf_greedy
+    rng = np.random.default_rng(4)
+    system = rng.integers(0, 512, 20, dtype=np.int32)
+    prompts = [np.concatenate([system, rng.integers(0, 512, k, dtype=np.int32)]) for k in (9, 14)]
+    fillers = [rng.integers(0, 512, 30, dtype=np.int32) for _ in range(6)]
+    engine = _live_engine(tiny_checkpoint, tier_blocks=12, disk_tier_blocks=64, disk_tier_dir=str(tmp_path))
+    reqs = [make_request(f"p{i}", tokens=p, output_len=6, arrival_s=0.0) for i, p in enumerate(prompts)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=6, arrival_s=1.0 + i) for i, p in enumerate(fillers)]
+    reqs += [make_request(f"q{i}", tokens=p, output_len=6, arrival_s=10.0) for i, p in enumerate(prompts)]
+    summary = engine.run(reqs)
+    engine.check_invariants()
+    assert summary["finished"] == len(reqs)
+    assert summary["tier_disk_loaded_blocks"] >= 4, summary
+    assert summary["tier_disk_load_s"] > 0 and summary["tier_disk_store_s"] > 0
+    assert 0 < len(list(tmp_path.glob("block-*.kv"))) <= 64     # one file per disk block written
+    expected = hf_greedy(tiny_checkpoint, [*prompts, *fillers, *prompts], 6)
+    assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+
+
+def test_live_kv_round_trips_through_the_disk_files(tiny_checkpoint, tmp_path):
+    """Host tier blocks written to block files and read back into other host blocks are identical."""
+    engine = _live_engine(tiny_checkpoint, tier_blocks=4, disk_tier_blocks=4, disk_tier_dir=str(tmp_path))
+    alloc, pool = engine.allocator, engine.executor.tier_pool
+    pool.normal_()
+    before = pool[[0, 1]].clone()
+    alloc._move_disk([(0, 3), (1, 0)], [])
+    pool.zero_()
+    alloc._move_disk([], [(3, 2), (0, 1)])
+    assert torch.equal(pool[2], before[0]) and torch.equal(pool[1], before[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["block-0.kv", "block-3.kv"]

@@ -616,6 +616,14 @@ def main_impl(cfg: dict, out_dir: Path) -> Any:
                        gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.9)),
                        seed=int(cfg.get("seed", 0)), model_name=str(cfg["model"].get("name", "")),
                        progress=bool(cfg.get("progress", True)))
+    disk = cfg.get("disk") or {}
+    if disk.get("measure", True):     # the disk tier's bandwidth (kvrl.engine.disk_tier; the sim prices disk I/O from it)
+        from kvrl.engine.disk_tier import measure_disk_bandwidth
+        block_bytes = ex.kv_block_bytes(int(cfg.get("block_size", 16)))
+        files = min(512, max(8, int(float(disk.get("mb", 256)) * 2**20 // block_bytes)))
+        prof.meta["disk"] = measure_disk_bandwidth(disk.get("dir"), block_bytes=block_bytes, num_blocks=files)
+        log.info("disk: read %.2f GB/s, write %.2f GB/s", prof.meta["disk"]["read_bytes_per_s"] / 1e9,
+                 prof.meta["disk"]["write_bytes_per_s"] / 1e9)
     out_dir.mkdir(parents=True, exist_ok=True)
     prof.save(out_dir / "profile.json")
     report = render_report(prof)

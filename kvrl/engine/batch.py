@@ -39,6 +39,11 @@ class ScheduledBatch:
     # (tier_out first: its GPU blocks may be reused by this step); the forward pass waits for tier_in
     tier_out: list[tuple[int, int]] = field(default_factory=list)   # (gpu_block, tier_block)
     tier_in: list[tuple[int, int]] = field(default_factory=list)    # (tier_block, gpu_block)
+    # disk tier (engine.disk_tier_blocks, kvrl.engine.disk_tier): carried out by the allocator before
+    # the step (demoted CPU tier blocks written, disk hits read into the CPU tier blocks tier_in loads
+    # from); here for the sim, which prices them, and for observers
+    disk_out: list[tuple[int, int]] = field(default_factory=list)   # (cpu_tier_block, disk_block)
+    disk_in: list[tuple[int, int]] = field(default_factory=list)    # (disk_block, cpu_tier_block)
     # what the engine did on the host around this step (the sim prices the engine's time between
     # steps from these; see kvrl.executors.profile.HOST_FEATURES)
     num_admitted: int = 0     # sequences admitted or swapped in while scheduling this step

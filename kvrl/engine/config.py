@@ -51,6 +51,13 @@ class EngineConfig:
             :mod:`kvrl.engine.tiers`): reclaimed prefix blocks the ``tier`` policy offloads there are
             loaded back on a later hit instead of recomputed. 0 (default) = no tier, the engine as
             before. Needs a prefix cache and the paged allocator.
+        disk_tier_blocks: blocks of the disk tier under the CPU tier (issue #20,
+            :mod:`kvrl.engine.disk_tier`): CPU tier blocks the CPU tier replaces are demoted there
+            when the ``tier`` policy says so and read back on a hit. 0 (default) = none; needs
+            ``cpu_tier_blocks`` > 0.
+        disk_tier_dir: directory of the disk tier's block files (one file per block); None
+            (default) = a fresh temporary directory, removed when the engine is collected.
+        disk_tier_threads: I/O threads of the disk tier (default 4).
         seed: seed for anything random in the engine and executors.
         pause_gc: during :meth:`Engine.run`, Python's cyclic garbage collector is paused: the
             objects alive at the start are frozen (``gc.freeze``) and automatic collections are
@@ -78,12 +85,15 @@ class EngineConfig:
     policy_errors: str = "isolate"
     charge_policy_time: bool = False
     cpu_tier_blocks: int = 0
+    disk_tier_blocks: int = 0
+    disk_tier_dir: Optional[str] = None
+    disk_tier_threads: int = 4
     seed: int = 0
     pause_gc: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
-                     "num_cpu_blocks", "max_model_len", "cpu_tier_blocks"):
+                     "num_cpu_blocks", "max_model_len", "cpu_tier_blocks", "disk_tier_blocks", "disk_tier_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
@@ -95,6 +105,11 @@ class EngineConfig:
         if self.num_cpu_blocks is not None:
             check_range("engine.num_cpu_blocks", self.num_cpu_blocks, 0)
         check_range("engine.cpu_tier_blocks", self.cpu_tier_blocks, 0)
+        check_range("engine.disk_tier_blocks", self.disk_tier_blocks, 0)
+        check_range("engine.disk_tier_threads", self.disk_tier_threads, 1)
+        if self.disk_tier_blocks and not self.cpu_tier_blocks:
+            raise ValueError("engine.disk_tier_blocks > 0 needs engine.cpu_tier_blocks > 0 (blocks reach the disk "
+                             "tier through the CPU tier)")
         check_range("engine.swap_space_gb", self.swap_space_gb, 0.0)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0)
         check_range("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -124,7 +124,7 @@ class Engine:
         executor.allocate_kv(config.num_blocks, config.num_cpu_blocks, config.block_size)
         if self._tiered:
             executor.allocate_tier(config.cpu_tier_blocks, config.block_size)
-            self.allocator.stats.transfer_s = executor.tier_transfer_s
+            self.allocator.bind_executor(executor)
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.preempted = SeqQueue()                  # recompute victims, served before new arrivals
@@ -580,7 +580,7 @@ class Engine:
             self._schedule_swap_in(batch)
             self._schedule_waiting(batch, budget)
         if self._tiered:
-            batch.tier_out, batch.tier_in = self.allocator.take_tier_ops()
+            batch.tier_out, batch.tier_in, batch.disk_out, batch.disk_in = self.allocator.take_tier_ops()
         batch.num_admitted = self._admit_counter - admits
         batch.num_preempted = self.metrics.preemptions - preemptions
         return batch

@@ -1,4 +1,5 @@
-"""A CPU tier under the GPU prefix cache (issue #20): reclaimed prefix blocks offloaded, hits loaded back.
+"""KV tiers under the GPU prefix cache (issue #20): reclaimed prefix blocks offloaded to CPU memory
+and on to disk, hits loaded back.
 
 With ``engine.cpu_tier_blocks`` > 0 the engine uses :class:`TieredAllocator`, a
 :class:`~kvrl.engine.paged_allocator.PagedAllocator` whose reclaim path asks the ``tier`` policy
@@ -21,6 +22,12 @@ GPU block before the forward pass that reads it. No step both reads and writes o
 tier block given up in a step (loaded back or superseded) is reused only from the next step on,
 and a block written in a step is no hit before the next.
 
+Disk tier (``engine.disk_tier_blocks`` > 0, :mod:`kvrl.engine.disk_tier`): when the CPU tier is
+full, the block it replaces (its oldest store) is demoted to disk if the ``tier`` policy's
+``demote`` says so. A match continues through whichever tier holds the next identity, with the
+same identity check; a disk hit is read into a CPU tier block and loaded to the GPU from there in
+the same step (see :class:`TieredAllocator`). An identity is in at most one of GPU, CPU tier, disk.
+
 Units: blocks; ``bytes`` = blocks x the executor's ``kv_block_bytes``; seconds are the executor's
 transfer times (priced by the sim, measured live).
 """
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
+from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH, DiskBandwidth, DiskStore
 from kvrl.engine.hashing import BlockHash, block_bytes
 from kvrl.engine.paged_allocator import OutOfBlocks, PagedAllocator, PrefixMatch
 from kvrl.engine.request import Sequence
@@ -63,6 +71,9 @@ class CpuTier:
         self._released: list[int] = []                          # given up this step: free from the next
         self._stored_now: set[int] = set()                       # written this step: not replaced before the next
         self.num_replaced = 0                                    # stored blocks pushed out by a newer one
+        #: called with (block, entry) when a stored block is replaced, before the block is reused
+        #: (the CPU tier demotes the entry to the disk tier there; None: the entry is dropped)
+        self.on_replace: Optional[Callable[[int, TierEntry], None]] = None
 
     @property
     def num_stored(self) -> int:
@@ -78,6 +89,10 @@ class CpuTier:
     def entry(self, block: int) -> TierEntry:
         return self._entry[block]
 
+    def num_replaceable(self) -> int:
+        """Stored blocks a :meth:`store` may replace in this step (not written in it)."""
+        return len(self._order) - sum(1 for b in self._stored_now if b in self._order)
+
     def stored_now(self, block: int) -> bool:
         """Whether ``block`` was written in this step (its copy may still be in flight: no hit yet)."""
         return block in self._stored_now
@@ -92,8 +107,11 @@ class CpuTier:
             block = self._free.pop()
         elif self._order and next(iter(self._order)) not in self._stored_now:
             block, _ = self._order.popitem(last=False)
-            del self._block_of[self._entry[block].block_hash]
+            old = self._entry[block]
+            del self._block_of[old.block_hash]
             self.num_replaced += 1
+            if self.on_replace is not None:
+                self.on_replace(block, old)
         else:
             return None
         self._entry[block] = entry
@@ -134,26 +152,38 @@ class CpuTier:
         assert all(self._entry[b] is None for b in (*self._free, *self._released)), "free tier block holds an entry"
 
 
+CPU, DISK = 1, 2          # tier levels of a TieredMatch's tier blocks
+
+
 @dataclass
 class TierStats:
     """Per-tier counters (summed into ``metrics.json`` under ``tier_*`` keys)."""
 
     block_bytes: int
     offloaded_blocks: int = 0       # GPU -> CPU tier copies
-    loaded_blocks: int = 0          # CPU tier -> GPU copies (hits)
+    loaded_blocks: int = 0          # CPU tier -> GPU copies (hits; disk hits pass through the CPU tier too)
     dropped_blocks: int = 0         # reclaimed blocks the policy (or a full, busy tier) dropped
     prompt_tokens_hit_gpu: int = 0  # first-admission prompt tokens found on the GPU
-    prompt_tokens_hit_cpu: int = 0  # ... and in the CPU tier
+    prompt_tokens_hit_cpu: int = 0  # ... in the CPU tier
+    prompt_tokens_hit_disk: int = 0  # ... in the disk tier
     prompt_tokens_looked_up: int = 0
+    demoted_blocks: int = 0         # CPU tier -> disk copies
+    disk_loaded_blocks: int = 0     # disk -> CPU tier reads (each then loaded to the GPU)
+    cpu_dropped_blocks: int = 0     # CPU tier blocks replaced without a demotion (policy said no, or no disk block)
+    cpu_ttft_saved_s: float = 0.0   # estimated prefill seconds the CPU tier's hits saved, less their loads
+    disk_ttft_saved_s: float = 0.0  # ... the disk tier's hits, less their disk reads and loads
+    disk_load_s: float = 0.0        # disk reads: priced (sim) or waited for (live)
+    disk_store_s: float = 0.0       # disk writes: priced (sim); live: the I/O threads' seconds
     transfer_s: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)   # (load s, store s) from the executor
 
-    def summary(self, tier: CpuTier) -> dict[str, float]:
+    def summary(self, tier: CpuTier, disk: Optional[CpuTier]) -> dict[str, float]:
         looked = self.prompt_tokens_looked_up
+        rate = lambda hit: hit / looked if looked else 0.0
         load_s, store_s = self.transfer_s()
-        return {
+        out = {
             "tier_cpu_blocks": tier.num_blocks,
-            "tier_gpu_hit_rate": self.prompt_tokens_hit_gpu / looked if looked else 0.0,
-            "tier_cpu_hit_rate": self.prompt_tokens_hit_cpu / looked if looked else 0.0,
+            "tier_gpu_hit_rate": rate(self.prompt_tokens_hit_gpu),
+            "tier_cpu_hit_rate": rate(self.prompt_tokens_hit_cpu),
             "tier_offloaded_blocks": self.offloaded_blocks,
             "tier_loaded_blocks": self.loaded_blocks,
             "tier_dropped_blocks": self.dropped_blocks,
@@ -162,15 +192,31 @@ class TierStats:
             "tier_bytes_loaded": self.loaded_blocks * self.block_bytes,
             "tier_load_s": load_s,
             "tier_store_s": store_s,
+            "tier_cpu_ttft_saved_s": self.cpu_ttft_saved_s,
         }
+        if disk is not None:
+            out.update({
+                "tier_disk_blocks": disk.num_blocks,
+                "tier_disk_hit_rate": rate(self.prompt_tokens_hit_disk),
+                "tier_demoted_blocks": self.demoted_blocks,
+                "tier_disk_loaded_blocks": self.disk_loaded_blocks,
+                "tier_cpu_dropped_blocks": self.cpu_dropped_blocks,
+                "tier_disk_replaced_blocks": disk.num_replaced,
+                "tier_bytes_demoted": self.demoted_blocks * self.block_bytes,
+                "tier_bytes_disk_loaded": self.disk_loaded_blocks * self.block_bytes,
+                "tier_disk_load_s": self.disk_load_s,
+                "tier_disk_store_s": self.disk_store_s,
+                "tier_disk_ttft_saved_s": self.disk_ttft_saved_s,
+            })
+        return out
 
 
 @dataclass
 class TieredMatch(PrefixMatch):
-    """A prefix match that ran past the GPU-cached blocks into the CPU tier (``tier_blocks``,
-    in chain order after ``block_ids``)."""
+    """A prefix match that ran past the GPU-cached blocks into the tiers: ``tier_blocks`` are
+    ``(level, tier block)`` pairs (level :data:`CPU` or :data:`DISK`) in chain order after ``block_ids``."""
 
-    tier_blocks: list[int] = None
+    tier_blocks: list[tuple[int, int]] = None
 
     def __post_init__(self) -> None:
         if self.tier_blocks is None:
@@ -181,28 +227,66 @@ class TieredMatch(PrefixMatch):
 
 
 class TieredAllocator(PagedAllocator):
-    """:class:`PagedAllocator` plus a :class:`CpuTier` (see module doc).
+    """:class:`PagedAllocator` plus a :class:`CpuTier` and, optionally, a disk tier (see module doc).
 
     Extra args: ``tier_blocks`` (CPU tier size), ``policy`` (the ``tier`` plugin), ``block_bytes``,
-    ``timer`` (policy wall time) and ``on_error(call, exc)`` (policy-error accounting; a failing
-    ``offload`` call drops the block).
+    ``timer`` (policy wall time), ``on_error(call, exc)`` (policy-error accounting; a failing
+    ``offload`` call drops the block, a failing ``demote`` call drops the CPU block), and for the
+    disk tier ``disk_blocks`` (0: none), ``disk_dir`` and ``disk_threads``
+    (:class:`~kvrl.engine.disk_tier.DiskStore`).
+
+    Disk tier: a CPU tier block that the CPU tier replaces (its oldest store, when full) is
+    *demoted* to the disk tier if the policy's ``demote`` says so (else dropped); the disk tier
+    replaces its own oldest block when full. A prefix match continues block by block through
+    whichever tier holds the next identity (same check everywhere). A disk hit is read into a CPU
+    tier block (``disk_in``: disk block -> CPU tier block) and loaded to the GPU from there in the
+    same step; a match takes no more disk hits than CPU tier blocks it can stage them in. Bytes
+    move only with :meth:`bind_executor` on an executor that has a host tier pool (live); in the
+    sim the disk I/O is priced (:class:`~kvrl.engine.disk_tier.DiskBandwidth`).
     """
 
     def __init__(self, *args, tier_blocks: int, policy: "TierPolicy", block_bytes: int,
-                 timer: "PolicyTimer", on_error: Callable[[str, Exception], object], **kw) -> None:
+                 timer: "PolicyTimer", on_error: Callable[[str, Exception], object], disk_blocks: int = 0,
+                 disk_dir: Optional[str] = None, disk_threads: int = 4, **kw) -> None:
         super().__init__(*args, **kw)
         if not self.prefix_cache.enabled:
             raise ValueError("engine.cpu_tier_blocks > 0 needs a prefix cache (prefix_cache=none caches nothing "
                              "to offload); set prefix_cache=hash_lru or engine.cpu_tier_blocks=0")
         self.tier = CpuTier(tier_blocks)
+        self.disk: Optional[CpuTier] = CpuTier(disk_blocks) if disk_blocks else None
+        if self.disk is not None:
+            self.tier.on_replace = self._demote
         self.tier_policy = policy
         self.stats = TierStats(block_bytes)
+        self.disk_bandwidth = DEFAULT_DISK_BANDWIDTH
         self._timer = timer
         self._on_error = on_error
         # cached block -> (identity, chain index)
         self._meta: list[Optional[tuple[BlockHash, int]]] = [None] * self.num_blocks
         self._tier_out: list[tuple[int, int]] = []
         self._tier_in: list[tuple[int, int]] = []
+        self._disk_out: list[tuple[int, int]] = []     # (CPU tier block, disk block): demotions
+        self._disk_in: list[tuple[int, int]] = []      # (disk block, CPU tier block): disk hits staged
+        self._disk_dir, self._disk_threads = disk_dir, disk_threads
+        self._executor = None
+        self.disk_store: Optional[DiskStore] = None
+        self._host = None                              # the executor's host tier pool as bytes (live)
+
+    def bind_executor(self, executor) -> None:
+        """Use ``executor``'s tier transfer times and estimates; with a disk tier and an executor
+        holding a host tier pool (``tier_pool``, the live executor), open the disk store and move
+        bytes between that pool and disk; else (the sim) price the disk I/O from the profile's
+        measured disk bandwidth (``meta["disk"]``) or the documented default."""
+        self._executor = executor
+        self.stats.transfer_s = executor.tier_transfer_s
+        profile = getattr(executor, "profile", None) or getattr(getattr(executor, "cost_model", None), "profile", None)
+        self.disk_bandwidth = DiskBandwidth.from_meta(profile.meta if profile is not None else None)
+        pool = getattr(executor, "tier_pool", None)
+        if self.disk is not None and pool is not None:
+            import torch
+            host = pool.view(torch.uint8).reshape(pool.shape[0], -1)
+            self._host = host.numpy()
+            self.disk_store = DiskStore(self.disk.num_blocks, self._host.shape[1], self._disk_dir, self._disk_threads)
 
     # ----------------------------------------------------------------- reclaim -> offload
     def _allocate(self) -> int:
@@ -220,16 +304,15 @@ class TieredAllocator(PagedAllocator):
         self._num_used += 1
         return block
 
-    def _decide(self, index: int) -> bool:
-        from kvrl.plugins.tiers import ReclaimedBlock
+    def _ask(self, call: str, arg) -> bool:
+        """The tier policy's ``call(arg)``, timed; a raise or a non-bool is a policy error (False)."""
         timer = self._timer
         t0 = perf_counter()
         timer.depth += 1
         try:
-            decision = self.tier_policy.offload(ReclaimedBlock(index, self.block_size, self.tier.num_free,
-                                                               self.tier.num_blocks))
+            decision = getattr(self.tier_policy, call)(arg)
             if not isinstance(decision, bool):
-                raise ValueError(f"offload() returned {decision!r}, not a bool")
+                raise ValueError(f"{call}() returned {decision!r}, not a bool")
         except Exception as exc:
             decision, error = False, exc
         else:
@@ -239,8 +322,12 @@ class TieredAllocator(PagedAllocator):
             if not timer.depth:
                 timer.total_s += perf_counter() - t0
         if error is not None:
-            self._on_error("offload", error)
+            self._on_error(call, error)
         return decision
+
+    def _decide(self, index: int) -> bool:
+        from kvrl.plugins.tiers import ReclaimedBlock
+        return self._ask("offload", ReclaimedBlock(index, self.block_size, self.tier.num_free, self.tier.num_blocks))
 
     def _reclaimed(self, block: int) -> None:
         block_hash, index = self._meta[block]
@@ -258,6 +345,21 @@ class TieredAllocator(PagedAllocator):
         self._tier_out.append((block, slot))
         self.stats.offloaded_blocks += 1
 
+    def _demote(self, slot: int, entry: TierEntry) -> None:
+        """CPU tier block ``slot`` is being replaced: demote ``entry`` to the disk tier or drop it."""
+        from kvrl.plugins.tiers import DemotedBlock
+        disk = self.disk
+        read_s = self.disk_bandwidth.read_s(self.stats.block_bytes)
+        if not self._ask("demote", DemotedBlock(entry.index, self.block_size, disk.num_free, disk.num_blocks, read_s)):
+            self.stats.cpu_dropped_blocks += 1
+            return
+        dslot = disk.store(entry)
+        if dslot is None:
+            self.stats.cpu_dropped_blocks += 1
+            return
+        self._disk_out.append((slot, dslot))
+        self.stats.demoted_blocks += 1
+
     # ----------------------------------------------------------------- registration keeps identities exclusive
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
         super().on_computed(seq, old, new)
@@ -266,62 +368,89 @@ class TieredAllocator(PagedAllocator):
         if last <= first:
             return
         table, meta, cached, hashes = seq.block_table, self._meta, self._cached, seq.block_hashes
-        discard = self.tier.discard
+        discard, disk = self.tier.discard, self.disk
         for i in range(first, last):
             block = table[i]
             if cached[block] and meta[block] is None:
                 meta[block] = (hashes[i], i)
-                discard(hashes[i])
+                if not discard(hashes[i]) and disk is not None:
+                    disk.discard(hashes[i])
 
-    # ----------------------------------------------------------------- matching into the tier
+    # ----------------------------------------------------------------- matching into the tiers
     def match_prefix(self, seq: Sequence) -> TieredMatch:
         gpu = super().match_prefix(seq)
         match = TieredMatch(gpu.block_ids, gpu.num_evictable, gpu.check_failed)
-        if gpu.check_failed or not self.tier.num_stored:
+        tier, disk = self.tier, self.disk
+        if gpu.check_failed or not (tier.num_stored or (disk is not None and disk.num_stored)):
             return match
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         hashes = seq.block_hashes
-        tier = self.tier
         data = salt = None
         width = bs * 8
+        found = match.tier_blocks
+        n_disk = 0
         for i in range(len(gpu.block_ids), max_blocks):
+            level, where = CPU, tier
             slot = tier.lookup(hashes[i])
-            if slot is None or tier.stored_now(slot):
+            if slot is None and disk is not None:
+                level, where = DISK, disk
+                slot = disk.lookup(hashes[i])
+            if slot is None or where.stored_now(slot):
                 break
             if self._checked:
                 if data is None:
                     data = block_bytes(seq.token_slice(0, max_blocks * bs))
                     salt = self._salt(seq)
-                entry = tier.entry(slot)
+                entry = where.entry(slot)
                 if (entry.parent != (hashes[i - 1] if i else None) or entry.salt != salt
                         or entry.tokens != data[i * width:(i + 1) * width]):
                     match.check_failed = True
                     break
-            match.tier_blocks.append(slot)
+            found.append((level, slot))
+            n_disk += level == DISK
+        if n_disk:
+            # every disk hit is staged in a CPU tier block (a free one or a replaceable one that is
+            # not itself a hit of this match): cut the match where that runs out
+            room = tier.num_free + tier.num_replaceable()
+            while found and n_disk > room - (len(found) - n_disk):
+                n_disk -= found.pop()[0] == DISK
         return match
 
     def admit(self, seq: Sequence, match: PrefixMatch, upto: int) -> list[tuple[int, int]]:
-        """As :meth:`PagedAllocator.admit`, plus: tier hits are taken out of the tier, loaded into
-        fresh GPU blocks (``tier_in``) and registered in the GPU prefix cache."""
+        """As :meth:`PagedAllocator.admit`, plus: tier hits are taken out of their tier (disk hits
+        staged through a CPU tier block), loaded into fresh GPU blocks (``tier_in``) and
+        registered in the GPU prefix cache."""
         tier_blocks = getattr(match, "tier_blocks", None)
         stats = self.stats
+        bs = self.block_size
         if seq.num_preemptions == 0:
             stats.prompt_tokens_looked_up += seq.prompt_len
-            stats.prompt_tokens_hit_gpu += len(match.block_ids) * self.block_size
+            stats.prompt_tokens_hit_gpu += len(match.block_ids) * bs
             if tier_blocks:
-                stats.prompt_tokens_hit_cpu += len(tier_blocks) * self.block_size
+                self._count_hits(len(match.block_ids), tier_blocks)
         if not tier_blocks:
             return super().admit(seq, match, upto)
         now = self._clock()
         for block in match.block_ids:
             self._incref(block)
             self.prefix_cache.on_hit(block, now)
-        entries = [self.tier.take(slot) for slot in tier_blocks]   # out of reach of offloads below
+        # out of reach of the demotions and offloads below
+        entries = [(self.tier if level == CPU else self.disk).take(slot) for level, slot in tier_blocks]
+        sources = []
+        for (level, slot), entry in zip(tier_blocks, entries):
+            if level == CPU:
+                sources.append(slot)
+                continue
+            staged = self.tier.store(entry)          # may demote the CPU tier's oldest block
+            if staged is None:                       # match_prefix left room for every disk hit
+                raise AssertionError("no CPU tier block to stage a disk hit in")
+            self.tier.take(staged)
+            self._disk_in.append((slot, staged))
+            sources.append(staged)
         table = list(match.block_ids)
         hashes = seq.block_hashes
-        bs = self.block_size
-        for slot, entry in zip(tier_blocks, entries):
+        for source, entry in zip(sources, entries):
             i = len(table)
             block = self._allocate()
             self._fill[block] = bs
@@ -331,34 +460,97 @@ class TieredAllocator(PagedAllocator):
                 self._meta[block] = (entry.block_hash, i)
                 if self._checked:
                     self._identity[block] = (entry.parent, entry.tokens, entry.salt)
-            self._tier_in.append((slot, block))
+            self._tier_in.append((source, block))
             table.append(block)
         stats.loaded_blocks += len(entries)
+        stats.disk_loaded_blocks += len(entries) - sum(level == CPU for level, _ in tier_blocks)
         seq.block_table = table
         seq.num_computed = len(table) * bs
         return self.extend(seq, upto)
 
+    def _count_hits(self, num_gpu: int, tier_blocks: list[tuple[int, int]]) -> None:
+        """First-admission hit counts per tier and the estimated TTFT each tier saved: the hit span's
+        prefill (the executor's estimate, after ``num_gpu`` GPU-hit blocks) shared per block, less
+        each tier's transfers (PCIe load, plus the disk read for disk hits). Negative: a loss."""
+        stats, bs = self.stats, self.block_size
+        n_disk = sum(level == DISK for level, _ in tier_blocks)
+        n_cpu = len(tier_blocks) - n_disk
+        stats.prompt_tokens_hit_cpu += n_cpu * bs
+        stats.prompt_tokens_hit_disk += n_disk * bs
+        ex = self._executor
+        if ex is None:
+            return
+        start = num_gpu * bs
+        per_block = (ex.estimate_prefill_s(start + len(tier_blocks) * bs) - ex.estimate_prefill_s(start)) / len(tier_blocks)
+        if n_cpu:
+            stats.cpu_ttft_saved_s += n_cpu * per_block - ex.estimate_swap_s(n_cpu)
+        if n_disk:
+            stats.disk_ttft_saved_s += (n_disk * per_block - ex.estimate_swap_s(n_disk)
+                                        - self.disk_bandwidth.read_s(n_disk * stats.block_bytes))
+
     # ----------------------------------------------------------------- per step
-    def take_tier_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """This step's (tier_out, tier_in) operations; tier blocks given up become reusable."""
+    def take_tier_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]],
+                                     list[tuple[int, int]]]:
+        """This step's (tier_out, tier_in, disk_out, disk_in) operations; tier blocks given up
+        become reusable. The disk operations are carried out here, before the step runs (live:
+        demoted blocks copied out of the host pool and written in the background, disk hits read
+        into their CPU tier blocks and waited for; sim: priced), so the executor sees only the CPU
+        tier's ``tier_out``/``tier_in``; the sim also prices ``disk_out``/``disk_in`` on its clock."""
         out, into = self._tier_out, self._tier_in
-        self._tier_out, self._tier_in = [], []
+        disk_out, disk_in = self._disk_out, self._disk_in
+        self._tier_out, self._tier_in, self._disk_out, self._disk_in = [], [], [], []
+        if disk_out or disk_in:
+            if self.disk_store is not None:
+                self._move_disk(disk_out, disk_in)
+            else:
+                nbytes = self.stats.block_bytes
+                self.stats.disk_load_s += self.disk_bandwidth.read_s(len(disk_in) * nbytes)
+                self.stats.disk_store_s += self.disk_bandwidth.write_s(len(disk_out) * nbytes)
         self.tier.end_step()
-        return out, into
+        if self.disk is not None:
+            self.disk.end_step()
+        return out, into, disk_out, disk_in
+
+    def _move_disk(self, disk_out: list[tuple[int, int]], disk_in: list[tuple[int, int]]) -> None:
+        """Live disk I/O of one step: earlier steps' host copies finish first (the swap stream),
+        then demoted blocks are copied out of the host pool (their blocks may be written by this
+        step) and queued for writing, then the disk hits are read into their CPU tier blocks."""
+        sync = getattr(self._executor, "sync_swaps", None)
+        if sync is not None:
+            sync()
+        t0 = perf_counter()
+        host, store = self._host, self.disk_store
+        for cpu, dslot in disk_out:
+            store.write(dslot, host[cpu].copy())
+        reads = [store.read(dslot, host[cpu]) for dslot, cpu in disk_in]
+        for future in reads:
+            future.result()
+        self.stats.disk_load_s += perf_counter() - t0
 
     def summary(self) -> dict[str, float]:
-        return self.stats.summary(self.tier)
+        if self.disk_store is not None:
+            self.disk_store.drain()
+            self.stats.disk_store_s = self.disk_store.write_s
+        return self.stats.summary(self.tier, self.disk)
 
     def check_invariants(self, live_seqs: list[Sequence]) -> None:
-        """The pool's invariants, the tier's, and across them: every GPU-cached block has its
-        identity recorded and that identity is not in the tier (one tier per identity); every
-        cached block a live sequence holds was registered under that sequence's salt."""
+        """The pool's invariants, the tiers', and across them: every GPU-cached block has its
+        identity recorded and that identity is in no tier, no identity is in the CPU and the disk
+        tier at once; every cached block a live sequence holds was registered under that
+        sequence's salt."""
         super().check_invariants(live_seqs)
         self.tier.check_invariants()
+        disk = self.disk
+        if disk is not None:
+            disk.check_invariants()
+            for h in disk._block_of:
+                assert self.tier.lookup(h) is None, "an identity in the CPU tier and on disk"
         for b in range(self.num_blocks):
             assert (self._meta[b] is not None) == self._cached[b], f"block {b}: identity meta drift"
             if self._cached[b]:
-                assert self.tier.lookup(self._meta[b][0]) is None, f"block {b}: identity on the GPU and in the CPU tier"
+                h = self._meta[b][0]
+                assert self.tier.lookup(h) is None, f"block {b}: identity on the GPU and in the CPU tier"
+                assert disk is None or disk.lookup(h) is None, f"block {b}: identity on the GPU and on disk"
         if self._checked:
             for seq in live_seqs:
                 salt = self._salt(seq)
@@ -378,4 +570,5 @@ def make_tiered_allocator(config, prefix_cache, clock, policy: "TierPolicy", blo
                            _salt_fn(config.prefix_cache_scope),
                            make_hasher(config.prefix_hash, config.prefix_hash_key, config.seed),
                            tier_blocks=config.cpu_tier_blocks, policy=policy, block_bytes=block_bytes,
-                           timer=timer, on_error=on_error)
+                           timer=timer, on_error=on_error, disk_blocks=config.disk_tier_blocks,
+                           disk_dir=config.disk_tier_dir, disk_threads=config.disk_tier_threads)

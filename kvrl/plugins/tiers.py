@@ -1,4 +1,5 @@
-"""The ``tier`` plugin kind (issue #20) and its built-ins: ``none``, ``offload_all``, ``cost_aware``.
+"""The ``tier`` plugin kind (issue #20) and its built-ins: ``none``, ``offload_all``, ``cost_aware``
+(``prefetch`` lives in :mod:`kvrl.plugins.prefetch`).
 
 A tier policy decides, for every evictable cached block the GPU prefix cache reclaims, whether
 its KV is offloaded to the CPU tier (``engine.cpu_tier_blocks`` blocks) or dropped. The engine
@@ -35,6 +36,19 @@ class ReclaimedBlock:
     tier_blocks: int          # the tier's size
 
 
+@dataclass(frozen=True)
+class DemotedBlock:
+    """A CPU tier block being replaced (the tier is full): its chain ``index`` and ``block_size``
+    as in :class:`ReclaimedBlock`, the disk tier's state, and ``disk_read_s``: seconds to read it
+    back from disk (the disk bandwidth model: the profile's measurement or the documented default)."""
+
+    index: int
+    block_size: int
+    disk_free_blocks: int
+    disk_blocks: int
+    disk_read_s: float
+
+
 class TierPolicy(Policy):
     """Offload-or-drop decisions for reclaimed GPU prefix blocks (see module doc).
 
@@ -46,6 +60,12 @@ class TierPolicy(Policy):
     @abc.abstractmethod
     def offload(self, block: ReclaimedBlock) -> bool:
         """True: copy the block's KV to the CPU tier; False: drop it."""
+
+    def demote(self, block: DemotedBlock) -> bool:
+        """With a disk tier (``engine.disk_tier_blocks``): True writes a replaced CPU tier block to
+        disk, False drops it. Same contract as :meth:`offload`. Default: False (a policy that does
+        not know the disk tier leaves it empty)."""
+        return False
 
 
 @register("tier", "none")
@@ -59,10 +79,14 @@ class NoTier(TierPolicy):
 @register("tier", "offload_all")
 class OffloadAll(TierPolicy):
     """Offload every reclaimed block; the tier replaces its least recently stored block when
-    full. No parameters. The plain policy of a CPU tier, as the CPU KV offloading of vLLM and
-    SGLang's HiCache provide it (issue #20)."""
+    full; with a disk tier, every block the CPU tier replaces is demoted to disk (LRU per tier).
+    No parameters. The plain policy of a CPU tier, as the CPU KV offloading of vLLM and SGLang's
+    HiCache provide it (issue #20)."""
 
     def offload(self, block):
+        return True
+
+    def demote(self, block):
         return True
 
 
@@ -74,7 +98,8 @@ class CostAwareTier(TierPolicy):
     chunk at the block's depth (``block_size x (prefill(before + chunk) - prefill(before)) /
     chunk`` with the executor's prefill estimate, ``before = index x block_size`` tokens ahead of
     it). Deep blocks (long attention context) and large models favour offloading; with a slow
-    host link or a small model, shallow blocks are dropped. Parameters: ``batch_blocks`` (default
+    host link or a small model, shallow blocks are dropped. A replaced CPU tier block is demoted
+    to disk when its disk read plus PCIe load beats recomputing it (same recompute price). Parameters: ``batch_blocks`` (default
     16), ``chunk_tokens`` (default 2048), ``margin`` (offload when transfer < margin x recompute,
     default 1.0)."""
 
@@ -103,3 +128,8 @@ class CostAwareTier(TierPolicy):
 
     def offload(self, block):
         return self.transfer_s() < self.params.margin * self.recompute_s(block)
+
+    def demote(self, block):
+        """Demote when reading the block back (disk read + PCIe load) beats recomputing it."""
+        load_s = block.disk_read_s + self.engine.estimate_swap_s(self.params.batch_blocks) / self.params.batch_blocks
+        return load_s < self.params.margin * self.recompute_s(block)
