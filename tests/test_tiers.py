@@ -494,3 +494,78 @@ def test_live_kv_round_trips_through_the_disk_files(tiny_checkpoint, tmp_path):
     alloc._move_disk([], [(3, 2), (0, 1)])
     assert torch.equal(pool[2], before[0]) and torch.equal(pool[1], before[1])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["block-0.kv", "block-3.kv"]
+
+
+# ---------------------------------------------------------------------------------------- prefetch and the env
+def _next_turn_requests():
+    """A prompt, fillers that push it to the CPU tier, a long runner that keeps the engine
+    stepping with room in the pool, and the prompt again while the runner runs."""
+    prompt, fillers, runner = _prompts(1, 33, 1)[0], _prompts(3, 33, 2), _prompts(1, 5, 3)[0]
+    reqs = [make_request("p", tokens=prompt, output_len=2, arrival_s=0.0)]
+    reqs += [make_request(f"f{i}", tokens=p, output_len=2, arrival_s=0.1, tenant="filler") for i, p in enumerate(fillers)]
+    reqs += [make_request("run", tokens=runner, output_len=40, arrival_s=0.2, tenant="filler")]
+    return reqs + [make_request("q", tokens=prompt, output_len=2, arrival_s=0.215)]
+
+
+def test_prefetch_brings_a_finished_chain_back_to_the_gpu_before_its_next_turn():
+    results = {}
+    for tier in ("offload_all", "prefetch"):
+        engine = tier_engine(tier_blocks=64, tier=tier)
+        summary = engine.run(_next_turn_requests())
+        engine.check_invariants()
+        q = engine.metrics.requests["q"]
+        results[tier] = (summary, q.first_token_s - q.arrival_s)
+    (plain, plain_ttft), (pre, pre_ttft) = results["offload_all"], results["prefetch"]
+    assert plain["tier_cpu_hit_rate"] > 0 and plain["tier_prefetched_blocks"] == 0
+    assert pre["tier_prefetch_used_blocks"] == 8             # q's 8 full blocks were on the GPU already
+    assert pre["tier_cpu_hit_rate"] == 0.0 and pre["tier_gpu_hit_rate"] == plain["tier_cpu_hit_rate"]
+    assert pre_ttft < plain_ttft                              # no load in q's first step
+
+
+def test_prefetch_policy_picks_the_newest_chain_per_conversation_within_its_window():
+    from kvrl.plugins.tiers import PrefetchChain, PrefetchState
+    policy = plugins.create("tier", "prefetch", max_blocks=10, reserve=0.5, window_s=5.0, max_chains=8)
+    chains = (PrefetchChain(0, "a", "c1", 0.0, 4), PrefetchChain(1, "a", "c1", 7.0, 6),
+              PrefetchChain(2, "a", "c2", 8.0, 6), PrefetchChain(3, "b", None, 9.0, 2))
+    assert policy.prefetch(PrefetchState(chains, 80, 100, 10.0)) == ([3, 2, 1], 10)
+    assert policy.prefetch(PrefetchState(chains, 55, 100, 10.0)) == ([3, 2, 1], 5)
+    assert policy.prefetch(PrefetchState(chains, 50, 100, 10.0)) == ((), 0)
+    with pytest.raises(ValueError, match="reserve"):
+        plugins.create("tier", "prefetch", reserve=1.5)
+
+
+def test_prefetch_keeps_the_invariants_with_a_disk_tier():
+    engine = tier_engine(tier_blocks=12, tier="prefetch", disk_tier_blocks=32)
+    engine.run(_next_turn_requests() + [make_request(f"x{i}", tokens=p, output_len=3, arrival_s=0.3 + 0.01 * i)
+                                        for i, p in enumerate(_prompts(6, 29, 5))])
+    engine.check_invariants()
+    assert engine.allocator.num_used_blocks == 0
+
+
+def test_tier_env_smoke():
+    """kvrl/Tier-v0 is registered lazily, steps through a small episode to its end with every
+    mode, and rewards minus the epoch's summed TTFT."""
+    import gymnasium
+    import kvrl.envs  # noqa: F401  (registers the ids)
+    env = gymnasium.make("kvrl/Tier-v0", config={
+        "workload": {"name": "multi_turn", "num_conversations": 6, "system_prompt_len": 64, "max_turns": 3,
+                     "mean_turn_gap_s": 0.5, "arrival": {"rate": 8.0}, "first_prompt_len": {"mean": 64},
+                     "user_turn_len": {"mean": 16}, "output_len": {"mean": 16}},
+        "num_blocks": 48, "cpu_tier_blocks": 64, "disk_tier_blocks": 64, "profile": "none"})
+    obs, _ = env.reset(seed=1)
+    assert env.observation_space.contains(obs)
+    total, steps, info = 0.0, 0, {}
+    while True:
+        obs, reward, terminated, truncated, info = env.step(steps % 3)
+        assert reward <= 0 and env.observation_space.contains(obs)
+        total += reward
+        steps += 1
+        if terminated or truncated:
+            break
+    summary = info["summary"]
+    assert summary["finished"] > 0 and env.unwrapped.driver.finished
+    assert total == pytest.approx(-sum(r.first_token_s - r.arrival_s
+                                       for r in env.unwrapped.engine.metrics.requests.values()
+                                       if r.first_token_s is not None))
+    with pytest.raises(ValueError, match="unknown kvrl/Tier-v0 config key"):
+        gymnasium.make("kvrl/Tier-v0", config={"num_block": 4})

@@ -172,6 +172,8 @@ class TierStats:
     cpu_dropped_blocks: int = 0     # CPU tier blocks replaced without a demotion (policy said no, or no disk block)
     cpu_ttft_saved_s: float = 0.0   # estimated prefill seconds the CPU tier's hits saved, less their loads
     disk_ttft_saved_s: float = 0.0  # ... the disk tier's hits, less their disk reads and loads
+    prefetched_blocks: int = 0      # tier blocks loaded to the GPU ahead of need (the policy's prefetch())
+    prefetch_used_blocks: int = 0   # ... of which a later admission hit on the GPU
     disk_load_s: float = 0.0        # disk reads: priced (sim) or waited for (live)
     disk_store_s: float = 0.0       # disk writes: priced (sim); live: the I/O threads' seconds
     transfer_s: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)   # (load s, store s) from the executor
@@ -193,6 +195,8 @@ class TierStats:
             "tier_load_s": load_s,
             "tier_store_s": store_s,
             "tier_cpu_ttft_saved_s": self.cpu_ttft_saved_s,
+            "tier_prefetched_blocks": self.prefetched_blocks,
+            "tier_prefetch_used_blocks": self.prefetch_used_blocks,
         }
         if disk is not None:
             out.update({
@@ -268,6 +272,11 @@ class TieredAllocator(PagedAllocator):
         self._disk_out: list[tuple[int, int]] = []     # (CPU tier block, disk block): demotions
         self._disk_in: list[tuple[int, int]] = []      # (disk block, CPU tier block): disk hits staged
         self._disk_dir, self._disk_threads = disk_dir, disk_threads
+        self._prefetched = [False] * self.num_blocks   # GPU block loaded by a prefetch, not hit yet
+        #: finished chains a prefetch may bring back: handle -> (PrefetchChain, identities), oldest first
+        self.chains: OrderedDict[int, tuple] = OrderedDict()
+        self.max_chains = 512
+        self._next_chain = 0
         self._executor = None
         self.disk_store: Optional[DiskStore] = None
         self._host = None                              # the executor's host tier pool as bytes (live)
@@ -299,6 +308,7 @@ class TieredAllocator(PagedAllocator):
         self._cached[block] = False
         self._identity[block] = None
         self._meta[block] = None
+        self._prefetched[block] = False
         self.ref_counts[block] = 1
         self._fill[block] = 0
         self._num_used += 1
@@ -424,6 +434,11 @@ class TieredAllocator(PagedAllocator):
         tier_blocks = getattr(match, "tier_blocks", None)
         stats = self.stats
         bs = self.block_size
+        prefetched = self._prefetched
+        for block in match.block_ids:
+            if prefetched[block]:
+                prefetched[block] = False
+                stats.prefetch_used_blocks += 1
         if seq.num_preemptions == 0:
             stats.prompt_tokens_looked_up += seq.prompt_len
             stats.prompt_tokens_hit_gpu += len(match.block_ids) * bs
@@ -488,6 +503,104 @@ class TieredAllocator(PagedAllocator):
             stats.disk_ttft_saved_s += (n_disk * per_block - ex.estimate_swap_s(n_disk)
                                         - self.disk_bandwidth.read_s(n_disk * stats.block_bytes))
 
+    # ----------------------------------------------------------------- prefetch
+    def free(self, seq: Sequence) -> None:
+        """As :meth:`PagedAllocator.free`; a finished sequence's full blocks are remembered as a chain a prefetch may bring back (:attr:`chains`, at most :attr:`max_chains`)."""
+        n = min(len(seq.block_hashes), seq.num_computed // self.block_size)
+        if n and len(seq.output_token_ids) >= seq.request.output_len:     # finished (not preempted or aborted)
+            from kvrl.plugins.tiers import PrefetchChain
+            req = seq.request
+            handle = self._next_chain
+            self._next_chain += 1
+            self.chains[handle] = (PrefetchChain(handle, req.tenant, req.prefix_group, self._clock(), n),
+                                   tuple(seq.block_hashes[:n]))
+            while len(self.chains) > self.max_chains:
+                self.chains.popitem(last=False)
+        super().free(seq)
+
+    def _run_prefetch(self) -> None:
+        """Ask the policy which remembered chains to bring back now, and load their leading blocks
+        held in a tier (CPU, or disk staged through the CPU tier) into GPU blocks (free ones, else
+        reclaimed evictable ones, which the tier policy may offload as usual) as cached, evictable
+        blocks, at most the policy's block count. The loaded blocks stay referenced until every
+        chain is done (no block is reclaimed in the step that loads it) and are released at the
+        end; this runs after the step's admissions."""
+        policy = self.tier_policy
+        if type(policy).prefetch is _base_prefetch() or not self.chains:
+            return
+        from kvrl.plugins.tiers import PrefetchState
+        state = PrefetchState(tuple(c for c, _ in self.chains.values()), self.num_free_blocks, self.num_blocks,
+                              self._clock())
+        timer = self._timer
+        t0 = perf_counter()
+        timer.depth += 1
+        try:
+            wanted = policy.prefetch(state)
+            handles = [int(h) for h in wanted[0]]
+            budget = int(wanted[1])
+        except Exception as exc:
+            self._on_error("prefetch", exc)
+            return
+        finally:
+            timer.depth -= 1
+            if not timer.depth:
+                timer.total_s += perf_counter() - t0
+        held: list[int] = []
+        budget = min(budget, self.num_free_blocks)
+        try:
+            for handle in handles:
+                if budget <= len(held):
+                    break
+                chain = self.chains.get(handle)
+                if chain is not None and self._prefetch_chain(chain[1], budget - len(held), held):
+                    del self.chains[handle]
+        finally:
+            self._release(held, self._clock())
+        self.stats.loaded_blocks += len(held)
+        self.stats.prefetched_blocks += len(held)
+
+    def _prefetch_chain(self, hashes: tuple, budget: int, held: list[int]) -> None:
+        """Load the tier-held blocks of ``hashes`` that follow its GPU-cached head (at most
+        ``budget``), appending the GPU blocks (referenced) to ``held``. True when the chain is
+        done with (every block is back on the GPU, or the chain breaks: a block in no tier)."""
+        tier, disk, cache = self.tier, self.disk, self.prefix_cache
+        bs, now = self.block_size, self._clock()
+        loaded = 0
+        for i, h in enumerate(hashes):
+            if cache.lookup(h) is not None:
+                continue
+            if loaded >= budget or not self.num_free_blocks:
+                return False
+            slot = tier.lookup(h)
+            if slot is not None and not tier.stored_now(slot):
+                entry = tier.take(slot)
+                source = slot
+            elif slot is not None:                 # written in this step: not before the next
+                return False
+            elif disk is not None and (slot := disk.lookup(h)) is not None:
+                if disk.stored_now(slot) or not tier.num_free + tier.num_replaceable():
+                    return False
+                entry = disk.take(slot)
+                source = tier.store(entry)
+                tier.take(source)
+                self._disk_in.append((slot, source))
+                self.stats.disk_loaded_blocks += 1
+            else:
+                return True
+            block = self._allocate()
+            self._fill[block] = bs
+            self._tokens_in_use += bs
+            if cache.insert(h, hashes[i - 1] if i else None, block, now):
+                self._cached[block] = True
+                self._meta[block] = (h, i)
+                self._prefetched[block] = True
+                if self._checked:
+                    self._identity[block] = (entry.parent, entry.tokens, entry.salt)
+            self._tier_in.append((source, block))
+            held.append(block)
+            loaded += 1
+        return True
+
     # ----------------------------------------------------------------- per step
     def take_tier_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]],
                                      list[tuple[int, int]]]:
@@ -496,6 +609,7 @@ class TieredAllocator(PagedAllocator):
         demoted blocks copied out of the host pool and written in the background, disk hits read
         into their CPU tier blocks and waited for; sim: priced), so the executor sees only the CPU
         tier's ``tier_out``/``tier_in``; the sim also prices ``disk_out``/``disk_in`` on its clock."""
+        self._run_prefetch()
         out, into = self._tier_out, self._tier_in
         disk_out, disk_in = self._disk_out, self._disk_in
         self._tier_out, self._tier_in, self._disk_out, self._disk_in = [], [], [], []
@@ -557,6 +671,11 @@ class TieredAllocator(PagedAllocator):
                 for block in seq.block_table:
                     if self._cached[block]:
                         assert self._registered_identity(block)[2] == salt, "a cached block crossed salts"
+
+
+def _base_prefetch():
+    from kvrl.plugins.tiers import TierPolicy
+    return TierPolicy.prefetch
 
 
 def make_tiered_allocator(config, prefix_cache, clock, policy: "TierPolicy", block_bytes: int,

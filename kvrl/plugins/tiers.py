@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Optional
 
 from kvrl.plugins.base import Policy, check_range
 from kvrl.plugins.registry import register
@@ -49,6 +50,31 @@ class DemotedBlock:
     disk_read_s: float
 
 
+@dataclass(frozen=True)
+class PrefetchChain:
+    """A finished sequence's prefix chain that a prefetch may bring
+    back: an opaque ``handle``, the request's ``tenant`` and ``prefix_group`` (a conversation or
+    shared-prompt group, when the workload names one), when it was freed (``freed_s``, engine
+    clock) and its full blocks (``num_blocks``). No token ids or identities."""
+
+    handle: int
+    tenant: str
+    prefix_group: Optional[str]
+    freed_s: float
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class PrefetchState:
+    """What :meth:`TierPolicy.prefetch` sees once per step: the remembered chains (oldest first),
+    free GPU blocks (never reclaimed for a prefetch), the pool's size and the engine clock."""
+
+    chains: tuple
+    free_gpu_blocks: int
+    gpu_blocks: int
+    now_s: float
+
+
 class TierPolicy(Policy):
     """Offload-or-drop decisions for reclaimed GPU prefix blocks (see module doc).
 
@@ -66,6 +92,15 @@ class TierPolicy(Policy):
         disk, False drops it. Same contract as :meth:`offload`. Default: False (a policy that does
         not know the disk tier leaves it empty)."""
         return False
+
+    def prefetch(self, state: PrefetchState) -> tuple:
+        """Once per step, before it runs: ``(handles, max_blocks)``: which remembered chains
+        (:class:`PrefetchChain`) to bring back now, in order, and at most how many blocks in all.
+        The engine loads each chain's tier-held blocks after its GPU-cached head into free GPU
+        blocks (disk blocks staged through the CPU tier) as cached, evictable blocks, on the copy
+        stream before the step's forward pass; a chosen chain is forgotten. A raise is a policy
+        error (nothing prefetched). Default: nothing (loads happen at admission only)."""
+        return (), 0
 
 
 @register("tier", "none")
@@ -133,3 +168,44 @@ class CostAwareTier(TierPolicy):
         """Demote when reading the block back (disk read + PCIe load) beats recomputing it."""
         load_s = block.disk_read_s + self.engine.estimate_swap_s(self.params.batch_blocks) / self.params.batch_blocks
         return load_s < self.params.margin * self.recompute_s(block)
+
+
+@register("tier", "prefetch")
+class PrefetchTier(OffloadAll):
+    """``offload_all`` plus loading ahead of need: each step, while more than ``reserve`` of the
+    GPU pool is free, bring back the most recently freed chain of each conversation or tenant
+    (``prefix_group``, else tenant: the next turn of a conversation extends the previous prompt
+    and answer; a tenant's system prompt heads every chain of that tenant), newest first, at most
+    ``max_blocks`` blocks per step and never into the last ``reserve`` x the pool's free blocks.
+    Only chains freed within ``window_s`` seconds are brought back. Parameters: ``max_blocks``
+    (default 32), ``reserve`` (fraction of the pool, default 0.25), ``window_s`` (default 30.0)."""
+
+    @dataclass
+    class Params:
+        max_blocks: int = 32
+        reserve: float = 0.25
+        window_s: float = 30.0
+        max_chains: int = 8
+
+        def __post_init__(self):
+            check_range("max_chains", self.max_chains, 1)
+            check_range("max_blocks", self.max_blocks, 0)
+            check_range("reserve", self.reserve, 0.0, 1.0)
+            check_range("window_s", self.window_s, 0.0)
+
+    def prefetch(self, state):
+        p = self.params
+        room = state.free_gpu_blocks - int(p.reserve * state.gpu_blocks)
+        if room <= 0 or not p.max_blocks:
+            return (), 0
+        handles, seen = [], set()
+        for chain in reversed(state.chains):
+            if state.now_s - chain.freed_s > p.window_s:
+                break
+            key = chain.prefix_group if chain.prefix_group is not None else ("tenant", chain.tenant)
+            if key not in seen:
+                seen.add(key)
+                handles.append(chain.handle)
+                if len(handles) == p.max_chains:
+                    break
+        return handles, min(p.max_blocks, room)
