@@ -17,7 +17,7 @@ import time
 import numpy as np
 from kvrl import plugins
 from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
-from kvrl.apps.profile_app import build_live
+from kvrl.executors.live_build import build_live
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
 

@@ -16,7 +16,7 @@ import traceback
 
 from kvrl import plugins
 from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
-from kvrl.apps.profile_app import build_live
+from kvrl.executors.live_build import build_live
 
 
 class Collections:

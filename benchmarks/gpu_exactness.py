@@ -18,12 +18,10 @@ import numpy as np
 import torch
 import transformers
 
-from kvrl import plugins
-from kvrl.engine.config import EngineConfig
-from kvrl.engine.engine import Engine
+from kvrl.builder import build_engine
 from kvrl.engine.request import Request
-from kvrl.executors.live import LiveExecutor, random_checkpoint_for
-from kvrl.model import load_model
+from kvrl.executors.live import random_checkpoint_for
+from kvrl.executors.live_build import build_live
 
 
 def hf_reference(path, prompts, max_new, dtype, device):
@@ -45,10 +43,11 @@ def hf_reference(path, prompts, max_new, dtype, device):
 
 
 def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16):
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                       max_model_len=4096, max_num_batched_tokens=2048)
-    return Engine(cfg, executor, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed", fraction=0.0),
-                  plugins.create("eviction", "lifo", mode=mode), plugins.create("prefix_cache", prefix_cache))
+    cfg = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+               max_model_len=4096, max_num_batched_tokens=2048)
+    return build_engine({"engine": cfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed", "fraction": 0.0},
+                         "eviction": {"name": "lifo", "mode": mode}, "prefix_cache": {"name": prefix_cache}},
+                        executor=executor)
 
 
 def compare(got, want, gaps, tie_tol):
@@ -80,8 +79,7 @@ def main(argv=None) -> int:
     want_plain, gaps_plain = hf_reference(path, plain, args.max_new, dtype, device)
     want_shared, gaps_shared = hf_reference(path, shared, args.max_new, dtype, device)
     hf_s = time.time() - t0
-    model, config = load_model(path, dtype=dtype, device=device)
-    executor = LiveExecutor(model, config, device, dtype)
+    executor = build_live({"checkpoint": path}, {"device": str(device), "dtype": args.dtype})
     need = sum(-(-(len(p) + args.max_new) // 16) for p in plain)
     scenarios = [
         ("plain batch", plain, want_plain, gaps_plain, dict(num_blocks=need + 64, num_cpu_blocks=0, mode="recompute",

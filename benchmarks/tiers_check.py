@@ -16,29 +16,28 @@ import tempfile
 import numpy as np
 import torch
 
-from kvrl import plugins
+from kvrl.builder import build_engine
 from kvrl.engine.batch import ScheduledBatch
-from kvrl.engine.config import EngineConfig
 from kvrl.engine.engine import Engine
 from kvrl.engine.request import Request
 from kvrl.executors.live import LiveExecutor
-from kvrl.model import load_model, make_random_checkpoint
+from kvrl.executors.live_build import build_live
+from kvrl.model import make_random_checkpoint
 
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"     # "cpu" for a smoke run
 
 
 def executor(path: str) -> LiveExecutor:
-    model, config = load_model(path, dtype=torch.float32, device=DEVICE)
-    return LiveExecutor(model, config, torch.device(DEVICE), torch.float32)
+    return build_live({"checkpoint": path}, {"device": DEVICE, "dtype": "float32"})
 
 
 def engine(ex: LiveExecutor, tier_blocks: int) -> Engine:
-    cfg = EngineConfig(num_blocks=40, block_size=16, num_cpu_blocks=16, max_model_len=1024, max_num_batched_tokens=256,
-                       cpu_tier_blocks=tier_blocks)
-    return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                  plugins.create("eviction", "lifo", mode="recompute"), plugins.create("prefix_cache", "hash_lru"),
-                  tier=plugins.create("tier", "offload_all"))
+    cfg = dict(num_blocks=40, block_size=16, num_cpu_blocks=16, max_model_len=1024, max_num_batched_tokens=256,
+               cpu_tier_blocks=tier_blocks)
+    return build_engine({"engine": cfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                         "eviction": {"name": "lifo", "mode": "recompute"}, "prefix_cache": {"name": "hash_lru"},
+                         "tier": {"name": "offload_all"}}, executor=ex)
 
 
 def main() -> int:

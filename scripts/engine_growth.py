@@ -15,9 +15,7 @@ import argparse
 import logging
 import time
 
-from kvrl import plugins
-from kvrl.engine.config import EngineConfig
-from kvrl.engine.engine import Engine
+from kvrl.builder import build_engine
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
 from kvrl.executors.sim import SimExecutor
 from kvrl.workloads import build_workload
@@ -25,11 +23,11 @@ from kvrl.workloads import build_workload
 
 def measure(num_requests: int, process: str, rate: float, prefix_cache: str = "hash_lru") -> dict:
     shape = MODEL_SHAPES["qwen3-0.6b"]
-    engine = Engine(EngineConfig(num_blocks=67335, block_size=16, num_cpu_blocks=2340, max_model_len=shape.max_model_len),
-                    SimExecutor(shape, DEVICES["h200"]),
-                    plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                    plugins.create("eviction", "lifo"), plugins.create("prefix_cache", prefix_cache),
-                    record_steps=False)
+    engine = build_engine({"engine": dict(num_blocks=67335, block_size=16, num_cpu_blocks=2340,
+                                          max_model_len=shape.max_model_len),
+                           "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
+                           "prefix_cache": {"name": prefix_cache}},
+                          executor=SimExecutor(shape, DEVICES["h200"]), record_steps=False)
     workload = {"name": "synthetic", "num_requests": num_requests, "arrival": {"process": process, "rate": rate}}
     requests = build_workload(workload, vocab_size=shape.vocab_size, max_model_len=shape.max_model_len)
     cpu = time.process_time()

@@ -81,24 +81,24 @@ def timed(fn: Callable[[], int], device: torch.device) -> tuple[float, int]:
 
 # ---------------------------------------------------------------------------------------- kvrl
 def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float, int, dict]:
-    from kvrl import plugins
-    from kvrl.engine.config import EngineConfig
+    from kvrl.builder import build_engine
     from kvrl.engine.engine import Engine
     from kvrl.engine.request import Request
-    from kvrl.executors.live import build_live_executor
+    from kvrl.executors.live_build import build_live
 
-    executor = build_live_executor({"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs},
-                                   {"checkpoint": checkpoint})
+    executor = build_live({"checkpoint": checkpoint},
+                          {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs})
 
     num_blocks = cfg.num_blocks
 
     def engine() -> Engine:
         nonlocal num_blocks
-        ecfg = EngineConfig(num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                            max_num_batched_tokens=cfg.max_num_batched_tokens,
-                            max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
-        eng = Engine(ecfg, executor, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                     plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "none"), record_steps=False)
+        ecfg = dict(num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                    max_num_batched_tokens=cfg.max_num_batched_tokens,
+                    max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
+        eng = build_engine({"engine": ecfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                            "eviction": {"name": "lifo"}, "prefix_cache": {"name": "none"}},
+                           executor=executor, record_steps=False)
         num_blocks = eng.config.num_blocks     # the timed engine reuses the warm-up's pool and graphs
         return eng
 

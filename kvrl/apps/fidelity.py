@@ -160,22 +160,14 @@ def replay_breakdown(replay: list[dict]) -> dict:
     return out
 
 
-def _policies(pcfg: dict) -> dict:
-    from kvrl import plugins
-
-    missing = [k for k in plugins.KINDS if k not in pcfg]
-    if missing:
-        raise ValueError(f"policy config lacks {missing} (needs {list(plugins.KINDS)})")
-    return {kind: plugins.create_from_config(kind, dict(pcfg[kind])) for kind in plugins.KINDS}
-
-
 def _engine(ecfg: dict, executor, pcfg: dict, slo: dict, record_steps: bool = True):
-    from kvrl.engine.config import EngineConfig
-    from kvrl.engine.engine import Engine
+    """The engine of one (workload, policy) pair: engine config ``ecfg``, the plugin kinds of
+    ``pcfg`` (every kind needed; other keys ignored), ``slo``."""
+    from kvrl import plugins
+    from kvrl.builder import build_engine
 
-    p = _policies(pcfg)
-    return Engine(EngineConfig(**ecfg), executor, p["scheduler"], p["watermark"], p["eviction"], p["prefix_cache"],
-                  slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"), record_steps=record_steps)
+    kinds = {kind: dict(pcfg[kind]) for kind in (*plugins.KINDS, "tier") if kind in pcfg}
+    return build_engine({"engine": ecfg, **kinds, "slo": slo}, executor=executor, record_steps=record_steps)
 
 
 def summarize(engine) -> dict:
@@ -566,7 +558,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     import torch
 
     from kvrl import plugins
-    from kvrl.apps.profile_app import build_live, configure_cpu, device_name
+    from kvrl.apps.profile_app import configure_cpu, device_name
+    from kvrl.executors.live_build import build_live
     from kvrl.executors.sim import SimExecutor
 
     plugins.load_entry_points()

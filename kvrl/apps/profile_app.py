@@ -77,59 +77,6 @@ GRIDS: dict[str, dict[str, Any]] = {
 
 
 # --------------------------------------------------------------------------------- building the executor
-def build_live(model_cfg: dict, backend_cfg: dict, seed: int = 0, weights: str = "memory"):
-    """A :class:`LiveExecutor` for ``model_cfg`` (a ``conf/model`` entry).
-
-    ``model_cfg.checkpoint`` set: that checkpoint. Else ``weights=memory``: random weights drawn
-    directly on the device (no checkpoint written; step times do not depend on weight values), or
-    ``weights=disk``: the random checkpoint ``kvrl-run backend=live`` would use."""
-    import torch
-
-    from kvrl.executors.live import (LiveExecutor, SamplingConfig, _resolve_device, _resolve_dtype,
-                                     build_live_executor)
-
-    backend = {k: v for k, v in backend_cfg.items() if k != "name"}
-    if model_cfg.get("checkpoint") or weights == "disk":
-        return build_live_executor(backend, model_cfg, seed=seed)
-    if weights != "memory":
-        raise ValueError(f"weights must be memory or disk, got {weights!r}")
-    from kvrl.model import CausalLM, ModelConfig
-    from kvrl.model.random_checkpoint import PRESETS, preset_config
-
-    device = _resolve_device(backend.get("device", "auto"))
-    dtype = _resolve_dtype(backend.get("dtype", "auto"), device)
-    name = model_cfg.get("name", "tiny")
-    mml = model_cfg.get("max_model_len")
-    if name in PRESETS:
-        hf = preset_config(name, **({"max_position_embeddings": mml} if mml else {}))
-    else:
-        keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
-                "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-                "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
-                "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
-        hf = preset_config("tiny", model_cfg.get("family", "qwen3"),
-                           **{v: model_cfg[k] for k, v in keys.items() if k in model_cfg})
-    raw = hf.to_dict()
-    raw["architectures"] = list(hf.architectures)
-    config = dataclasses.replace(ModelConfig.from_dict(raw), dtype=dtype)
-    with torch.device("meta"):
-        model = CausalLM(config)
-    model = model.to(dtype).to_empty(device=device)
-    std = float(getattr(hf, "initializer_range", 0.02))
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, std, generator=gen)
-            elif "norm" in pname:
-                p.fill_(1.0)
-            else:
-                p.zero_()
-    sampling = SamplingConfig(backend.get("temperature", 0.0), backend.get("top_p", 1.0), backend.get("top_k", 0))
-    log.info("live executor: %s on %s (%s), random weights in memory", config.architecture, device, dtype)
-    return LiveExecutor(model.eval(), config, device, dtype, sampling, bool(backend.get("cuda_graphs", True)), seed)
-
-
 def configure_cpu(device_type: str, threads: int = 1, flush_denormal: bool = True) -> None:
     """On CPU, time the torch reference single-threaded with denormals flushed: on a shared
     machine, idle-spinning intra-op threads and denormal softmax tails (exp of very negative
@@ -393,9 +340,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     config; default lifo); returns per step (features incl. :data:`HOST_WORK`, seconds inside
     execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
     the host model sees preemptions, swaps and re-admissions."""
-    from kvrl import plugins
-    from kvrl.engine.config import EngineConfig
-    from kvrl.engine.engine import Engine
+    from kvrl.builder import build_engine
     from kvrl.engine.request import Request
     from kvrl.executors.profile import batch_features, host_work
 
@@ -418,12 +363,12 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
         if g.get("host_rate"):   # Poisson arrivals: queues like a server's, not one offline burst
             arrival += float(rng.exponential(1.0 / g["host_rate"]))
     timed = _Timed()
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-                       max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
-                       max_model_len=max_len)
-    eng = Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                 plugins.create_from_config("eviction", dict(eviction or {"name": "lifo"})),
-                 plugins.create("prefix_cache", "hash_lru"), record_steps=True)
+    engine = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+                  max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
+                  max_model_len=max_len)
+    eng = build_engine({"engine": engine, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                        "eviction": dict(eviction or {"name": "lifo"}), "prefix_cache": {"name": "hash_lru"}},
+                       executor=ex, record_steps=True)
     eng.run(reqs, callbacks=[timed])
     # the first steps follow an idle gap (elapsed_s then counts only execute)
     return [({**batch_features(b), **host_work(b)}, inner, el) for b, inner, el in timed.rows[2:]]
@@ -598,6 +543,7 @@ def install_name(prof) -> str:
 
 def main_impl(cfg: dict, out_dir: Path) -> Any:
     from kvrl.apps.outputs import atomic_write
+    from kvrl.executors.live_build import build_live
 
     ex = build_live(cfg["model"], cfg["backend"], seed=int(cfg.get("seed", 0)), weights=cfg.get("weights", "memory"))
     configure_cpu(ex.device.type, int(cfg.get("cpu_threads", 1)), bool(cfg.get("flush_denormal", True)))

@@ -41,6 +41,7 @@ sequences in O(1), so an offline batch of ``N`` requests costs O(N) overall, not
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -87,12 +88,7 @@ class Engine:
                  watermark: WatermarkPolicy, eviction: EvictionPolicy, prefix_cache: PrefixCachePolicy,
                  slo_ttft_s: Optional[float] = None, slo_tpot_s: Optional[float] = None,
                  record_steps: bool = True, tier: Optional[Policy] = None) -> None:
-        if config.max_model_len is None:
-            config.max_model_len = executor.max_model_len
-        if config.num_blocks == 0:
-            config.num_blocks = executor.kv_capacity_blocks(config.block_size, config.gpu_memory_utilization)
-        if config.num_cpu_blocks is None:
-            config.num_cpu_blocks = int(config.swap_space_gb * 2**30 // executor.kv_block_bytes(config.block_size))
+        config = self.resolve_config(config, executor)
         if config.num_blocks < 1:
             raise ValueError("engine.num_blocks resolved to 0: the KV cache does not fit in device memory")
         self.config = config
@@ -147,6 +143,21 @@ class Engine:
         self._on_preempt = [p.on_preempt for p in hooked if type(p).on_preempt is not Policy.on_preempt]
         self._callbacks: list = []                   # kvrl.engine.callbacks: observers of every executed step
         self.stopped_by = None                       # the callback that asked the current run to stop
+
+    @staticmethod
+    def resolve_config(config: EngineConfig, executor: Executor) -> EngineConfig:
+        """A new config with what ``config`` leaves to the executor filled in (``max_model_len``
+        when None, ``num_blocks`` when 0: the KV capacity at ``gpu_memory_utilization``,
+        ``num_cpu_blocks`` when None: ``swap_space_gb`` worth of blocks); always a new object, so the
+        engine never shares or changes its caller's config."""
+        resolved = {}
+        if config.max_model_len is None:
+            resolved["max_model_len"] = executor.max_model_len
+        if config.num_blocks == 0:
+            resolved["num_blocks"] = executor.kv_capacity_blocks(config.block_size, config.gpu_memory_utilization)
+        if config.num_cpu_blocks is None:
+            resolved["num_cpu_blocks"] = int(config.swap_space_gb * 2**30 // executor.kv_block_bytes(config.block_size))
+        return dataclasses.replace(config, **resolved)
 
     def add_callback(self, callback):
         """Call ``callback.on_step(event)`` after every executed step (see :mod:`kvrl.engine.callbacks`);
