@@ -9,7 +9,8 @@ engine follows until the next decision:
 
 Observation (7 floats, unscaled ratios): GPU pool free fraction (free + evictable), CPU tier and
 disk tier fill fractions, running and waiting sequences over ``max_num_seqs``, and the prompt
-hit rates on the GPU and in the tiers over the last epoch. Reward: minus the summed TTFT
+hit rates on the GPU and in the tiers over the last epoch. The episode is truncated at the
+trace's end (serving is continuing; nothing terminates it). Reward: minus the summed TTFT
 (seconds) of the requests whose first token came in the epoch, divided by ``ttft_scale``, so
 the return is minus the total TTFT of the episode (in ``ttft_scale`` units) when it runs to the end.
 
@@ -154,7 +155,8 @@ class TierEnv(gymnasium.Env):
         info = {"mode": self.MODES[int(action)], "ttft_s": ttft, "now_s": self.engine.now}
         if done:
             info["summary"] = self.engine.metrics.summary()
-        return self._obs(), -ttft / self.config.ttft_scale, done, False, info
+        # serving continues past the trace: its end truncates the episode, nothing terminates it
+        return self._obs(), -ttft / self.config.ttft_scale, False, done, info
 
     def _obs(self) -> np.ndarray:
         e, alloc = self.engine, self.engine.allocator

@@ -7,7 +7,9 @@ plus the workload's working set) and ``table.md`` (mean over seeds, min-max in b
 
 * ``gpu``: ``engine.cpu_tier_blocks=0`` (today's engine);
 * ``cpu``: ``engine.cpu_tier_blocks=<--tier-blocks>``, ``tier=offload_all``;
-* ``cost``: the same tier with ``tier=cost_aware``.
+* ``cost``: the same tier with ``tier=cost_aware``;
+* ``disk``: the CPU tier plus a disk tier of ``--disk-blocks`` blocks, ``tier=offload_all``;
+* ``prefetch``: the same two tiers with ``tier=prefetch``.
 
 Working set: at every arrival, the sum over conversations (prefix groups) that have started and
 not yet sent their last turn of their latest prompt length, plus the shared system prompt once;
@@ -29,13 +31,17 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS = {
-    "gpu": lambda blocks: ["engine.cpu_tier_blocks=0"],
-    "cpu": lambda blocks: [f"engine.cpu_tier_blocks={blocks}", "tier=offload_all"],
-    "cost": lambda blocks: [f"engine.cpu_tier_blocks={blocks}", "tier=cost_aware"],
+    "gpu": lambda blocks, disk: ["engine.cpu_tier_blocks=0"],
+    "cpu": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", "tier=offload_all"],
+    "cost": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", "tier=cost_aware"],
+    "disk": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
+                                  "tier=offload_all"],
+    "prefetch": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
+                                      "tier=prefetch"],
 }
 COLUMNS = ("ttft_p50_s", "ttft_p99_s", "throughput_tok_s", "prefix_hit_rate", "tier_gpu_hit_rate",
-           "tier_cpu_hit_rate", "tier_loaded_blocks", "tier_offloaded_blocks", "tier_load_s", "recomputed_tokens",
-           "preemptions")
+           "tier_cpu_hit_rate", "tier_disk_hit_rate", "tier_loaded_blocks", "tier_disk_loaded_blocks",
+           "tier_prefetch_used_blocks", "tier_load_s", "tier_disk_load_s", "recomputed_tokens", "preemptions")
 
 
 def compose(overrides: list[str]):
@@ -116,6 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=["gpu", "cpu", "cost"], choices=list(VARIANTS))
     parser.add_argument("--tier-blocks", type=int, default=8192, help="engine.cpu_tier_blocks of the tier variants")
+    parser.add_argument("--disk-blocks", type=int, default=32768, help="engine.disk_tier_blocks of disk/prefetch")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/run.yaml (after --)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
     results = []
     for seed in args.seeds:
         for variant in args.variants:
-            overrides = [*args.overrides, f"seed={seed}", *VARIANTS[variant](args.tier_blocks)]
+            overrides = [*args.overrides, f"seed={seed}", *VARIANTS[variant](args.tier_blocks, args.disk_blocks)]
             metrics = run_one(overrides)
             metrics.update(variant=variant, seed=seed, overrides=overrides)
             results.append(metrics)

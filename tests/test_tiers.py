@@ -552,6 +552,8 @@ def test_tier_env_smoke():
                      "mean_turn_gap_s": 0.5, "arrival": {"rate": 8.0}, "first_prompt_len": {"mean": 64},
                      "user_turn_len": {"mean": 16}, "output_len": {"mean": 16}},
         "num_blocks": 48, "cpu_tier_blocks": 64, "disk_tier_blocks": 64, "profile": "none"})
+    from gymnasium.utils.env_checker import check_env
+    check_env(env.unwrapped, skip_render_check=True)
     obs, _ = env.reset(seed=1)
     assert env.observation_space.contains(obs)
     total, steps, info = 0.0, 0, {}
@@ -560,7 +562,8 @@ def test_tier_env_smoke():
         assert reward <= 0 and env.observation_space.contains(obs)
         total += reward
         steps += 1
-        if terminated or truncated:
+        assert not terminated
+        if truncated:
             break
     summary = info["summary"]
     assert summary["finished"] > 0 and env.unwrapped.driver.finished

@@ -70,7 +70,7 @@ DEFAULT_DISK_BANDWIDTH = DiskBandwidth(3.0e9, 1.5e9, "default (nominal NVMe: 3 G
 class DiskStore:
     """Block files in ``directory`` (a fresh temporary one, removed at :meth:`close`, when None).
 
-    ``block_bytes`` is the size of one block file; ``threads`` the I/O worker threads. Reads and
+    ``block_bytes`` is the size of one block file; ``threads`` the reader threads and, apart, the writer threads. Reads and
     writes take and fill byte arrays (``np.uint8``, ``block_bytes`` long); both return a
     :class:`~concurrent.futures.Future` (result: seconds the I/O took in its worker).
     """
@@ -82,23 +82,27 @@ class DiskStore:
         self._owned = directory is None
         self.directory = tempfile.mkdtemp(prefix="kvrl-disk-tier-") if directory is None else os.fspath(directory)
         os.makedirs(self.directory, exist_ok=True)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvrl-disk")
+        # separate reader and writer threads: a read (the next step waits for it) never queues
+        # behind a backlog of demotion writes of other blocks
+        self._readers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvrl-disk-read")
+        self._writers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvrl-disk-write")
         self._last: dict[int, Future] = {}           # block -> its latest queued I/O
         self.read_s = self.write_s = 0.0             # worker seconds spent reading / writing
         self._lock = threading.Lock()
-        self._closer = weakref.finalize(self, DiskStore._shutdown, self._pool, self.directory if self._owned else None)
+        self._closer = weakref.finalize(self, DiskStore._shutdown, (self._readers, self._writers),
+                                        self.directory if self._owned else None)
 
     def path(self, block: int) -> str:
         return os.path.join(self.directory, f"block-{block}.kv")
 
-    def _after(self, block: int, fn) -> Future:
+    def _after(self, block: int, fn, pool: ThreadPoolExecutor) -> Future:
         before = self._last.get(block)
 
         def run():
             if before is not None:
                 before.result()
             return fn()
-        future = self._last[block] = self._pool.submit(run)
+        future = self._last[block] = pool.submit(run)
         return future
 
     def write(self, block: int, data: np.ndarray) -> Future:
@@ -115,7 +119,7 @@ class DiskStore:
             with self._lock:
                 self.write_s += dt
             return dt
-        return self._after(block, do)
+        return self._after(block, do, self._writers)
 
     def read(self, block: int, into: np.ndarray) -> Future:
         """Queue reading ``block`` into ``into`` (contiguous, ``block_bytes`` long)."""
@@ -133,7 +137,7 @@ class DiskStore:
             with self._lock:
                 self.read_s += dt
             return dt
-        return self._after(block, do)
+        return self._after(block, do, self._readers)
 
     def drain(self) -> None:
         """Wait for every queued I/O (re-raising the first failure)."""
@@ -145,8 +149,9 @@ class DiskStore:
         self._closer()
 
     @staticmethod
-    def _shutdown(pool: ThreadPoolExecutor, directory: Optional[str]) -> None:
-        pool.shutdown(wait=True)
+    def _shutdown(pools: tuple, directory: Optional[str]) -> None:
+        for pool in pools:
+            pool.shutdown(wait=True)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 

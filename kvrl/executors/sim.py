@@ -145,7 +145,7 @@ class SimExecutor(Executor):
 
     def allocate_tier(self, num_blocks: int, block_size: int) -> None:
         self._tier_s = [0.0, 0.0]
-        self._disk_busy, self._disk_bw = 0.0, None     # the disk tier's I/O timeline (_issue_disk)
+        self._disk_busy, self._disk_write_busy, self._disk_bw = 0.0, 0.0, None   # disk-tier queues (_issue_disk)
 
     def tier_transfer_s(self) -> tuple[float, float]:
         return self._tier_s[0], self._tier_s[1]
@@ -173,17 +173,20 @@ class SimExecutor(Executor):
 
     def _issue_disk(self, n_out: int, n_in: int) -> float:
         """Disk-tier I/O of a step, priced from the profile's measured disk bandwidth
-        (``meta["disk"]``, else :data:`~kvrl.engine.disk_tier.DEFAULT_DISK_BANDWIDTH`): the demoted
-        blocks' writes, then the disk hits' reads, one after another on the disk from the step's
-        start (or when the disk is free); returns when the reads have landed (the tier loads wait)."""
+        (``meta["disk"]``, else :data:`~kvrl.engine.disk_tier.DEFAULT_DISK_BANDWIDTH`): reads and
+        writes on separate queues, as the store runs them (separate reader and writer threads),
+        each one transfer after another from the step's start or when its queue is free; reads
+        never wait behind queued demotion writes. Returns when the reads have landed (the tier
+        loads wait for them)."""
         if self._disk_bw is None:
             from kvrl.engine.disk_tier import DiskBandwidth
             self._disk_bw = DiskBandwidth.from_meta(self.profile.meta if self.profile is not None else None)
         bw = self._disk_bw
-        self._disk_busy = max(self._disk_busy, self._clock) + bw.write_s(n_out * self._block_bytes)
+        if n_out:
+            self._disk_write_busy = max(self._disk_write_busy, self._clock) + bw.write_s(n_out * self._block_bytes)
         if not n_in:
             return self._clock
-        self._disk_busy += bw.read_s(n_in * self._block_bytes)
+        self._disk_busy = max(self._disk_busy, self._clock) + bw.read_s(n_in * self._block_bytes)
         return self._disk_busy
 
     def _timed(self, compute_s: float, forward_s: float, swap_out_s: float, swap_in_s: float) -> float:
