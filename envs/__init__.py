@@ -5,6 +5,8 @@ Importing this package registers (cheaply: no engine, SB3 or torch import):
 * ``kvrl/Watermark-v0``: set the admission watermark once per decision epoch;
 * ``kvrl/Preemption-v0``: pick the preemption victim and mode at each block shortage
   (``action_masks()`` for sb3-contrib's MaskablePPO);
+* ``kvrl/WatermarkMode-v0``: set the watermark and the preemption mode (swap or recompute)
+  together once per decision epoch;
 * ``kvrl/Tier-v0``: pick the KV tiers' mode (drop, offload, offload + prefetch) once per
   decision epoch (issue #20, ``kvrl.envs.tier_env``);
 * ``kvrl/WatermarkLive-v0`` and ``kvrl/PreemptionLive-v0``: the same on the live executor (a real
@@ -23,6 +25,7 @@ LIVE_OVERRIDES = ("backend=live", "model=tiny")
 ENV_IDS = {
     "kvrl/Watermark-v0": ("kvrl.envs.watermark_env:WatermarkEnv", False, ()),
     "kvrl/Preemption-v0": ("kvrl.envs.preemption_env:PreemptionEnv", False, ()),
+    "kvrl/WatermarkMode-v0": ("kvrl.envs.watermark_mode_env:WatermarkModeEnv", False, ()),
     "kvrl/WatermarkLive-v0": ("kvrl.envs.watermark_env:WatermarkEnv", True, LIVE_OVERRIDES),
     "kvrl/PreemptionLive-v0": ("kvrl.envs.preemption_env:PreemptionEnv", True, LIVE_OVERRIDES),
     "kvrl/Tier-v0": ("kvrl.envs.tier_env:TierEnv", False, ()),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from kvrl.envs.config import AUTO_BINS, PreemptionActionConfig, WatermarkActionConfig
+from kvrl.envs.config import AUTO_BINS, PreemptionActionConfig, WatermarkActionConfig, WatermarkModeActionConfig
 from kvrl.plugins.base import PreemptionMode
 
 MODES = (PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)   # mode index 0, 1
@@ -68,6 +68,43 @@ class WatermarkActions:
                              f"(set clip_actions=true to clip bad actions instead)")
         value = float(np.clip(value, -1.0, 1.0))
         return cfg.low + (value + 1.0) / 2.0 * (cfg.high - cfg.low), clipped
+
+
+class WatermarkModeActions:
+    """The joint watermark and preemption-mode action (:class:`~kvrl.envs.config.WatermarkModeActionConfig`):
+    ``discrete``: ``Discrete(2 * len(bins))``, index ``2 * bin + mode``; ``multidiscrete``:
+    ``MultiDiscrete([len(bins), 2])``. Mode 0 = recompute, 1 = swap."""
+
+    def __init__(self, config: WatermarkModeActionConfig) -> None:
+        self.config = config
+        n = len(config.bins)
+        if config.type == "discrete":
+            self.space: spaces.Space = spaces.Discrete(2 * n)
+        else:
+            self.space = spaces.MultiDiscrete([n, 2])
+
+    def index_of(self, fraction: float, mode: PreemptionMode) -> int:
+        """The discrete action of ``(fraction, mode)``; ``ValueError`` when ``fraction`` is no bin."""
+        if fraction not in self.config.bins:
+            raise ValueError(f"watermark {fraction} is not one of action.bins {self.config.bins}")
+        return 2 * self.config.bins.index(fraction) + MODES.index(mode)
+
+    def decode(self, action: Any, clip: bool = False) -> tuple[float, PreemptionMode, bool]:
+        """``(watermark fraction, mode, clipped)`` for ``action``."""
+        bins = self.config.bins
+        arr = _as_array(action, "watermark-mode").reshape(-1)
+        if self.config.type == "discrete":
+            if arr.size != 1:
+                raise ValueError(f"watermark-mode: expected one action value, got shape {arr.shape}")
+            index, clipped = _integer(float(arr[0]), 0, 2 * len(bins) - 1, clip, "watermark-mode")
+            b, mode = divmod(index, 2)
+        else:
+            if arr.size != 2:
+                raise ValueError(f"watermark-mode: expected [bin, mode], got shape {arr.shape}")
+            b, c1 = _integer(float(arr[0]), 0, len(bins) - 1, clip, "watermark-mode bin")
+            mode, c2 = _integer(float(arr[1]), 0, 1, clip, "watermark-mode mode")
+            clipped = c1 or c2
+        return bins[b], MODES[mode], clipped
 
 
 class PreemptionActions:

@@ -32,7 +32,9 @@ ALGOS = {                      # agent name -> (module, class)
     "maskable_ppo": ("sb3_contrib", "MaskablePPO"),
 }
 ROLES = {"kvrl/Watermark-v0": "watermark", "kvrl/WatermarkLive-v0": "watermark",
-         "kvrl/Preemption-v0": "eviction", "kvrl/PreemptionLive-v0": "eviction"}
+         "kvrl/Preemption-v0": "eviction", "kvrl/PreemptionLive-v0": "eviction",
+         "kvrl/WatermarkMode-v0": "joint"}     # joint: the watermark and eviction slots together
+JOINT_SLOTS = ("watermark", "eviction")       # the plugin slots a joint policy fills
 
 
 class AgentNotFound(FileNotFoundError):
@@ -98,7 +100,7 @@ class Agent:
 
     @property
     def role(self) -> str:
-        """The plugin kind it drives: ``watermark`` or ``eviction``."""
+        """The plugin kind it drives: ``watermark``, ``eviction`` or ``joint`` (both)."""
         return ROLES[self.env_id]
 
     def act(self, obs: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:

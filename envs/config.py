@@ -126,7 +126,9 @@ class FeatureConfig:
     observation. ``oracle_lengths``: candidates' remaining output from the trace (oracle; a real
     server does not know it) instead of a prediction from finished requests. ``history``: append
     :data:`~kvrl.envs.features.HISTORY_FEATURES` (short-horizon rates over ``short_tau_s``, the
-    load trend, the running sequences' predicted KV demand) to the engine features.
+    load trend, the running sequences' predicted KV demand) to the engine features. ``prefix``:
+    append :data:`~kvrl.envs.features.PREFIX_FEATURES` (the prefix cache's recent hit rate over
+    ``tau_s``, its cached blocks and those of them no sequence holds) after those.
     """
 
     tau_s: float = 10.0
@@ -139,6 +141,7 @@ class FeatureConfig:
     oracle_lengths: bool = False
     history: bool = False
     short_tau_s: float = 1.0
+    prefix: bool = False
 
     def __post_init__(self) -> None:
         check_range("features.tau_s", self.tau_s, 1e-6)
@@ -214,6 +217,27 @@ class PreemptionActionConfig:
         check_choice("action.type", self.type, ("discrete", "multidiscrete"))
 
 
+MODE_NAMES = ("recompute", "swap")     # mode index 0, 1 of the joint action
+
+
+@dataclass
+class WatermarkModeActionConfig:
+    """The joint action of ``kvrl/WatermarkMode-v0``: a watermark of ``bins`` (fractions of the GPU
+    blocks to keep free) and a preemption mode (0 = recompute, 1 = swap). ``discrete``:
+    ``Discrete(2 * len(bins))``, index ``2 * bin + mode``; ``multidiscrete``: ``[bin, mode]``."""
+
+    type: str = "discrete"
+    bins: List[float] = field(default_factory=lambda: [0.0, 0.01, 0.03, 0.05, 0.1, 0.2])
+
+    def __post_init__(self) -> None:
+        check_choice("action.type", self.type, ("discrete", "multidiscrete"))
+        if isinstance(self.bins, (str, int, float)) or not self.bins:
+            raise ValueError(f"action.bins must be a non-empty list of fractions, got {self.bins!r}")
+        self.bins = [float(b) for b in self.bins]
+        for b in self.bins:
+            check_range("action.bins[*]", b, 0.0, 1.0, hi_inclusive=False)
+
+
 @dataclass
 class EnvConfig:
     """What both environments share. ``clip_actions``: out-of-range or masked actions are mapped
@@ -247,8 +271,18 @@ class PreemptionEnvConfig(EnvConfig):
     action: PreemptionActionConfig = field(default_factory=PreemptionActionConfig)
 
 
+@dataclass
+class WatermarkModeEnvConfig(EnvConfig):
+    """``kvrl/WatermarkMode-v0``: the agent sets the watermark and the preemption mode together,
+    once per decision epoch."""
+
+    action: WatermarkModeActionConfig = field(default_factory=WatermarkModeActionConfig)
+    decision: DecisionConfig = field(default_factory=DecisionConfig)
+
+
 TASKS = {"kvrl/Watermark-v0": WatermarkEnvConfig, "kvrl/Preemption-v0": PreemptionEnvConfig,
-         "kvrl/WatermarkLive-v0": WatermarkEnvConfig, "kvrl/PreemptionLive-v0": PreemptionEnvConfig}
+         "kvrl/WatermarkLive-v0": WatermarkEnvConfig, "kvrl/PreemptionLive-v0": PreemptionEnvConfig,
+         "kvrl/WatermarkMode-v0": WatermarkModeEnvConfig}
 
 
 def resolve_features(config: EnvConfig) -> FeatureConfig:

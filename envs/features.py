@@ -25,6 +25,12 @@ demand of the running sequences, their tokens plus their predicted remaining out
 candidates) over the KV capacity, squashed at 1 (above 0.5: the running batch will not fit as it
 grows, a preemption cascade is coming).
 
+Prefix features (:data:`PREFIX_FEATURES`, appended after those with ``features.prefix``): the
+prefix cache's recent hit rate (prompt tokens found cached over prompt tokens looked up, both
+averaged over ``tau_s``; 0 before any lookup); the blocks registered in the cache and those of
+them that no sequence holds (reclaimable: they count as free and are the first to go when
+running requests need blocks), both as fractions of the pool.
+
 Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate slot, slot 0 =
 the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
 (fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
@@ -51,6 +57,7 @@ ENGINE_FEATURES = (
 HISTORY_FEATURES = (
     "arrival_rate_short", "arrival_tokens_short", "preemption_rate_short", "load_trend", "kv_demand",
 )
+PREFIX_FEATURES = ("prefix_hit_rate", "cached_blocks", "cached_free_blocks")
 CANDIDATE_FEATURES = (
     "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
     "swap_fits", "recompute_vs_swap",
@@ -60,7 +67,8 @@ GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
 
 def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of :meth:`FeatureTracker.engine_features`' entries under ``config``."""
-    return ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
+    return (ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
+            + (PREFIX_FEATURES if config.prefix else ()))
 
 
 def squash(x: float, ref: float) -> float:
@@ -108,6 +116,9 @@ class FeatureTracker:
         self.short_arrival_rate = 0.0       # the same, over short_tau_s
         self.short_arrival_tokens = 0.0
         self.short_preemption_rate = 0.0
+        self.looked_up_tokens = 0.0          # prompt tokens looked up in the prefix cache / s
+        self.hit_tokens = 0.0                # ... of those, found cached / s
+        self._last_prefix = (0, 0)
         self._finished_lens: list[int] = []
         self._sorted_lens: Optional[np.ndarray] = None
         self._suffix_sums: Optional[np.ndarray] = None
@@ -116,6 +127,8 @@ class FeatureTracker:
         self.view = view
         self._last_t = view.now
         self._last = self._counters()
+        if self.config.prefix:
+            self._last_prefix = (view.prompt_tokens_looked_up, view.prompt_tokens_hit)
 
     def _counters(self) -> Counters:
         """Read the engine's cumulative counters through its view."""
@@ -145,6 +158,11 @@ class FeatureTracker:
                                                - self.short_arrival_tokens)
             self.short_preemption_rate += ws * ((counters.preemptions - last.preemptions) / dt
                                                 - self.short_preemption_rate)
+        if cfg.prefix:
+            looked, hit = self.view.prompt_tokens_looked_up, self.view.prompt_tokens_hit
+            self.looked_up_tokens += w * ((looked - self._last_prefix[0]) / dt - self.looked_up_tokens)
+            self.hit_tokens += w * ((hit - self._last_prefix[1]) / dt - self.hit_tokens)
+            self._last_prefix = (looked, hit)
         self._last, self._last_t = counters, now
 
     def on_finish(self, seq: "SeqView") -> None:
@@ -163,7 +181,8 @@ class FeatureTracker:
     # ------------------------------------------------------------------ features
     def engine_features(self) -> np.ndarray:
         """The :data:`ENGINE_FEATURES` vector, then :data:`HISTORY_FEATURES` with
-        ``features.history`` (float32, in [0, 1]; names: :func:`engine_feature_names`)."""
+        ``features.history`` and :data:`PREFIX_FEATURES` with ``features.prefix`` (float32, in
+        [0, 1]; names: :func:`engine_feature_names`)."""
         cfg, v = self.config, self.view
         capacity = float(v.num_blocks * v.block_size)
         now = v.now
@@ -196,6 +215,13 @@ class FeatureTracker:
                 squash(self.short_preemption_rate, 1.0),
                 short_tokens / (short_tokens + long_tokens) if short_tokens + long_tokens > 0 else 0.5,
                 squash(demand, 1.0),
+            )
+        if cfg.prefix:
+            looked = self.looked_up_tokens
+            values += (
+                min(self.hit_tokens / looked, 1.0) if looked > 0 else 0.0,
+                v.num_cached_blocks / v.num_blocks,
+                v.num_cached_free_blocks / v.num_blocks,
             )
         return np.asarray(values, dtype=np.float32)
 

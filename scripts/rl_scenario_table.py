@@ -1,8 +1,10 @@
-"""Goodput of fixed watermarks (watermark task) or eviction heuristics (preemption task) on each
-whole split of a task's scenario: how docs/rl.md chose the scenarios.
+"""Goodput of fixed watermarks (watermark task), eviction heuristics (preemption task) or
+(watermark, mode) constants (joint task) on each whole split of a task's scenario: how docs/rl.md
+chose the scenarios.
 
     python scripts/rl_scenario_table.py                       # conf/env/watermark.yaml
     python scripts/rl_scenario_table.py --task preemption
+    python scripts/rl_scenario_table.py --task joint --splits val,test
     python scripts/rl_scenario_table.py engine.num_blocks=768 slo.tpot_s=0.004   # another scenario
 
 Each cell is one whole-split run (seed 0, no resample) in the task's scenario, through the same
@@ -10,6 +12,9 @@ Each cell is one whole-split run (seed 0, no resample) in the task's scenario, t
 and, below it, SLO attainment and p50 TTFT/TPOT per cell. The watermark task's columns are the
 fixed watermarks of ``env.action.auto.sweep``, and the val row gives the suggested
 ``env.action.bins``: what ``kvrl-train env.action.bins=auto`` would choose (kvrl/apps/bins.py).
+The joint task's columns are every (watermark of ``env.action.bins``, mode) pair (``0.01/r``: fixed
+0.01 and LIFO recompute, ``/s``: swap), then the eviction heuristics at fixed 0.01 (cost_aware
+picks its own mode per victim). Cells also give the prefix-cache hit rate where it is not 0.
 Arguments are Hydra overrides of the task's scenario, as in kvrl-train and kvrl-eval; one that is
 not a key of the config is an error.
 """
@@ -25,22 +30,31 @@ EVICTIONS = ("lifo", "fewest_computed", "cost_aware")
 def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="watermark", help="a task of conf/env/ (watermark, preemption, pressure, phased)")
+    parser.add_argument("--task", default="watermark",
+                        help="a task of conf/env/ (watermark, preemption, pressure, phased, joint, tenants)")
     parser.add_argument("--splits", default="train,val,test")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the task's scenario")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
     from kvrl.apps.bins import useful_bins
-    from kvrl.apps.eval import Job, Policy, label_of, run_job
+    from kvrl.apps.eval import Job, Policy, label_of, run_job, sweep_plugins
     from kvrl.envs.agent_io import ROLES
     from kvrl.envs.config import describe_workload, load_task
 
     env_id, cfg = load_task(args.task, args.overrides)
     role = ROLES[env_id]
-    plugins = ([{"name": "fixed", "fraction": f} for f in cfg.action.auto.sweep] if role == "watermark"
-               else [{"name": n} for n in EVICTIONS])
-    heads = [str(p["fraction"]) if role == "watermark" else p["name"] for p in plugins]
+    if role == "watermark":
+        plugins = [{"name": "fixed", "fraction": f} for f in cfg.action.auto.sweep]
+        heads = [str(p["fraction"]) for p in plugins]
+    elif role == "joint":
+        plugins = sweep_plugins(role, cfg.action.bins)
+        heads = [f"{p['watermark']['fraction']}/{p['eviction']['mode'][0]}" for p in plugins]
+        plugins += [{"watermark": {"name": "fixed", "fraction": 0.01}, "eviction": {"name": n}} for n in EVICTIONS]
+        heads += [f"0.01+{n}" for n in EVICTIONS]
+    else:
+        plugins = [{"name": n} for n in EVICTIONS]
+        heads = [p["name"] for p in plugins]
     run = cfg.run
     print(f"scenario: model={run['model']['name']} device={run['device']['name']} "
           f"engine.num_blocks={run['engine']['num_blocks']} workload={describe_workload(run['workload'])} "
@@ -55,11 +69,12 @@ def main() -> None:
                  for r in results]
         print(f"| {split} | " + " | ".join(cells) + " |", flush=True)
         details.append((split, results))
-    print("\nper cell: SLO attainment / p50 TTFT s / p50 TPOT ms / preemptions / engine s")
+    print("\nper cell: SLO attainment / p50 TTFT s / p50 TPOT ms / preemptions / blocks swapped out / k tokens recomputed / engine s [/ prefix hit rate]")
     for split, results in details:
         print(split + ": " + "; ".join(
-            f"{h} {r['slo_attainment']:.2f}/{r['ttft_p50_s']:.2f}/{1000 * r['tpot_p50_s']:.1f}/{r['preemptions']}/"
-            f"{r['duration_s']:.0f}" for h, r in zip(heads, results)))
+            f"{h} {r['slo_attainment']:.2f}/{r['ttft_p50_s']:.2f}/{1000 * r['tpot_p50_s']:.1f}/{r['preemptions']}"
+            f"/{r['swapped_out_blocks']}/{r['recomputed_tokens'] / 1000:.0f}/{r['duration_s']:.0f}"
+            + (f"/{r['prefix_hit_rate']:.2f}" if r["prefix_hit_rate"] else "") for h, r in zip(heads, results)))
     val = dict(details).get("val")
     if role == "watermark" and val is not None:
         sweep = useful_bins([p["fraction"] for p in plugins], [r["goodput_tok_s"] for r in val],

@@ -328,3 +328,103 @@ def test_phased_load_alternates_the_arrival_rate():
     np.testing.assert_allclose(counts[1::2] / 5.0, 40.0, rtol=0.3)      # 2 x 20 requests/s
     with pytest.raises(ValueError, match="rate_phases"):
         build_workload({"name": "synthetic", "rate_phases": [1.0, 0.0]}, vocab_size=1000)
+
+
+# ---------------------------------------------------------------- joint watermark + mode task (issue 17)
+# SMALL with prompts that fit its 256-block pool (joint.yaml's own prompts are 2k tokens long), no step-time noise
+JOINT = ["workload.prompt_len.mean=256", "workload.prompt_len.high=1024", "env.episode.step_time_sigma=0.0"]
+
+
+def _joint_run(slots: dict, *overrides):
+    """Metrics of Engine.run on the SMALL joint scenario with ``slots`` (plugin kind -> config)."""
+    from omegaconf import OmegaConf
+
+    from kvrl.builder import build_engine, to_dict
+
+    _, cfg = load_task("joint", [*SMALL, *JOINT, *overrides])
+    run = OmegaConf.create({**cfg.run, **slots})
+    engine = build_engine(run, record_steps=False)
+    requests = build_workload(to_dict(run.workload), vocab_size=engine.executor.vocab_size,
+                              max_model_len=engine.config.max_model_len)
+    return engine.run(requests)
+
+
+def test_joint_env_passes_check_env_in_both_action_types():
+    for kind in ("discrete", "multidiscrete"):
+        env = make("joint", *JOINT, f"env.action.type={kind}")
+        assert env.spec.id == "kvrl/WatermarkMode-v0"
+        check_env(env.unwrapped, skip_render_check=True)
+    bins = env.unwrapped.config.action.bins
+    assert list(env.action_space.nvec) == [len(bins), 2]
+    assert make("joint", *JOINT).action_space.n == 2 * len(bins)
+
+
+@pytest.mark.parametrize("mode,action", [("recompute", 2), ("swap", 3)])    # bins[1] = 0.01; index 2*bin+mode
+def test_constant_joint_action_equals_kvrl_run_with_the_same_constants(mode, action):
+    _, _, info = rollout(make("joint", *JOINT, f"eviction.mode={mode}"), seed=0, action=action)
+    assert info["mode"] == mode and info["watermark"] == 0.01
+    plain = _joint_run({"watermark": {"name": "fixed", "fraction": 0.01}, "eviction": {"name": "lifo", "mode": mode}})
+    assert same(info["metrics"], plain)
+    assert plain["preemptions"] > 0 and (plain["swapped_out_blocks"] > 0) == (mode == "swap")
+
+
+def test_the_joint_agents_mode_reaches_the_preemptions():
+    """Decisions that switch the mode take effect: swap-only, recompute-only and alternating
+    episodes differ, and the alternating one both swaps and recomputes."""
+    runs = {}
+    for name, actions in {"recompute": [2], "swap": [3], "alternate": [2, 3]}.items():
+        env = make("joint", *JOINT)
+        env.reset(seed=0)
+        i = 0
+        while True:
+            _, _, terminated, truncated, info = env.step(actions[i % len(actions)])
+            i += 1
+            if terminated or truncated:
+                break
+        runs[name] = info["metrics"]
+    assert runs["recompute"]["swapped_out_blocks"] == 0 and runs["swap"]["swapped_out_blocks"] > 0
+    alt = runs["alternate"]
+    assert alt["swapped_out_blocks"] > 0 and 0 < alt["recomputed_tokens"] != runs["recompute"]["recomputed_tokens"]
+
+
+def test_saved_joint_agent_decides_the_same_inside_and_outside_the_env(tmp_path):
+    from kvrl.envs.agent_io import algo_class
+
+    env = make("joint", *JOINT)
+    model = algo_class("ppo")("MlpPolicy", env, seed=3, device="cpu", n_steps=32, batch_size=32)
+    model.save(str(tmp_path / "model.zip"))
+    write_meta(tmp_path, "ppo", env.spec.id, env.unwrapped.config)
+    agent = load_agent(tmp_path, role="joint")
+    obs, _ = env.reset(seed=0)
+    modes = set()
+    while True:
+        obs, _, terminated, truncated, info = env.step(agent.act(obs))
+        modes.add(info["mode"])
+        if terminated or truncated:
+            break
+    outside = _joint_run({"watermark": {"name": "joint_agent", "policy_path": str(tmp_path)},
+                          "eviction": {"name": "follow_mode"}})
+    assert same(outside, info["metrics"]) and outside["policy_errors"] == 0
+    assert modes == {"recompute", "swap"}             # the untrained agent tries both: the mode is carried too
+
+
+def test_joint_agent_without_follow_mode_fails_naming_the_setting():
+    from omegaconf import OmegaConf
+
+    from kvrl.builder import build_engine
+    from kvrl.plugins.base import PreemptionMode
+    from kvrl.plugins.joint import JointAgentWatermark, mode_channel
+
+    env_id, cfg = load_task("joint", [*SMALL, *JOINT])
+    cfg.run["eviction"] = {"name": "lifo", "mode": "swap"}
+    with pytest.raises(ValueError, match="follow_mode"):
+        gym.make(env_id, config=cfg)
+    env = make("joint", *JOINT).unwrapped
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="watermark-mode"):
+        env.step(12)                                  # 2 x 6 bins: 0..11
+    assert isinstance(env.plugin, JointAgentWatermark) and mode_channel(env.driver.engine.view).followed
+    engine = build_engine(OmegaConf.create({**cfg.run, "watermark": {"name": "joint_agent"},
+                                            "eviction": {"name": "lifo"}}), record_steps=False)
+    with pytest.raises(RuntimeError, match="eviction=follow_mode"):     # its modes would be ignored
+        engine.watermark.set_action(0.01, PreemptionMode.SWAP)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from kvrl import plugins
+from kvrl.envs.agent_io import JOINT_SLOTS
 
 log = logging.getLogger("kvrl.eval")
 
@@ -35,7 +36,11 @@ COMPETITOR_KINDS = ("heuristic", "val-best", VAL_TUNED)   # what an agent has to
 
 
 def label_of(plugin: Mapping[str, Any]) -> str:
-    """``name(k=v, ...)`` of a plugin config (``name`` alone without parameters)."""
+    """``name(k=v, ...)`` of a plugin config (``name`` alone without parameters); of a joint
+    policy (a plugin per slot of :data:`~kvrl.envs.agent_io.JOINT_SLOTS`), the slots' labels
+    joined by `` + ``."""
+    if "name" not in plugin and set(plugin) == set(JOINT_SLOTS):
+        return " + ".join(label_of(plugin[slot]) for slot in JOINT_SLOTS)
     params = ", ".join(f"{k}={v}" for k, v in plugin.items() if k != "name")
     return f"{plugin['name']}({params})" if params else str(plugin["name"])
 
@@ -116,10 +121,13 @@ def tune_on_val(kind: str, baselines: Sequence[Mapping[str, Any]], tune: Optiona
     return tuned, results
 
 
-def oracle_on_test(sweep: Sequence[float], runner: Runner) -> tuple[str, list[dict], list[dict]]:
+def oracle_on_test(sweep: Sequence[float], runner: Runner,
+                   points: Optional[Sequence[dict]] = None) -> tuple[str, list[dict], list[dict]]:
     """``(oracle label, the oracle's test runs relabelled as kind oracle, every sweep test run)``:
-    the fixed watermark of ``sweep`` with the best mean test goodput."""
-    points = [{"name": "fixed", "fraction": float(f)} for f in sweep]
+    the fixed watermark of ``sweep`` with the best mean test goodput (or the best of ``points``,
+    plugin configs labelled by the runner's results, when given: the joint task's pairs)."""
+    if points is None:
+        points = [{"name": "fixed", "fraction": float(f)} for f in sweep]
     results = runner([(label_of(p), p) for p in points], "test", "sweep")
     best = best_of(points, results)
     label = f"{label_of(best)} [{ORACLE}: best constant on test]"

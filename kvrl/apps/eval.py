@@ -45,14 +45,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl.apps import sim_beside, tracking
-from kvrl.apps.baselines import VAL_TUNED, oracle_on_test, strongest_competitor, tune_on_val
+from kvrl.apps.baselines import VAL_TUNED, label_of, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
 from kvrl.apps.scenario import describe_differences, newest_agent, task_differences
 from kvrl.apps.schema import validate_config
-from kvrl.envs.agent_io import ROLES, model_path, read_meta
+from kvrl.envs.agent_io import JOINT_SLOTS, ROLES, model_path, read_meta
 from kvrl.envs.config import describe_workload, env_config_from_app
 
 log = logging.getLogger("kvrl.eval")
@@ -80,16 +80,14 @@ class Job:
     trace: bool = False
 
 
-def label_of(plugin: dict) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in plugin.items() if k != "name")
-    return f"{plugin['name']}({params})" if params else plugin["name"]
-
-
 def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
     """The run config of ``job``: the scenario with the policy in the ``role`` slot, the job's
     split and seed, and the seeded resample."""
     cfg = copy.deepcopy(run)
-    cfg[role] = dict(job.policy.plugin)
+    if role == "joint":             # kvrl/WatermarkMode-v0: a plugin per slot
+        cfg.update({slot: dict(job.policy.plugin[slot]) for slot in JOINT_SLOTS})
+    else:
+        cfg[role] = dict(job.policy.plugin)
     cfg["seed"] = job.seed
     wl = cfg["workload"]
     wl.update(split=job.split, seed=job.seed)
@@ -265,7 +263,10 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
         if trained_on != run["backend"]["name"]:     # the executor, not the scenario: said, not flagged
             notes.append(f"{label} was trained on the {trained_on} backend and runs here on the "
                          f"{run['backend']['name']} backend")
-        policies.append(Policy(label, "agent", {"name": "agent", "policy_path": str(path)}))
+        plugin = {"name": "agent", "policy_path": str(path)}
+        if role == "joint":          # the joint agent decides the mode that the scenario's follow_mode applies
+            plugin = {"watermark": {"name": "joint_agent", "policy_path": str(path)}, "eviction": dict(run["eviction"])}
+        policies.append(Policy(label, "agent", plugin))
     return policies, notes
 
 
@@ -275,9 +276,18 @@ def sim_backend() -> dict:
     return OmegaConf.to_container(OmegaConf.load(Path(conf.__file__).parent / "backend" / "sim.yaml"))
 
 
+def sweep_plugins(role: str, sweep: Sequence[float]) -> list[dict]:
+    """The constants of ``sweep``: fixed watermarks, or for the joint task (watermark, mode) pairs
+    (fixed watermark, LIFO victim with that mode)."""
+    fixed = [{"name": "fixed", "fraction": float(f)} for f in sweep]
+    if role != "joint":
+        return fixed
+    return [{"watermark": w, "eviction": {"name": "lifo", "mode": mode}} for w in fixed for mode in ("recompute", "swap")]
+
+
 def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resample: Optional[float],
-                workers: int, val_pick: str = "same") -> tuple[Policy, list[dict]]:
-    """The fixed watermark of ``sweep`` with the best mean goodput on ``val``, and the sweep's runs.
+                workers: int, val_pick: str = "same", role: str = "watermark") -> tuple[Policy, list[dict]]:
+    """The constant of ``sweep`` (:func:`sweep_plugins`) with the best mean goodput on ``val``, and the sweep's runs.
     ``val_pick=sim`` runs the sweep on the sim backend (same model, device and scenario; its
     step-time profile when one matches) whatever the evaluation's backend, so that a live
     evaluation spends no accelerator time on it."""
@@ -287,9 +297,9 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
     if val_pick == "sim" and run["backend"]["name"] != "sim":
         run = {**run, "backend": sim_backend()}
         tag = "val-best in sim"
-    plugins = [{"name": "fixed", "fraction": float(f)} for f in sweep]
+    plugins = sweep_plugins(role, sweep)
     jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
-    results = run_jobs(run, "watermark", jobs, resample, workers, chunk=len(plugins))
+    results = run_jobs(run, role, jobs, resample, workers, chunk=len(plugins))
     goodput = {label_of(p): np.mean([r["goodput_tok_s"] for r in results if r["policy"] == label_of(p)])
                for p in plugins}
     best = max(plugins, key=lambda p: goodput[label_of(p)])     # the first of equals
@@ -322,8 +332,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     if role == "watermark" and cfg.fixed_best is not None:
         best = {"name": "fixed", "fraction": float(cfg.fixed_best)}
         policies.append(Policy(f"{label_of(best)} [val-best, given]", "val-best", best))
-    elif role == "watermark" and cfg.sweep:
-        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick)
+    elif role in ("watermark", "joint") and cfg.sweep:
+        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick, role)
         results += sweep_results
         policies.append(best)
 
@@ -346,8 +356,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
                             live_warmup=cfg.live_warmup)
     results += test_results
     oracle = None
-    if role == "watermark" and cfg.oracle and cfg.sweep:     # a reference line, not a competitor
-        oracle, oracle_runs, sweep_test = oracle_on_test(list(cfg.sweep), runner)
+    if role in ("watermark", "joint") and cfg.oracle and cfg.sweep:     # a reference line, not a competitor
+        oracle, oracle_runs, sweep_test = oracle_on_test(list(cfg.sweep), runner, sweep_plugins(role, cfg.sweep))
         results += sweep_test
         test_results += oracle_runs
     competitor = strongest_competitor(test_results)

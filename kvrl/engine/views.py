@@ -77,9 +77,10 @@ class SeqView:
 
 
 class EngineView:
-    """The engine as a policy sees it. Block counts are GPU blocks unless named ``cpu``."""
+    """The engine as a policy sees it. Block counts are GPU blocks unless named ``cpu``. Weakly
+    referenceable: a plugin may key per-engine state on its view (kvrl.plugins.joint)."""
 
-    __slots__ = ("__engine",)
+    __slots__ = ("__engine", "__weakref__")
 
     def __init__(self, engine: "Engine") -> None:
         self.__engine = engine
@@ -104,6 +105,10 @@ class EngineView:
     recomputed_tokens = property(lambda self: self.__engine.metrics.recomputed_tokens)
     swapped_out_blocks = property(lambda self: self.__engine.metrics.swapped_out_blocks)
     swapped_in_blocks = property(lambda self: self.__engine.metrics.swapped_in_blocks)
+    prompt_tokens_looked_up = property(lambda self: self.__engine.metrics.prompt_tokens_looked_up)  # prefix cache
+    prompt_tokens_hit = property(lambda self: self.__engine.metrics.prompt_tokens_hit)   # ... of those, found cached
+    num_cached_blocks = property(lambda self: self.__engine.prefix_cache.num_cached)    # blocks in the prefix cache
+    num_cached_free_blocks = property(lambda self: self.__engine.prefix_cache.num_evictable)  # ... held by no one
     slo_ttft_s = property(lambda self: self.__engine.metrics.default_slo_ttft_s)   # the run's TTFT SLO (s) or None
     slo_tpot_s = property(lambda self: self.__engine.metrics.default_slo_tpot_s)   # the run's TPOT SLO (s) or None
 
