@@ -16,6 +16,7 @@ import pytest
 
 from kvrl import plugins
 from kvrl.apps import attack
+from kvrl.attacks import scoring
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
 from tests.helpers import make_engine, make_request
@@ -41,15 +42,15 @@ def attack_cfg(command: str, *overrides: str):
     ([[8, 2], [1, 5]], 0.034965034965034975), ([[3, 1], [1, 3]], 0.48571428571428565),
     ([[10, 0], [0, 10]], 1.082508822446903e-05), ([[5, 5], [5, 5]], 1.0), ([[0, 7], [4, 2]], 0.02097902097902098)])
 def test_fisher_exact_matches_reference(table, expected):
-    assert attack.fisher_exact_p(table) == pytest.approx(expected, rel=1e-9)
+    assert scoring.fisher_exact_p(table) == pytest.approx(expected, rel=1e-9)
 
 
 def test_two_means_threshold_is_label_free_and_exact():
     x = np.array([1.0, 1.1, 0.9, 5.0, 5.2, 4.8, 1.05])
-    thr = attack.two_means_threshold(x)
+    thr = scoring.two_means_threshold(x)
     assert 1.1 < thr < 4.8
-    assert attack.two_means_threshold(np.full(5, 2.0)) == 2.0           # no spread: all "fast"
-    score = attack.score_probes(np.array([1, 1, 1, 9, 9, 9.0]), np.array([1, 1, 1, 0, 0, 0], bool), resamples=200)
+    assert scoring.two_means_threshold(np.full(5, 2.0)) == 2.0           # no spread: all "fast"
+    score = scoring.score_probes(np.array([1, 1, 1, 9, 9, 9.0]), np.array([1, 1, 1, 0, 0, 0], bool), resamples=200)
     assert score["accuracy"] == 1.0 and score["auc"] == 1.0 and score["gap_s"] == 8.0
 
 
@@ -134,7 +135,7 @@ def _old_salt_rule(scope, tenant, salt):
 
 def test_xxh3_model_matches_xxhash_and_a_forged_block_hits_its_target():
     import xxhash
-    from kvrl.apps.forge import forge_block, xxh3_block_hash
+    from kvrl.attacks.forge import forge_block, xxh3_block_hash
     rng = np.random.default_rng(3)
     blocks = rng.integers(0, 151_936, (20, 16))
     for seed in (0, 2**64 - 5):
@@ -188,7 +189,7 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     collide exactly as xxh3 does (monkeypatched), the hit check sees other tokens and refuses:
     no reuse, one failure counted, and the victim's cached blocks are left in place. In each of
     the three prefix caches: the check is the allocator's, not the policy's."""
-    from kvrl.apps.forge import forge_prefix
+    from kvrl.attacks.forge import forge_prefix
     from kvrl.engine.allocators import cache_salt
     from kvrl.engine.hashing import BlockHasher
     victim = np.random.default_rng(5).integers(0, 1000, 48).astype(np.int32)

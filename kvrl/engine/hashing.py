@@ -15,7 +15,7 @@ as far as the hash is collision resistant. ``engine.prefix_hash`` picks the hash
   identities are computable by anyone, which matters only if they leak.
 * ``xxh3``: the pre-#14 identity, unkeyed 64-bit XXH3. Fast but forgeable: a generalized-birthday
   search finds a block with a chosen identity in well under a second
-  (:mod:`kvrl.apps.forge`). It is kept only as the vulnerable baseline of ``kvrl-attack`` and for
+  (:mod:`kvrl.attacks.forge`). It is kept only as the vulnerable baseline of ``kvrl-attack`` and for
   the speed comparison, and it is never checked on a hit (see :attr:`BlockHasher.checked`).
 
 Block identities are internal: with a collision-resistant hash no result depends on their values,
