@@ -428,3 +428,26 @@ def test_joint_agent_without_follow_mode_fails_naming_the_setting():
                                             "eviction": {"name": "lifo"}}), record_steps=False)
     with pytest.raises(RuntimeError, match="eviction=follow_mode"):     # its modes would be ignored
         engine.watermark.set_action(0.01, PreemptionMode.SWAP)
+
+
+# ---------------------------------------------------------------- multi-tenant shared prefixes, task (c)
+def test_prefix_features_extend_the_observation_behind_their_flag():
+    """features.prefix appends the prefix cache's hit rate, cached and reclaimable cached blocks
+    after the existing features, which stay as they were (committed agents keep their inputs)."""
+    from kvrl.envs.features import ENGINE_FEATURES, HISTORY_FEATURES, PREFIX_FEATURES
+
+    small = ["workload.horizon_s=3", "env.episode.split=null", "env.episode.window_s=null",
+             "env.episode.rate_scales=null", "env.episode.step_time_sigma=0.0"]
+    _, cfg = load_task("tenants")
+    assert cfg.features.prefix and cfg.run["engine"]["prefix_cache_scope"] == "tenant"
+    on, off = (gym.make("kvrl/Watermark-v0", config=load_task("tenants", [*small, *extra])[1])
+               for extra in ([], ["env.features.prefix=false"]))
+    n = len(ENGINE_FEATURES) + len(HISTORY_FEATURES)
+    assert on.observation_space.shape == (n + len(PREFIX_FEATURES),) and off.observation_space.shape == (n,)
+    with_prefix, _, info = rollout(on, seed=0, action=1)
+    stacked = np.stack(with_prefix)
+    np.testing.assert_array_equal(stacked[:, :n], np.stack(rollout(off, seed=0, action=1)[0]))
+    hit, cached, free = (stacked[:, n + i] for i in range(3))
+    assert np.all((stacked >= 0) & (stacked <= 1))
+    assert hit.max() > 0.3 and info["metrics"]["prefix_hit_rate"] > 0.3     # the tenants' system prompts hit
+    assert cached.max() > 0 and np.all(free <= cached) and free.max() > 0

@@ -74,6 +74,8 @@ def tuning_grids(kind: str, baselines: Sequence[Mapping[str, Any]],
     is not run (logged, so that a shorter ``baselines`` list needs no matching ``tune``); an
     unknown plugin name, or one that two baselines share, raises ``ValueError`` naming the key."""
     out = {}
+    if not tune:                # nothing to tune (the joint task, whose kind is no plugin kind, has no grids)
+        return out
     known = plugins.available(kind)
     for name, grid in (tune or {}).items():
         key = f"tune.{kind}.{name}"
