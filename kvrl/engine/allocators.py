@@ -1,6 +1,7 @@
 """Builds the allocator selected by ``engine.allocator`` and sizes requests for admission checks."""
 from __future__ import annotations
 
+from functools import lru_cache, partial
 from typing import Callable, Optional, Union
 
 from kvrl.engine.config import EngineConfig
@@ -30,9 +31,10 @@ def cache_salt(scope: str, tenant: str, salt: Optional[str]) -> bytes:
 
 def _salt_fn(scope: str) -> Callable[[Sequence], bytes]:
     cache_salt(scope, "", None)                     # validates the scope once
+    encoded = lru_cache(maxsize=4096)(partial(cache_salt, scope))   # the few (tenant, salt) pairs of a run
     def salt(seq: Sequence) -> bytes:
         req = seq.request
-        return cache_salt(scope, req.tenant, req.cache_salt)
+        return encoded(req.tenant, req.cache_salt)
     return salt
 
 

@@ -12,7 +12,7 @@ import bisect
 from typing import Callable
 
 from kvrl.engine.paged_allocator import OutOfBlocks, PrefixMatch
-from kvrl.engine.request import Request, Sequence
+from kvrl.engine.request import Request, Sequence, SeqStatus
 
 
 def reserved_tokens(reserve: str, request: Request, max_model_len: int) -> int:
@@ -125,6 +125,12 @@ class ContiguousAllocator:
     def extend(self, seq: Sequence, upto: int) -> list[tuple[int, int]]:
         assert upto <= len(seq.block_table) * self.block_size, "contiguous reservation exceeded"
         return []
+
+    def on_batch_computed(self, items) -> None:
+        """:meth:`on_computed` for each item of an executed batch whose sequence is still running."""
+        for item in items:
+            if item.seq.status is SeqStatus.RUNNING:
+                self.on_computed(item.seq, item.start, item.start + item.num_tokens)
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
         bs = self.block_size

@@ -405,14 +405,26 @@ class Engine:
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> tuple[int, bool]:
         alloc = self.allocator
         needs_blocks, append = alloc.needs_blocks, batch.seqs.append
+        bs = self.config.block_size
+        refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
         running = self.running
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             computed = seq.num_computed
-            num_tokens = seq.request.prompt_len + len(seq.output_token_ids)
+            outputs = seq.output_token_ids
+            request = seq.request
+            num_tokens = request.prompt_len + len(outputs)
             k = num_tokens - computed
+            if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
+                if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
+                        else len(seq.block_table) * bs > computed:
+                    append(ScheduledSeq(seq, computed, 1, request.n if request.n > 1 and not outputs
+                                        and seq.parent_seq_id is None else 1))
+                    budget -= 1
+                    i += 1
+                    continue
             if k > budget:
                 k = budget
             upto = computed + k
@@ -632,6 +644,38 @@ class Engine:
 
     def apply(self, batch: ScheduledBatch, sampled: list[list[int]], errors: Optional[dict[int, str]] = None) -> None:
         """Record the executed batch: computed tokens, sampled tokens, forks, finishes, failures."""
+        if errors:
+            self._apply_with_errors(batch, sampled, errors)
+            return
+        done: list[Sequence] = []
+        running, now = SeqStatus.RUNNING, self.now
+        # the block pool first, for the whole batch in one call (the order of its bookkeeping across
+        # sequences does not matter: forks below only add references to blocks already held)
+        self.allocator.on_batch_computed(batch.seqs)
+        for item, tokens in zip(batch.seqs, sampled):
+            seq = item.seq
+            if seq.status is not running:
+                continue
+            seq.num_computed = item.start + item.num_tokens
+            if not tokens:
+                continue
+            if seq.first_token_s < 0:
+                seq.first_token_s = now
+                self._groups[seq.request.request_id].record.first_token_s = now
+            outputs = seq.output_token_ids
+            outputs.append(tokens[0])
+            if len(outputs) >= seq.request.output_len:
+                done.append(seq)
+            if len(tokens) > 1:
+                done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
+        for seq in done:
+            if seq.status is running:
+                self._finish(seq)
+        if done:
+            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+
+    def _apply_with_errors(self, batch: ScheduledBatch, sampled: list[list[int]], errors: dict[int, str]) -> None:
+        """:meth:`apply` item by item, aborting the requests of failed items as they come."""
         done: list[Sequence] = []
         on_computed, running, now = self.allocator.on_computed, SeqStatus.RUNNING, self.now
         for idx, (item, tokens) in enumerate(zip(batch.seqs, sampled)):

@@ -104,21 +104,27 @@ class BlockHasher:
         h.update(salt)
         return h.digest()
 
-    def extend(self, hashes: list, tokens: np.ndarray, block_size: int, num_blocks: int, salt: bytes,
-               offset: int = 0) -> None:
+    def extend(self, hashes: list, tokens: Union[np.ndarray, bytes], block_size: int, num_blocks: int,
+               salt: Optional[bytes], offset: int = 0) -> None:
         """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of the sequence
         whose token ids from position ``offset`` on are ``tokens`` (``offset`` at most
-        ``len(hashes) * block_size``; ``tokens`` reach position ``num_blocks * block_size``)."""
+        ``len(hashes) * block_size``; ``tokens`` reach position ``num_blocks * block_size``):
+        an array of ids, or their :func:`block_bytes` already. ``salt`` is read only when
+        ``hashes`` is empty (the chain's root); it may be None otherwise."""
         start = len(hashes)
         if start >= num_blocks:
             return
         if offset > start * block_size:
             raise ValueError(f"tokens start at position {offset}, after the first block to hash ({start * block_size})")
-        parent = hashes[-1] if hashes else self.root(salt)
+        first, end = start * block_size - offset, num_blocks * block_size - offset
+        if isinstance(tokens, bytes):
+            buf = memoryview(tokens)[first * 8:end * 8]
+        else:
+            buf = memoryview(block_bytes(tokens[first:end]))
         width = block_size * 8
-        buf = memoryview(np.ascontiguousarray(tokens[start * block_size - offset:num_blocks * block_size - offset],
-                                              dtype="<i8"))
-        buf = buf.cast("B")
+        if len(buf) != (num_blocks - start) * width:
+            raise ValueError(f"token ids reach position {offset + len(buf) // 8}, not {num_blocks * block_size}")
+        parent = hashes[-1] if hashes else self.root(salt)
         append = hashes.append
         if self.name == "xxh3":
             digest = xxhash.xxh3_64_intdigest

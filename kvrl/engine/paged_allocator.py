@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from kvrl.engine.hashing import BlockHasher, block_bytes
-from kvrl.engine.request import Sequence
+from kvrl.engine.hashing import BlockHasher
+from kvrl.engine.request import Sequence, SeqStatus
 from kvrl.plugins.base import PrefixCachePolicy
 
 
@@ -158,8 +158,8 @@ class PagedAllocator:
         done = len(seq.block_hashes)
         if done < num_full_blocks:     # only the new blocks' tokens (a long history is not re-read per block)
             bs = self.block_size
-            tokens = seq.token_slice(done * bs, num_full_blocks * bs)
-            self._hasher.extend(seq.block_hashes, tokens, bs, num_full_blocks, self._salt(seq), offset=done * bs)
+            self._hasher.extend(seq.block_hashes, seq.token_bytes(done * bs, num_full_blocks * bs), bs,
+                                num_full_blocks, None if done else self._salt(seq), offset=done * bs)
 
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
         """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute.
@@ -183,7 +183,7 @@ class PagedAllocator:
                 break
             if self._checked:
                 if data is None:
-                    data = block_bytes(seq.token_slice(0, max_blocks * bs))
+                    data = seq.token_bytes(0, max_blocks * bs)
                     salt = self._salt(seq)
                 parent, tokens, block_salt = self._registered_identity(block)
                 if (parent != (hashes[i - 1] if i else None) or block_salt != salt
@@ -203,8 +203,7 @@ class PagedAllocator:
         if type(record[1]) is int:
             src, i = record
             bs = self.block_size
-            record = (src.block_hashes[i - 1] if i else None, block_bytes(src.token_slice(i * bs, (i + 1) * bs)),
-                      self._salt(src))
+            record = (src.block_hashes[i - 1] if i else None, src.token_bytes(i * bs, (i + 1) * bs), self._salt(src))
             self._identity[block] = record
         return record
 
@@ -277,6 +276,28 @@ class PagedAllocator:
             for _ in range(need - take):
                 table.append(self._allocate())
         return copies
+
+    def on_batch_computed(self, items) -> None:
+        """:meth:`on_computed` for each :class:`~kvrl.engine.batch.ScheduledSeq` of an executed
+        batch whose sequence is still running (tokens ``[start, start + num_tokens)``), in batch
+        order. One decode token inside a block, most of a step, is counted here without a call."""
+        bs, fill, running = self.block_size, self._fill, SeqStatus.RUNNING
+        added = 0
+        for item in items:
+            seq = item.seq
+            if seq.status is not running:
+                continue
+            old = item.start
+            if item.num_tokens == 1:
+                f = (old + 1) % bs
+                if f:
+                    block = seq.block_table[old // bs]
+                    if fill[block] < f:
+                        added += f - fill[block]
+                        fill[block] = f
+                    continue
+            self.on_computed(seq, old, old + item.num_tokens)
+        self._tokens_in_use += added
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
         """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks."""

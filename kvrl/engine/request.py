@@ -6,10 +6,14 @@ A :class:`Request` is immutable workload data. The engine turns it into one :cla
 from __future__ import annotations
 
 import enum
+import sys
+from array import array
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 class RequestRejected(ValueError):
@@ -125,6 +129,21 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)
+
+    def token_bytes(self, start: int, end: int) -> bytes:
+        """Token ids in positions ``[start, end)`` as little-endian int64 bytes (what
+        :func:`kvrl.engine.hashing.block_bytes` gives for :meth:`token_slice`), without an
+        intermediate array for the generated part."""
+        prompt = self.request.prompt_token_ids
+        plen = prompt.shape[0]
+        if end <= plen:
+            return prompt[start:end].astype("<i8").tobytes()
+        out = array("q", self.output_token_ids[max(start - plen, 0): end - plen])
+        if _BIG_ENDIAN:
+            out.byteswap()
+        if start >= plen:
+            return out.tobytes()
+        return prompt[start:].astype("<i8").tobytes() + out.tobytes()
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Token ids in positions ``[start, end)`` as an int64 array."""

@@ -236,17 +236,22 @@ class SimExecutor(Executor):
         """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
         n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = n_dec = dec_kv = dec_max = dec_shared = rows = 0
         sampled: list[list[int]] = []
+        append = sampled.append
         vocab, seed = self.model.vocab_size, self.seed
         for item in batch.seqs:
-            k, start = item.num_tokens, item.start
+            k, start, seq = item.num_tokens, item.start, item.seq
             if k == 1:
                 n_dec += 1
                 dec_kv += start + 1
                 if start >= dec_max:
                     dec_max = start + 1
-                cached = item.seq.shared_prefix_tokens
+                cached = seq.shared_prefix_tokens
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
+                if item.num_samples == 1:      # a decode's one token (the general case below, inlined)
+                    rows += 1
+                    append([(seq.seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab])
+                    continue
             else:
                 n_pre += 1
                 pre_tok += k
@@ -256,10 +261,10 @@ class SimExecutor(Executor):
                     pre_max_ctx = start + k
             if item.num_samples:
                 rows += 1
-                base = item.seq.seq_id * 2654435761 + (start + k) * 40503 + seed
-                sampled.append([(base + j * 97) % vocab for j in range(item.num_samples)])
+                base = seq.seq_id * 2654435761 + (start + k) * 40503 + seed
+                append([(base + j * 97) % vocab for j in range(item.num_samples)])
             else:
-                sampled.append([])
+                append([])
         m = self._step_model
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
