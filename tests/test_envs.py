@@ -261,15 +261,15 @@ def test_live_backend_episode_runs_on_cpu():
 
 
 # ---------------------------------------------------------------- the task suite (issue 17)
-SUITE = ("watermark", "preemption", "pressure", "phased")
+SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants")
 
 
 @pytest.mark.parametrize("task", SUITE)
 def test_every_task_uses_the_shipped_profile(task):
     _, cfg = load_task(task)
     assert cfg.run["backend"]["profile"] == "auto"
-    env = gym.make("kvrl/Watermark-v0" if task != "preemption" else "kvrl/Preemption-v0",
-                   config=load_task(task, ["workload.max_requests=5"])[1])
+    env_id, small = load_task(task, ["workload.horizon_s=5" if task == "tenants" else "workload.max_requests=5"])
+    env = gym.make(env_id, config=small)
     assert "archive" not in env.unwrapped.session.executor.cost_source
 
 
@@ -428,6 +428,23 @@ def test_joint_agent_without_follow_mode_fails_naming_the_setting():
                                             "eviction": {"name": "lifo"}}), record_steps=False)
     with pytest.raises(RuntimeError, match="eviction=follow_mode"):     # its modes would be ignored
         engine.watermark.set_action(0.01, PreemptionMode.SWAP)
+
+
+def test_kvrl_eval_puts_a_joint_policy_in_both_slots(tmp_path):
+    from kvrl.apps.eval import Job, Policy, agent_plugin, job_config, label_of, sweep_plugins
+
+    _, cfg = load_task("joint")
+    points = sweep_plugins("joint", [0.0, 0.1])
+    labels = [label_of(p) for p in points]
+    assert labels == ["fixed(fraction=0.0) + lifo(mode=recompute)", "fixed(fraction=0.0) + lifo(mode=swap)",
+                      "fixed(fraction=0.1) + lifo(mode=recompute)", "fixed(fraction=0.1) + lifo(mode=swap)"]
+    run = job_config(cfg.run, "joint", Job(Policy(labels[3], "sweep", points[3]), "val", 1), None)
+    assert run["watermark"] == {"name": "fixed", "fraction": 0.1} and run["eviction"] == {"name": "lifo", "mode": "swap"}
+    agent = job_config(cfg.run, "joint", Job(Policy("a", "agent", agent_plugin("joint", tmp_path, cfg.run)), "test", 0),
+                       None)
+    assert agent["watermark"] == {"name": "joint_agent", "policy_path": str(tmp_path)}
+    assert agent["eviction"]["name"] == "follow_mode"
+    assert sweep_plugins("watermark", [0.1]) == [{"name": "fixed", "fraction": 0.1}]
 
 
 # ---------------------------------------------------------------- multi-tenant shared prefixes, task (c)

@@ -245,6 +245,15 @@ def find_agents(specs: Sequence[str], env_id: str, train_dir: Path, run: dict) -
             for spec in specs]
 
 
+def agent_plugin(role: str, path: Path, run: dict) -> dict:
+    """The plugin config that runs the saved agent at ``path`` in the ``role`` slot; for the joint
+    task, its ``joint_agent`` watermark beside the scenario's ``follow_mode`` eviction plugin (which
+    applies the modes the agent decides)."""
+    if role == "joint":
+        return {"watermark": {"name": "joint_agent", "policy_path": str(path)}, "eviction": dict(run["eviction"])}
+    return {"name": "agent", "policy_path": str(path)}
+
+
 def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[Policy], list[str]]:
     """A policy per agent, and notes on agents trained on another scenario than ``run``."""
     role = ROLES[env_id]
@@ -263,10 +272,7 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
         if trained_on != run["backend"]["name"]:     # the executor, not the scenario: said, not flagged
             notes.append(f"{label} was trained on the {trained_on} backend and runs here on the "
                          f"{run['backend']['name']} backend")
-        plugin = {"name": "agent", "policy_path": str(path)}
-        if role == "joint":          # the joint agent decides the mode that the scenario's follow_mode applies
-            plugin = {"watermark": {"name": "joint_agent", "policy_path": str(path)}, "eviction": dict(run["eviction"])}
-        policies.append(Policy(label, "agent", plugin))
+        policies.append(Policy(label, "agent", agent_plugin(role, path, run)))
     return policies, notes
 
 

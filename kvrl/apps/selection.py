@@ -22,7 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from kvrl.apps.eval import Job, Policy, run_jobs
+from kvrl.apps.eval import Job, Policy, agent_plugin, run_jobs
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
 from kvrl.apps.scenario import describe_differences, task_differences
@@ -69,7 +69,7 @@ def select(cfg: DictConfig, out_dir: Path) -> list[dict]:
                         describe_differences(diff))
     workload = describe_workload(run["workload"])
     log.info("scoring %d agent(s) on the whole %s split of %s, seed %d", len(paths), cfg.split, workload, cfg.seed)
-    jobs = [Job(Policy(str(p), "agent", {"name": "agent", "policy_path": str(p)}), cfg.split, int(cfg.seed))
+    jobs = [Job(Policy(str(p), "agent", agent_plugin(role, p, run)), cfg.split, int(cfg.seed))
             for p in paths]
     results = run_jobs(run, role, jobs, None, int(cfg.workers))
     rows = sorted(({**{k: r[k] for k in COLUMNS if k != "path"}, "path": r["policy"], "split": cfg.split,
