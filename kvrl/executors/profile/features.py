@@ -1,0 +1,49 @@
+"""What the step model reads from a :class:`~kvrl.engine.batch.ScheduledBatch`: the forward-pass
+features (:data:`FEATURES`, defined in :mod:`kvrl.executors.profile`) and the host-work counters.
+"""
+from __future__ import annotations
+
+
+FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", "dec_kv", "dec_max", "dec_shared",
+            "rows", "copies", "swap_out", "swap_in")
+
+
+#: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
+FORWARD_FEATURES = FEATURES[:10]
+
+
+#: what the engine did on the host around a step (the :class:`~kvrl.engine.batch.ScheduledBatch`
+#: counters): priced by the host model, not the forward pass
+HOST_WORK = ("n_admit", "n_preempt", "n_finish", "n_wait", "pre_tok")
+
+
+HOST_WORK_TERMS = ("per_admit", "per_preempt", "per_finish", "per_waiting", "per_prefill_token")
+
+
+def batch_features(batch) -> dict[str, int]:
+    """The :data:`FEATURES` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
+    f = dict.fromkeys(FEATURES, 0)
+    for item in batch.seqs:
+        k, start = item.num_tokens, item.start
+        if k == 1:
+            f["n_dec"] += 1
+            f["dec_kv"] += start + 1
+            f["dec_max"] = max(f["dec_max"], start + 1)
+            f["dec_shared"] += min(item.seq.shared_prefix_tokens, start + 1)
+        else:
+            f["n_pre"] += 1
+            f["pre_tok"] += k
+            f["pre_pairs"] += k * start + k * (k + 1) // 2
+            f["pre_ctx"] += start + k
+            f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
+        if item.num_samples:
+            f["rows"] += 1
+    f["copies"], f["swap_out"], f["swap_in"] = len(batch.copies), len(batch.swap_out), len(batch.swap_in)
+    return f
+
+
+def host_work(batch) -> dict[str, int]:
+    """The :data:`HOST_WORK` counters of a :class:`~kvrl.engine.batch.ScheduledBatch` (``pre_tok``,
+    the prefill tokens whose full blocks the engine hashes after the step, as in :func:`batch_features`)."""
+    return {"n_admit": batch.num_admitted, "n_preempt": batch.num_preempted, "n_finish": batch.num_finished,
+            "n_wait": batch.num_waiting, "pre_tok": sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)}

@@ -1,0 +1,165 @@
+"""Fitting helpers of the step model: non-negative least squares (:func:`scipy.optimize.nnls`) on
+relative error, knots and hat bases of piecewise-linear terms, the max-affine host-bound floor,
+the host model, and relative-error summaries.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import scipy.optimize
+
+from kvrl.executors.profile.features import HOST_WORK, HOST_WORK_TERMS
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares ``argmin ||A x - b||, x >= 0`` (:func:`scipy.optimize.nnls`,
+    Lawson-Hanson). Where columns of ``A`` are exactly collinear the minimiser is not unique and
+    the split between them is the solver's; ``A @ x`` is the same."""
+    return scipy.optimize.nnls(np.asarray(A, dtype=np.float64), np.asarray(b, dtype=np.float64))[0]
+
+
+def choose_knots(values: Iterable[float], max_knots: int = 10, min_ratio: float = 1.4) -> list[float]:
+    """Knots for a piecewise-linear term over ``values``: the distinct values, keeping only those at
+    least ``min_ratio`` times the previous kept one (clusters like 128/132/144 from mixed steps
+    would otherwise get a knot each and overfit), thinned to ``max_knots`` evenly on a log scale;
+    the smallest and the largest value are always knots."""
+    vals = sorted({float(v) for v in values if v > 0})
+    if len(vals) <= 2:
+        return vals
+    kept = [vals[0]]
+    for v in vals[1:-1]:
+        if v >= kept[-1] * min_ratio:
+            kept.append(v)
+    if vals[-1] < kept[-1] * min_ratio and len(kept) > 1:
+        kept[-1] = vals[-1]
+    else:
+        kept.append(vals[-1])
+    if len(kept) <= max_knots:
+        return kept
+    logs = np.log(kept)
+    targets = np.linspace(logs[0], logs[-1], max_knots)
+    picked = sorted({int(np.argmin(np.abs(logs - t))) for t in targets})
+    return [kept[i] for i in picked]
+
+
+def hat_basis(knots: Sequence[float], x: np.ndarray) -> np.ndarray:
+    """``[len(x), len(knots)]`` weights of piecewise-linear interpolation between ``knots``
+    (clamped below the first knot, linear extrapolation beyond the last)."""
+    x = np.asarray(x, dtype=np.float64)
+    k = np.asarray(knots, dtype=np.float64)
+    out = np.zeros((x.shape[0], k.shape[0]))
+    if k.shape[0] == 1:
+        out[:, 0] = 1.0
+        return out
+    for r, v in enumerate(x):
+        if v <= k[0]:
+            out[r, 0] = 1.0
+            continue
+        i = min(int(np.searchsorted(k, v, side="right")) - 1, k.shape[0] - 2)
+        u = (v - k[i]) / (k[i + 1] - k[i])
+        out[r, i], out[r, i + 1] = 1.0 - u, u
+    return out
+
+
+def _rel_errors(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return (pred - t) / np.maximum(t, 1e-12)
+
+
+def error_stats(pred: Sequence[float], t: Sequence[float]) -> dict[str, float]:
+    """Relative-error summary of predictions against measurements."""
+    e = _rel_errors(np.asarray(pred, float), np.asarray(t, float))
+    if e.size == 0:
+        return {"n": 0}
+    a = np.abs(e)
+    return {"n": int(e.size), "median_abs_rel_err": float(np.median(a)), "p90_abs_rel_err": float(np.percentile(a, 90)),
+            "max_abs_rel_err": float(a.max()), "mean_rel_err": float(e.mean()),
+            "total_rel_err": float((np.sum(pred) - np.sum(t)) / max(np.sum(t), 1e-12))}
+
+
+def column(samples: list[dict], name: str) -> np.ndarray:
+    return np.asarray([float(s.get(name, 0)) for s in samples], dtype=np.float64)
+
+
+def fit_weighted(columns: list[np.ndarray], t: np.ndarray) -> np.ndarray:
+    """NNLS of ``t ~ sum_j x_j * columns[j]`` on relative error, with column scaling."""
+    A = np.stack(columns, axis=1) / t[:, None]
+    scale = np.linalg.norm(A, axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(A / scale, np.ones_like(t))
+    return x / scale
+
+
+FLOOR_TERMS = ("base", "per_seq", "per_kv_token", "per_token")
+
+
+def _fit_max_once(A: np.ndarray, F: np.ndarray, t: np.ndarray, iters: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """Alternating-partition fit of ``t ~ max(F @ xf, A @ xq)`` (max-affine regression)."""
+    xq = fit_weighted(list(A.T), t)
+    low = t <= np.quantile(t, 0.3)          # start: the fastest steps are the host-bound ones
+    xf = fit_weighted(list(F[low].T), t[low])
+    obj = lambda xq_, xf_: float(np.sum(((np.maximum(F @ xf_, A @ xq_) - t) / t) ** 2))
+    best = (obj(xq, np.zeros_like(xf)), xq, np.zeros_like(xf))
+    mask = None
+    for _ in range(iters):
+        new = F @ xf > A @ xq
+        if mask is not None and np.array_equal(new, mask):
+            break
+        mask = new
+        if mask.sum() >= F.shape[1]:
+            xf = fit_weighted(list(F[mask].T), t[mask])
+        if (~mask).sum() >= 4:
+            xq = fit_weighted(list(A[~mask].T), t[~mask])
+        o = obj(xq, xf)
+        if o < best[0]:
+            best = (o, xq, xf)
+    return best[1], best[2]
+
+
+def fit_max(cols: list[np.ndarray], floor_cols: list[np.ndarray], t: np.ndarray,
+             folds: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Fit ``t ~ max(F, Q)`` with ``Q = cols @ x`` (the additive model) and ``F = floor_cols @ xf``
+    (a host-bound floor: eager steps of a small model on a GPU take max(CPU time to prepare inputs
+    and launch kernels, GPU time), as the GPU runs behind the CPU issuing its kernels), by
+    alternating partition: each sample goes to the larger piece, each piece is refitted by NNLS on
+    its samples, until the partition is stable. The max form is kept only if it lowers the
+    ``folds``-fold cross-validated relative squared error by 10% against the additive fit (on a CPU,
+    where nothing overlaps, it rarely does); otherwise ``xf = 0``."""
+    A = np.stack(cols, axis=1)
+    F = np.stack(floor_cols, axis=1)
+    x_add = fit_weighted(cols, t)
+    none = np.zeros(F.shape[1])
+    if len(t) < 4 * folds + 2 * F.shape[1]:
+        return x_add, none
+    fold = np.arange(len(t)) % folds
+    cv_add = cv_max = 0.0
+    for k in range(folds):
+        tr, te = fold != k, fold == k
+        xa = fit_weighted(list(A[tr].T), t[tr])
+        xq, xf = _fit_max_once(A[tr], F[tr], t[tr])
+        cv_add += float(np.sum(((A[te] @ xa - t[te]) / t[te]) ** 2))
+        cv_max += float(np.sum(((np.maximum(F[te] @ xf, A[te] @ xq) - t[te]) / t[te]) ** 2))
+    if cv_max > 0.9 * cv_add:
+        return x_add, none
+    return _fit_max_once(A, F, t)
+
+
+def fit_host(rows: Sequence[Sequence[float]]) -> dict:
+    """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
+    per_admit * n_admit + per_preempt * n_preempt + per_finish * n_finish + per_waiting * n_wait``
+    by NNLS on absolute error, refitted once without gaps more than 5 MADs above the first fit
+    (GC pauses, page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; rows of profiles
+    older than fit version 8 have only the first three (their host-work terms fit as zero)."""
+    names = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
+    if len(rows) < 3:
+        return dict.fromkeys(names, 0.0)
+    a = np.asarray([list(r) + [0.0] * (3 + len(HOST_WORK) - len(r)) for r in rows], dtype=np.float64)
+    A = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], a[:, 3:]])
+    y = a[:, 2]
+    x = nnls(A, y)
+    r = y - A @ x
+    mad = np.median(np.abs(r - np.median(r))) + 1e-9
+    keep = r < np.median(r) + 5 * mad
+    if keep.sum() >= 3:
+        x = nnls(A[keep], y[keep])
+    return {k: float(v) for k, v in zip(names, x)}

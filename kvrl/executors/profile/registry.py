@@ -1,0 +1,180 @@
+"""Profiles on disk: :class:`StepProfile` (load, save, refit) and the lookup of the profile that
+matches a model shape on a device (``profile=auto|none|<path>``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Union
+
+from kvrl.executors.hardware import DeviceSpec, ModelShape
+from kvrl.executors.profile.format import (FORMAT, LOADABLE_FIT_VERSIONS, VERSION, ProfileError, ProfileKey,
+                                           round_floats)
+from kvrl.executors.profile.model import StepModel, fit_model
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepProfile:
+    """A loaded profile: its key, metadata, samples and fitted model."""
+
+    key: ProfileKey
+    model: StepModel
+    meta: dict
+    samples: list
+    host_samples: list
+    fit_report: dict
+    raw_key: dict
+    path: Optional[str] = None
+    engine_samples: list = field(default_factory=list)   # the engine run's steps (engine_factor)
+
+    def matches(self, shape: ModelShape, device: Union[DeviceSpec, str]) -> bool:
+        return ProfileKey.of(shape, device) == self.key
+
+    def describe(self) -> str:
+        ho = self.fit_report.get("holdout", {})
+        err = f", held-out median error {ho['median_abs_rel_err']:.1%}" if ho.get("n") else ""
+        return f"{self.path or '<in memory>'} ({self.raw_key.get('gpu_name', self.key.device)}{err})"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "key": self.raw_key, "meta": self.meta,
+                "samples": self.samples, "host_samples": self.host_samples, "engine_samples": self.engine_samples,
+                "model": self.model.to_dict(), "fit": self.fit_report}
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(round_floats(self.to_dict()), separators=(",", ":")))
+        os.replace(tmp, path)
+        self.path = str(path)
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Optional[str] = None) -> "StepProfile":
+        if d.get("format") != FORMAT:
+            raise ProfileError(f"{path or 'profile'}: not a {FORMAT} file (format={d.get('format')!r})")
+        if int(d.get("version", 0)) > VERSION:
+            raise ProfileError(f"{path or 'profile'}: version {d.get('version')} is newer than this kvrl ({VERSION})")
+        raw_key = dict(d["key"])
+        model_d = d.get("model")
+        if model_d is None or int(model_d.get("fit_version", 0)) not in LOADABLE_FIT_VERSIONS:
+            model = fit_model(d["samples"], d.get("engine_samples", []), d.get("host_samples", ()), d.get("meta", {}))
+        else:
+            model = StepModel.from_dict(model_d)
+        return cls(ProfileKey.from_dict(raw_key), model, d.get("meta", {}), d.get("samples", []),
+                   d.get("host_samples", []), d.get("fit", {}), raw_key, path, d.get("engine_samples", []))
+
+    def refitted(self) -> "StepProfile":
+        """This profile with its model fitted again from its samples by this kvrl's fitting code."""
+        model = fit_model(self.samples, self.engine_samples, self.host_samples, self.meta)
+        return replace(self, model=model, path=f"{self.path} (refitted)" if self.path else None)
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "StepProfile":
+        path = os.fspath(path)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise ProfileError(f"profile file {path!r} does not exist (profile=auto|none|<path>)") from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, path)
+
+
+#: where ``profile: auto`` looks: the profiles shipped with kvrl, then ``$KVRL_PROFILE_PATH``
+#: (directories or files, separated by ``os.pathsep``).
+PACKAGED_DIR = Path(__file__).resolve().parents[1] / "profiles"
+
+
+ENV_PATH = "KVRL_PROFILE_PATH"
+
+
+_INDEX: Optional[list[tuple[str, ProfileKey, float, int]]] = None
+
+
+_LOADED: dict[str, StepProfile] = {}
+
+
+def clear_cache() -> None:
+    """Forget the scanned profile directories and loaded profiles (tests; new files)."""
+    global _INDEX
+    _INDEX = None
+    _LOADED.clear()
+
+
+def search_paths() -> list[Path]:
+    paths = [PACKAGED_DIR]
+    for p in os.environ.get(ENV_PATH, "").split(os.pathsep):
+        if p:
+            paths.append(Path(p).expanduser())
+    return paths
+
+
+def _index() -> list[tuple[str, ProfileKey, float, int]]:
+    """(path, key, created, block_size) of every readable profile on the search paths."""
+    global _INDEX
+    if _INDEX is None:
+        found = []
+        for root in search_paths():
+            files = sorted(root.glob("*.json")) if root.is_dir() else ([root] if root.is_file() else [])
+            for f in files:
+                try:
+                    with open(f) as fh:
+                        d = json.load(fh)
+                    if d.get("format") != FORMAT:
+                        continue
+                    meta = d.get("meta", {})
+                    found.append((str(f), ProfileKey.from_dict(d["key"]), float(meta.get("created", 0.0)),
+                                  int(meta.get("block_size", 16))))
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("ignoring unreadable profile %s: %s", f, exc)
+        _INDEX = found
+    return _INDEX
+
+
+def load_cached(path: str) -> StepProfile:
+    prof = _LOADED.get(path)
+    if prof is None:
+        prof = _LOADED[path] = StepProfile.load(path)
+    return prof
+
+
+def profile_file(spec: Union[str, os.PathLike]) -> str:
+    """A profile's file path: ``spec`` as given (absolute or relative to the working directory) or,
+    when no such file exists, relative to the shipped profiles directory (``archive/<name>.json``)."""
+    if not os.path.exists(spec) and (PACKAGED_DIR / spec).is_file():
+        return os.fspath(PACKAGED_DIR / spec)
+    return os.fspath(spec)
+
+
+def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
+                    block_size: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
+    """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
+    newest matching profile on :func:`search_paths`, preferring ``block_size``), ``"none"``/None
+    (roofline), a file path (absolute, relative to the working directory, or relative to the
+    shipped profiles directory, e.g. ``archive/<name>.json``), or a :class:`StepProfile`. A profile
+    for another device or shape is never used: the reason names the mismatching fields."""
+    want = ProfileKey.of(shape, device)
+    if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
+        return None, "profile disabled (profile=none)"
+    if isinstance(spec, str) and spec.lower() == "auto":
+        hits = [row for row in _index() if row[1] == want]
+        if not hits:
+            return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
+        hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
+        return load_cached(hits[-1][0]), "auto"
+    prof = spec if isinstance(spec, StepProfile) else load_cached(profile_file(spec))
+    if prof.key != want:
+        return None, f"profile {prof.path or '<in memory>'} is for another device/shape ({'; '.join(want.mismatch(prof.key))})"
+    return prof, "explicit"
+
+
+def now_stamp() -> float:
+    return time.time()
