@@ -1,0 +1,100 @@
+"""The CPEN 511 swap-in prefetching question on kvrl's own swap traces (issue #20, docs/tiers.md).
+
+1. ``traces``: swap-heavy sim workloads (swap preemption, a small pool) run with
+   :class:`~kvrl.analysis.swap_trace.SwapTraceRecorder`; one CSV per (workload, seed).
+2. ``predict``: the MLP and LSTM predictors of the next swapped-in sequence
+   (:mod:`kvrl.analysis.swap_predict`: regression of its id, classification of its swap-out
+   event in the history window) trained on the first seeds' traces and tested on the last's,
+   for each history window; beside them the FIFO rule (the engine's own swap-in order) and LIFO.
+3. ``plugin``: the proactive swap-in watermark (``watermark=swap_prefetch``, kvrl.plugins.swap_prefetch)
+   against the fixed watermark it extends, paired over seeds with 95% CIs (kvrl.analysis.stats).
+
+    python scripts/swap_prefetch_study.py --out runs/swap_prefetch [--seeds 0 1 2 3 4] [--windows 1 2 4 8 16]
+
+Writes ``traces/*.csv``, ``predictors.md``/``.json`` and ``plugin.md``/``.json`` under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+WORKLOADS = {
+    # long lognormal answers at a rate the pool cannot hold: many swap preemptions
+    "long_outputs": {"name": "synthetic", "num_requests": 300, "arrival": {"rate": 12.0},
+                     "prompt_len": {"dist": "uniform", "low": 64, "high": 512},
+                     "output_len": {"dist": "lognormal", "mean": 384.0, "cv": 1.0}},
+    # bursty (gamma cv 4) arrivals of the same
+    "bursty": {"name": "synthetic", "num_requests": 300, "arrival": {"process": "gamma", "rate": 6.0, "cv": 4.0},
+               "prompt_len": {"dist": "uniform", "low": 64, "high": 512},
+               "output_len": {"dist": "lognormal", "mean": 384.0, "cv": 1.0}},
+}
+ENGINE = {"num_blocks": 384, "block_size": 16, "num_cpu_blocks": 4096}
+
+
+def build_engine(seed: int, eviction: str = "lifo", watermark: str = "fixed", **wm_params):
+    from kvrl import plugins
+    from kvrl.engine.config import EngineConfig
+    from kvrl.engine.engine import Engine
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+    from kvrl.executors.sim import SimExecutor
+    ex = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], seed=seed, profile="auto")
+    cfg = EngineConfig(**ENGINE, seed=seed, prefix_hash_key="seed")
+    return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", watermark, **wm_params),
+                  plugins.create("eviction", eviction, mode="swap"), plugins.create("prefix_cache", "hash_lru"))
+
+
+def requests(name: str, seed: int, engine):
+    from kvrl.workloads import build_workload
+    return list(build_workload({**WORKLOADS[name], "seed": seed}, vocab_size=engine.executor.vocab_size,
+                               max_model_len=engine.config.max_model_len))
+
+
+def run_traces(out: Path, seeds: list[int]) -> dict:
+    from kvrl.analysis.swap_trace import SwapTraceRecorder, summary
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    info = {}
+    for name in WORKLOADS:
+        for seed in seeds:
+            engine = build_engine(seed)
+            rec = SwapTraceRecorder()
+            s = engine.run(requests(name, seed, engine), callbacks=[rec])
+            rec.write_csv(out / "traces" / f"{name}-{seed}.csv")
+            info[f"{name}-{seed}"] = {**summary(rec.events), "preemptions": s["preemptions"], "finished": s["finished"]}
+            print(f"trace {name} seed {seed}: {info[f'{name}-{seed}']}", flush=True)
+    return info
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--stages", nargs="+", default=["traces", "predict", "plugin"])
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    if "traces" in args.stages:
+        info = run_traces(out, args.seeds)
+        (out / "traces.json").write_text(json.dumps(info, indent=1))
+    if "predict" in args.stages:
+        from kvrl.analysis.swap_predict import accuracy_table, render
+        rows = accuracy_table(out / "traces", list(WORKLOADS), args.seeds, args.windows)
+        (out / "predictors.json").write_text(json.dumps(rows, indent=1))
+        (out / "predictors.md").write_text(render(rows) + "\n")
+        print(render(rows))
+    if "plugin" in args.stages:
+        from kvrl.plugins.swap_prefetch import plugin_study
+        text, rows = plugin_study(build_engine, requests, list(WORKLOADS), args.seeds)
+        (out / "plugin.json").write_text(json.dumps(rows, indent=1))
+        (out / "plugin.md").write_text(text + "\n")
+        print(text)
+    print(f"done in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
