@@ -67,6 +67,40 @@ def run_traces(out: Path, seeds: list[int]) -> dict:
     return info
 
 
+def plugin_study(build_engine, make_requests, workloads, seeds, fraction: float = 0.1) -> tuple[str, list[dict]]:
+    """``swap_prefetch`` (fifo, lifo) and ``fixed`` at ``fraction`` against ``fixed`` at the same
+    fraction on every workload, paired over ``seeds``: TTFT p50/p99, TPOT p99 and throughput, with
+    95% CIs and verdicts (:func:`kvrl.analysis.stats.paired_compare`). Returns (markdown, rows)."""
+    from kvrl.analysis.stats import paired_compare
+    settings = {"fixed": ("fixed", {"fraction": fraction}),
+                "swap_prefetch fifo": ("swap_prefetch", {"fraction": fraction, "predictor": "fifo"}),
+                "swap_prefetch lifo": ("swap_prefetch", {"fraction": fraction, "predictor": "lifo"})}
+    metrics = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "throughput_tok_s", "preemptions")
+    rows, lines = [], []
+    for name in workloads:
+        results = {s: {} for s in settings}
+        for seed in seeds:
+            for setting, (plugin, params) in settings.items():
+                engine = build_engine(seed, watermark=plugin, **params)
+                results[setting][seed] = engine.run(make_requests(name, seed, engine))
+        lines += [f"**{name}** (fraction {fraction}, seeds {list(seeds)}; mean of fixed, then each setting's paired "
+                  f"difference with its 95% CI, % change, p and verdict)", "",
+                  "| setting | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+        base = results["fixed"]
+        lines.append("| fixed (mean) | " + " | ".join(
+            f"{sum(base[s][m] for s in seeds) / len(seeds):.4g}" for m in metrics) + " |")
+        for setting in list(settings)[1:]:
+            cells = []
+            for m in metrics:
+                c = paired_compare({s: results[setting][s][m] for s in seeds}, {s: base[s][m] for s in seeds}, m)
+                rows.append({"workload": name, "setting": setting, "metric": m, "delta": c.delta, "ci": c.delta_ci,
+                             "pct": c.pct_change, "p": c.p_value, "verdict": c.verdict, "n": c.n})
+                cells.append(f"{c.delta:+.3g} ± {c.delta_ci:.2g} ({c.pct_change:+.1f}%, p {c.p_value:.2g}, {c.verdict})")
+            lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -87,7 +121,6 @@ def main(argv=None) -> int:
         (out / "predictors.md").write_text(render(rows) + "\n")
         print(render(rows))
     if "plugin" in args.stages:
-        from kvrl.plugins.swap_prefetch import plugin_study
         text, rows = plugin_study(build_engine, requests, list(WORKLOADS), args.seeds)
         (out / "plugin.json").write_text(json.dumps(rows, indent=1))
         (out / "plugin.md").write_text(text + "\n")
