@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from kvrl.apps.profile_app import BatchFactory
 from kvrl.executors.live_build import build_live
+from kvrl.profiling.batches import BatchFactory
 
 SHAPES = {
     "prefill 64 + 32 decodes @1024": dict(decode_lens=[1024] * 32, prefills=[(64, 0)]),

@@ -142,7 +142,7 @@ def test_step_inputs_are_16_byte_aligned(checkpoint, padded):
     """Every attention input the eager / piecewise path uploads starts 16-byte aligned whatever the
     counts of prefills, decodes and block-table width (Triton specialises kernels on pointer
     alignment: an unaligned view compiled new variants in the middle of GPU runs, 0.2-0.7 s each)."""
-    from kvrl.apps.profile_app import BatchFactory
+    from kvrl.profiling.batches import BatchFactory
 
     model, config = load_model(checkpoint, dtype=torch.float32, device="cpu")
     ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=bool(padded),

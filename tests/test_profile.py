@@ -210,7 +210,7 @@ def test_fit_generalizes_on_a_gpu_like_step_law_outside_its_class():
     exactly (max of CPU launch floor and GPU time, matmul tiles of 128 tokens, attention bandwidth
     ramping with batch, padded CUDA-graph batches, 2% noise): the fit predicts random engine-like
     steps within a few percent, and the total time of those steps within 3%."""
-    from kvrl.apps.profile_app import GRIDS, BatchFactory, grid_points, random_points
+    from kvrl.profiling.batches import GRIDS, BatchFactory, grid_points, random_points
 
     m = MODEL_SHAPES["qwen3-0.6b"]
     sizes = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
@@ -307,7 +307,7 @@ def test_sim_with_a_profile_is_deterministic_and_uses_it(cpu_profile):
 def test_sim_prices_a_step_as_the_model_prices_its_batch_features(cpu_profile):
     """The sim's hot path counts a step's features inline; it must agree with batch_features (what
     kvrl-profile fits on and the fidelity replay prices), prefix-cache hits (dec_shared) included."""
-    from kvrl.apps.profile_app import BatchFactory
+    from kvrl.profiling.batches import BatchFactory
 
     prof = P.StepProfile.load(cpu_profile)
     factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
@@ -372,7 +372,7 @@ def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in(
     """Swap transfers run on a modelled side stream: a swap-out costs its step only the gather and
     the next step ends after the transfer; a swap-in delays the next step's forward pass until it
     has landed; old fit-version-4 profiles refit with their swap terms as transfer times."""
-    from kvrl.apps.profile_app import BatchFactory
+    from kvrl.profiling.batches import BatchFactory
 
     m, dev = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
     sim = SimExecutor(m, dev, profile="none")
@@ -513,7 +513,7 @@ def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
     """The same batch costs more host time when the engine admitted and preempted around it, by
     exactly the profile's host-work terms; a fit-version-7 host model (no such terms) prices it
     as before."""
-    from kvrl.apps.profile_app import BatchFactory
+    from kvrl.profiling.batches import BatchFactory
 
     prof = P.StepProfile.load(cpu_profile)
     prof.model.host = {**prof.model.host, "per_admit": 1e-4, "per_preempt": 2e-4, "per_finish": 0.0,

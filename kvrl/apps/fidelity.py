@@ -558,7 +558,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     import torch
 
     from kvrl import plugins
-    from kvrl.apps.profile_app import configure_cpu, device_name
+    from kvrl.profiling.timing import configure_cpu, device_name
     from kvrl.executors.live_build import build_live
     from kvrl.executors.sim import SimExecutor
 

@@ -1,0 +1,70 @@
+"""The engine run of a profile: a short run on the live executor (timed by an engine callback)
+measures the engine's own time between steps and the steps an engine actually takes.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from kvrl.engine.callbacks import EngineCallback
+
+
+class StepTimer(EngineCallback):
+    """Engine callback that keeps each executed batch, the engine-measured wall seconds inside
+    ``execute`` and the live ``elapsed_s`` (which adds the engine's own time since the previous
+    step). It does nothing else between steps (one list append), so the gaps it sees are the engine's."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, float, float]] = []
+
+    def on_step(self, event) -> bool:
+        self.rows.append((event.batch, event.execute_wall_s, event.output.elapsed_s))
+        return True
+
+
+def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
+             eviction: Optional[dict] = None) -> list[tuple[dict, float, float]]:
+    """Serve a small workload through a real engine on ``ex`` (uniform lengths, every other
+    request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
+    config; default lifo); returns per step (features incl. :data:`HOST_WORK`, seconds inside
+    execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
+    the host model sees preemptions, swaps and re-admissions."""
+    from kvrl.builder import build_engine
+    from kvrl.engine.request import Request
+    from kvrl.executors.profile import batch_features, host_work
+
+    rng = np.random.default_rng(seed + 31)
+    n = g["host_requests"]
+    plo, phi = g["host_prompt"]
+    olo, ohi = g["host_output"]
+    max_len = ex.max_model_len
+    num_prefixes, lo, hi = g.get("host_shared_prefix") or (0, 0, 0)
+    prefixes = [rng.integers(0, ex.vocab_size, int(rng.integers(lo, hi + 1)), dtype=np.int32)
+                for _ in range(int(num_prefixes))]
+    reqs, arrival = [], 0.0
+    for i in range(n):
+        p = int(min(rng.integers(plo, phi + 1), max_len // 2))
+        o = int(min(rng.integers(olo, ohi + 1), max_len - p))
+        prompt = rng.integers(0, ex.vocab_size, p, dtype=np.int32)
+        if prefixes and i % 2:   # every other request behind a shared prefix: prefix-hit steps
+            prompt = np.concatenate([prefixes[int(rng.integers(len(prefixes)))], prompt])[:max_len - o]
+        reqs.append(Request(f"h{i}", arrival, prompt, max(o, 1)))
+        if g.get("host_rate"):   # Poisson arrivals: queues like a server's, not one offline burst
+            arrival += float(rng.exponential(1.0 / g["host_rate"]))
+    timed = StepTimer()
+    engine = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
+                  max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
+                  max_model_len=max_len)
+    eng = build_engine({"engine": engine, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                        "eviction": dict(eviction or {"name": "lifo"}), "prefix_cache": {"name": "hash_lru"}},
+                       executor=ex, record_steps=True)
+    eng.run(reqs, callbacks=[timed])
+    # the first steps follow an idle gap (elapsed_s then counts only execute)
+    return [({**batch_features(b), **host_work(b)}, inner, el) for b, inner, el in timed.rows[2:]]
+
+
+def engine_samples(ex, steps) -> list[dict]:
+    """The engine run's steps as profile samples (group ``engine``; ``t`` = seconds in execute)."""
+    return [{"group": "engine", "graph": bool(ex.uses_graph(f["n_pre"], f["n_dec"])), **f, "t": inner}
+            for f, inner, _ in steps]

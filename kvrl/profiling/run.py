@@ -1,0 +1,153 @@
+"""A whole profile: measure a live executor over a grid, fit the step model, report the fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import time
+
+import numpy as np
+
+from kvrl.profiling.batches import BatchFactory, grid_points, random_points
+from kvrl.profiling.host import engine_samples, host_run
+from kvrl.profiling.timing import device_name, measure, pool_blocks, profile_key_dict, warm_graphs
+
+
+log = logging.getLogger("kvrl.profile")
+
+
+def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_memory_utilization: float = 0.9,
+                seed: int = 0, model_name: str = "", progress: bool = False):
+    """Measure ``ex`` over ``grid``, fit, and return the :class:`StepProfile` (not yet saved)."""
+    import torch
+
+    from kvrl.executors.fingerprint import profile_fingerprint
+    from kvrl.executors.profile import (HOST_WORK, ProfileKey, StepModel, StepProfile, error_stats, fit_engine_factor,
+                                        fit_host)
+
+    max_len = ex.max_model_len
+    nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
+    n_cpu = max(max(grid["swaps"]), max(grid["overlap_swap_in"])) + 1
+    ex.allocate_kv(nb, n_cpu, block_size)
+    ex.kv.zero_()                      # no NaN/denormal garbage in the slots the kernels read
+    ex.cpu_pool.zero_()
+    factory = BatchFactory(nb, block_size, ex.vocab_size, max_len, seed)
+    graphs = bool(ex.use_cuda_graphs)
+    t_start = time.perf_counter()
+    warm_graphs(ex, factory, max(grid["decode_batch"]))
+    points = grid_points(grid, graphs, max_len)
+    points += random_points(grid, int(grid["random"]), graphs, max_len, seed, group="random")
+    holdout = random_points(grid, int(grid["holdout"]), graphs, max_len, seed)
+    log.info("profiling %d grid points + %d held-out steps on %s (pool %d blocks of %d)", len(points),
+             len(holdout), device_name(ex), nb, block_size)
+    def report(i: int, n: int) -> None:
+        if progress and (i == n or i % 25 == 0):
+            log.info("  %d/%d points (%.0f s)", i, n, time.perf_counter() - t_start)
+
+    # measured in one pass: with interleaved rounds (CPU) grid and held-out steps then see the
+    # same background load
+    measured = measure(ex, factory, points + holdout, grid, report)
+    samples, held = measured[:len(points)], measured[len(points):]
+    t_grid = time.perf_counter() - t_start
+    # the engine run: its steps are fitted with the grid (in-engine step times, prefix hits,
+    # chunked prefills as an engine schedules them) and its gaps give the host model
+    steps = host_run(ex, grid, nb, n_cpu, block_size, seed)
+    # and under memory pressure (a pool of a quarter of the run's demand; recompute, then swap
+    # victims): mixed steps of re-prefills beside decodes, preemptions, swaps and re-admissions
+    demand = grid["host_requests"] * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size
+    tight = max(demand // 4, 4 * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size)
+    if tight < nb:
+        for i, evict in enumerate(({"name": "lifo", "mode": "recompute"}, {"name": "most_blocks", "mode": "swap"})):
+            steps += host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict)
+    engine = engine_samples(ex, steps)
+    graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
+    token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
+    model = StepModel.fit(samples + engine, graph_sizes, token_sizes=token_sizes)
+    pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
+    # grid and held-out steps are timed alike, so their errors are those of the grid fit alone
+    fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
+           "holdout": error_stats(pred(held), [s["t"] for s in held])}
+    by_group = {g: error_stats(pred(sel), [s["t"] for s in sel]) for g in sorted({s["group"] for s in samples})
+                for sel in [[s for s in samples if s["group"] == g]]}
+
+    host_rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0), *(f[k] for k in HOST_WORK))
+                 for f, inner, el in steps]
+    model.host = fit_host(host_rows)
+    model.engine_factor = fit_engine_factor(model, engine)
+    model._build()
+    fit.update({"engine_replay": error_stats([model.predict_features(s, s["graph"]) for s in engine],
+                                             [s["t"] for s in engine]),
+                "engine_replay_with_host": error_stats(
+                    [model.predict_features(s, s["graph"], host=True) for s in engine], [el for _, _, el in steps]),
+                "host": {"steps": len(host_rows),
+                         "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
+                "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
+    xfer = [s for s in samples if s.get("t_xfer")]
+    if xfer:
+        fit["transfers"] = error_stats(
+            [model.swap_out_xfer(s["swap_out"]) + model.swap_in_xfer(s["swap_in"]) for s in xfer],
+            [s["t_xfer"] for s in xfer])
+    meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
+            "graph_batch_sizes": graph_sizes, "piecewise_token_sizes": token_sizes, "sampling": dataclasses.asdict(ex.sampling),
+            "torch": torch.__version__, "triton": package_version("triton"), "transformers": package_version("transformers"),
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "grid": grid, "fit_stat": grid.get("fit_stat", "median"),
+            "timing": f"{grid.get('fit_stat', 'median')} of LiveExecutor.execute wall time (synchronised) after warm-up",
+            "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
+            "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex))}
+    # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
+    # a refit from the file, after a fit-version change, uses the subset)
+    key = profile_key_dict(ex)
+    return StepProfile(ProfileKey.from_dict(key), model, meta, samples + held,
+                       [list(r) for r in thin(host_rows, 400)], fit, key, engine_samples=thin(engine, 600))
+
+
+def thin(rows: list, n: int) -> list:
+    """At most ``n`` evenly spaced elements of ``rows`` (first and last kept)."""
+    return rows if len(rows) <= n else [rows[i] for i in np.linspace(0, len(rows) - 1, n).astype(int)]
+
+
+def package_version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:   # not installed (CPU-only machines have no triton wheel sometimes)
+        return "n/a"
+
+
+def render_report(prof) -> str:
+    """The fit report as Markdown."""
+    k, f = prof.raw_key, prof.fit_report
+    lines = [f"# Step-time profile: {k.get('gpu_name')} / {prof.meta.get('model')} ({k.get('dtype')})", "",
+             f"shape: {prof.key.describe()}; block size {prof.meta.get('block_size')}; CUDA graphs "
+             f"{prof.meta.get('cuda_graphs')}; torch {prof.meta.get('torch')}, triton {prof.meta.get('triton')}; "
+             f"{len(prof.samples)} samples; {f.get('seconds', {}).get('total', float('nan')):.1f} s", "",
+             "| set | n | median abs rel err | p90 | max | total-time rel err |", "|---|---:|---:|---:|---:|---:|"]
+    rows = [("grid (fitted)", f.get("grid", {})), ("held-out random steps", f.get("holdout", {})),
+            ("engine run (fitted; execute only; sets the engine factor)", f.get("engine_replay", {})),
+            ("engine run (fitted; elapsed, with host)", f.get("engine_replay_with_host", {}))]
+    rows += [(f"grid: {g}", st) for g, st in sorted(f.get("by_group", {}).items())]
+    rows.append(("swap-stream transfers (swap_out, swap_in)", f.get("transfers", {})))
+    for name, st in rows:
+        if st.get("n"):
+            lines.append(f"| {name} | {st['n']} | {st['median_abs_rel_err']:.1%} | {st['p90_abs_rel_err']:.1%} | "
+                         f"{st['max_abs_rel_err']:.1%} | {st['total_rel_err']:+.1%} |")
+    h = prof.model.host
+    m = prof.model
+    xfer = "; ".join(f"{name} {op.c0 * 1e6:.0f} us + {op.c1 * 1e6:.1f} us/block"
+                     for name, op in (("swap-out", m.swap_out_xfer), ("swap-in", m.swap_in_xfer)))
+    k = m.engine_factor
+    lines += ["", f"engine-context factor on forward passes (median live / model over the engine run's steps, "
+                  f"applied): CUDA graph x{k['graph']:.3f}, eager x{k['eager']:.3f}",
+              f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
+                  f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us)",
+              f"swap-stream transfers: {xfer}"]
+    return "\n".join(lines)
+
+
+def install_name(prof) -> str:
+    k = prof.raw_key
+    model = prof.meta.get("model") or f"l{k['num_layers']}h{k['hidden_size']}"
+    return f"{k['device']}_{model}_{k.get('dtype', k['dtype_bytes'])}.json"
