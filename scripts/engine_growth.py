@@ -4,16 +4,23 @@ Serves ``synthetic`` workloads (kvrl-run's defaults: prompts uniform in [32, 512
 lognormal with mean 128; qwen3-0.6b on the h200 cost model; fcfs / fixed / lifo / hash_lru;
 67,335 GPU blocks as kvrl-run sizes them on an H200) with all requests at t=0 (``offline``) or
 Poisson arrivals at ``--rate`` per second, and prints the CPU seconds of ``Engine.run`` (workload
-building excluded) per size as a Markdown table. CPU time, not wall time, so that other work on a
-shared machine does not inflate the numbers; the process is single-threaded.
+building excluded) per size as a Markdown table, then all rows as one JSON line (with the commit of
+the kvrl tree that ran, for re-timing on a quiet machine). CPU time, not wall time, so that other
+work on a shared machine does not inflate the numbers; the process is single-threaded.
 
     python scripts/engine_growth.py --sizes 5000 20000 40000 --processes offline poisson
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import platform
+import subprocess
 import time
+
+import kvrl
 
 from kvrl.builder import build_engine
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
@@ -36,6 +43,20 @@ def measure(num_requests: int, process: str, rate: float, prefix_cache: str = "h
             "finished": summary["finished"], "duration_s": summary["duration_s"]}
 
 
+def tree_commit() -> str:
+    """The commit of the kvrl checkout being run (with ``+dirty`` for uncommitted changes), or
+    ``"unknown"`` outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kvrl.__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "kvrl"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 40000, 100000, 200000])
@@ -46,11 +67,15 @@ def main() -> None:
     logging.getLogger("kvrl").setLevel(logging.ERROR)
     print("| arrivals | requests | CPU s of Engine.run | us per request | finished | simulated s |")
     print("|---|---:|---:|---:|---:|---:|")
+    rows = []
     for process in args.processes:
         for n in args.sizes:
             r = measure(n, process, args.rate, args.prefix_cache)
+            rows.append({**r, "cpu_s": round(r["cpu_s"], 3), "duration_s": round(r["duration_s"], 3)})
             print(f"| {process} | {n:,} | {r['cpu_s']:.1f} | {1e6 * r['cpu_s'] / n:.0f} | {r['finished']:,} | "
                   f"{r['duration_s']:,.0f} |", flush=True)
+    print(json.dumps({"script": "engine_growth", "commit": tree_commit(), "python": platform.python_version(),
+                      "prefix_cache": args.prefix_cache, "rate": args.rate, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Seconds of ``Engine.run`` for the whole packaged Azure code trace as ``kvrl-run`` builds it
-(per-step records on), median of 3 runs, for comparing trees: it uses only APIs that 87fbe4f
+(per-step records on), median of 3 runs (then one JSON line with every run's CPU and wall seconds),
+for comparing trees: it uses only APIs that 87fbe4f
 already had, so it runs unchanged on a checkout of an older commit (``PYTHONPATH=<checkout>``,
 with kernels/, envs/ and conf/ linked under its kvrl/ as benchmarks/device_env.sh does).
 
@@ -7,6 +8,7 @@ with kernels/, envs/ and conf/ linked under its kvrl/ as benchmarks/device_env.s
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -32,8 +34,12 @@ def main(overrides: list[str]) -> None:
         cpu, wall = time.process_time(), time.perf_counter()
         engine.run(requests)
         times.append((time.process_time() - cpu, time.perf_counter() - wall))
+    cpu, wall = statistics.median(c for c, _ in times), statistics.median(w for _, w in times)
     print(f"{' '.join(overrides) or '(defaults)'}: {len(requests)} requests, Engine.run median of 3: "
-          f"CPU {statistics.median(c for c, _ in times):.2f} s, wall {statistics.median(w for _, w in times):.2f} s")
+          f"CPU {cpu:.2f} s, wall {wall:.2f} s")
+    print(json.dumps({"script": "trace_run_speed", "overrides": overrides, "requests": len(requests),
+                      "cpu_s": [round(c, 3) for c, _ in times], "wall_s": [round(w, 3) for _, w in times],
+                      "median_cpu_s": round(cpu, 3), "median_wall_s": round(wall, 3)}))
 
 
 if __name__ == "__main__":
