@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 from kvrl import plugins
-from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
+from kvrl.fidelity.pairs import (load_config, pair_engine, shared_engine, warmup, workload_engine,
+                                 workload_requests)
 from kvrl.executors.live_build import build_live
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
@@ -69,7 +70,7 @@ def main() -> None:
         else:
             gc.unfreeze()
         probe = Probe(live)
-        _engine(ecfg, live, pol, cfg["slo"]).run(reqs, callbacks=[probe])
+        pair_engine(ecfg, live, pol, cfg["slo"]).run(reqs, callbacks=[probe])
         print(f"\n{args.workload} / vllm, {mode}: {len(probe.rows)} steps")
         for kind in ("decode", "mixed"):
             rows = [r for r in probe.rows if r[0] == kind]

@@ -15,7 +15,8 @@ import time
 import traceback
 
 from kvrl import plugins
-from kvrl.apps.fidelity import _engine, load_config, shared_engine, warmup, workload_engine, workload_requests
+from kvrl.fidelity.pairs import (load_config, pair_engine, shared_engine, warmup, workload_engine,
+                                 workload_requests)
 from kvrl.executors.live_build import build_live
 
 
@@ -56,7 +57,7 @@ def main() -> None:
         reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
         warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
         hook.rows.clear()
-        eng = _engine(ecfg, live, cfg["policies"]["vllm"], cfg["slo"])
+        eng = pair_engine(ecfg, live, cfg["policies"]["vllm"], cfg["slo"])
         t0 = time.perf_counter()
         eng.run(reqs)
         wall = time.perf_counter() - t0

@@ -104,13 +104,13 @@ def test_swap_without_cpu_blocks_falls_back_to_recompute():
 
 
 def test_fidelity_recorder_is_a_callback_that_records_and_stops_past_its_wall_limit():
-    from kvrl.apps.fidelity import _Recorder
+    from kvrl.fidelity.replay import StepRecorder
 
-    full, rec = make_engine(), _Recorder(max_wall_s=None)
+    full, rec = make_engine(), StepRecorder(max_wall_s=None)
     full.run(_requests(), callbacks=[rec])
     assert rec.error is None and len(rec.batches) == len(rec.inside) == full.step_index
     assert rec.elapsed == [row[2] for row in full.metrics.steps]
-    cut, limited = make_engine(), _Recorder(max_wall_s=1e-9)
+    cut, limited = make_engine(), StepRecorder(max_wall_s=1e-9)
     summary = cut.run(_requests(), callbacks=[limited])
     assert cut.step_index == 1 and len(limited.batches) == 1 and cut.stopped_by is limited
     assert "exceeded max_live_wall_s" in limited.error and summary["finished"] == 0

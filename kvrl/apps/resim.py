@@ -83,9 +83,12 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     """See the module doc. ``cfg``: this run's config (``resim``, ``profile``, ``refit``,
     ``only_workloads``, ``only_policies``, ``plots``); everything else comes from the earlier run."""
     from kvrl import plugins
-    from kvrl.apps.fidelity import _engine, plot_pair, replay_summary, summarize, workload_requests, write_report
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
+    from kvrl.fidelity.compare import summarize
+    from kvrl.fidelity.pairs import pair_engine, workload_requests
+    from kvrl.fidelity.replay import replay_summary
+    from kvrl.fidelity.report import plot_pair, write_report
 
     plugins.load_entry_points()
     run_dir = Path(str(cfg["resim"])).expanduser()
@@ -121,7 +124,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
         sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs)
-        seng = _engine(ecfg, sim, pcfg, slo)
+        seng = pair_engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
         res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s", "live_gc")

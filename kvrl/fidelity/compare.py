@@ -1,0 +1,49 @@
+"""What ``kvrl-fidelity`` compares: the metrics (with the direction in which each is better), the
+issue's targets, a run's summary and the sim's relative error against live.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+#: (key, label, better): better = +1 when larger is better, -1 when smaller is, 0 for neither.
+METRICS = (
+    ("throughput_tok_s", "throughput tok/s", +1),
+    ("goodput_tok_s", "goodput tok/s", +1),
+    ("ttft_p50_s", "TTFT p50 s", -1),
+    ("ttft_mean_s", "TTFT mean s", -1),
+    ("ttft_p99_s", "TTFT p99 s", -1),
+    ("tpot_p50_s", "TPOT p50 s", -1),
+    ("tpot_mean_s", "TPOT mean s", -1),
+    ("tpot_p99_s", "TPOT p99 s", -1),
+    ("preemptions", "preemptions", 0),
+    ("kv_utilization", "KV utilization", 0),
+)
+
+
+RANK_METRICS = ("goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "tpot_mean_s")
+
+
+#: docs/design.md §11 / issue targets: metric -> largest acceptable absolute relative error
+TARGETS = {"throughput_tok_s": 0.03, "ttft_p50_s": 0.10, "tpot_p50_s": 0.10, "ttft_p99_s": 0.20}
+
+
+def summarize(engine) -> dict:
+    """The engine's summary plus mean TTFT and TPOT over finished requests."""
+    m = engine.metrics.summary()
+    done = [r for r in engine.metrics.requests.values() if r.finish_s is not None and not r.error]
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in done if r.tpot_s is not None]
+    m["ttft_mean_s"] = float(np.mean(ttft)) if ttft else float("nan")
+    m["tpot_mean_s"] = float(np.mean(tpot)) if tpot else float("nan")
+    return m
+
+
+def rel_err(live: float, sim: float) -> float:
+    if live is None or sim is None or not (math.isfinite(live) and math.isfinite(sim)):
+        return float("nan")
+    if live == 0:
+        return 0.0 if sim == 0 else float("inf")
+    return (sim - live) / abs(live)

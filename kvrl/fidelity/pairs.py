@@ -1,0 +1,157 @@
+"""One (workload, policy) pair served live and in the sim on the same engine configuration, and the
+configuration it runs with (the shared pool, each workload's engine, its requests, the warm-up).
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from kvrl.fidelity.compare import summarize
+from kvrl.fidelity.replay import GcPauses, StepRecorder, replay_summary
+from kvrl.fidelity.report import plot_pair
+
+
+log = logging.getLogger("kvrl.fidelity")
+
+
+def pair_engine(ecfg: dict, executor, pcfg: dict, slo: dict, record_steps: bool = True):
+    """The engine of one (workload, policy) pair: engine config ``ecfg``, the plugin kinds of
+    ``pcfg`` (every kind needed; other keys ignored), ``slo``."""
+    from kvrl import plugins
+    from kvrl.builder import build_engine
+
+    kinds = {kind: dict(pcfg[kind]) for kind in (*plugins.KINDS, "tier") if kind in pcfg}
+    return build_engine({"engine": ecfg, **kinds, "slo": slo}, executor=executor, record_steps=record_steps)
+
+
+def warmup(live, ecfg: dict, n: int, seed: int) -> None:
+    """Serve ``n`` requests on ``live`` with engine config ``ecfg`` so that every decode batch size
+    from ``n`` down to 1 occurs (graphs captured) and prompts of many lengths are prefilled."""
+    from kvrl.engine.request import Request
+
+    if n <= 0:
+        return
+    rng = np.random.default_rng(seed + 101)
+    bs = ecfg["block_size"]
+    max_prompt = int(max(16, min(2048, live.max_model_len // 4, ecfg["num_blocks"] * bs // max(4 * n // 16, 4))))
+    lens = np.unique(np.geomspace(8, max_prompt, 12).astype(int))
+    reqs = [Request(f"warm{i}", 0.0, rng.integers(0, live.vocab_size, int(lens[i % len(lens)]), dtype=np.int32),
+                    1 + i % n) for i in range(n)]
+    pol = {"scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
+           "prefix_cache": {"name": "none"}}
+    t0 = time.perf_counter()
+    pair_engine(ecfg, live, pol, {}, record_steps=False).run(reqs)
+    log.info("warm-up: %d requests in %.1f s", n, time.perf_counter() - t0)
+
+
+def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
+             plots: bool, title: str, live_repeats: int = 1) -> dict:
+    from kvrl.files import atomic_write, write_json
+
+    res: dict[str, Any] = {}
+    recorder = StepRecorder(max_wall_s)
+    eng = pair_engine(ecfg, live, pcfg, slo)
+    wall = time.perf_counter()
+    with GcPauses() as pauses:
+        eng.run(requests, callbacks=[recorder])
+    if recorder.error:
+        log.warning("%s: %s; pair skipped", title, recorder.error)
+        res["error"] = recorder.error
+    res["live_wall_s"] = time.perf_counter() - wall
+    res["live_gc"] = pauses.summary()
+    resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
+                    max_model_len=eng.config.max_model_len)
+    live_m = summarize(eng)
+    (out / "live").mkdir(parents=True, exist_ok=True)
+    write_json(out / "live" / "metrics.json", live_m)
+    atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
+    pricer = make_sim()
+    pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
+    replay = recorder.replay(pricer, live)
+    recorder.batches.clear()
+    with open(out / "replay.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["step", *(replay[0] if replay else ("live_s", "sim_s"))])
+        w.writeheader()
+        w.writerows({"step": i + 1, **row} for i, row in enumerate(replay))
+
+    if "error" in res:
+        res.update(live=live_m, sim={}, engine=resolved)
+        return res
+    repeats = []
+    for _ in range(live_repeats - 1):   # the same live run again: how far live is from itself
+        again, limit = pair_engine(ecfg, live, pcfg, slo, record_steps=False), StepRecorder(max_wall_s)
+        again.run(requests, callbacks=[limit])
+        if limit.error:
+            log.warning("%s: repeat: %s", title, limit.error)
+        else:
+            repeats.append(summarize(again))
+    if repeats:
+        res["live_again"], res["live_repeats"] = repeats[0], repeats
+    sim = make_sim()
+    seng = pair_engine(resolved, sim, pcfg, slo)
+    wall = time.perf_counter()
+    seng.run(requests)
+    res["sim_wall_s"] = time.perf_counter() - wall
+    sim_m = summarize(seng)
+    (out / "sim").mkdir(parents=True, exist_ok=True)
+    write_json(out / "sim" / "metrics.json", sim_m)
+    atomic_write(out / "sim" / "steps.csv", seng.metrics.write_steps_csv)
+
+    if replay:
+        res["replay"] = replay_summary(replay)
+    res.update(live=live_m, sim=sim_m, engine=resolved)
+    if plots:
+        live_t, sim_t = np.asarray([r["live_s"] for r in replay]), np.asarray([r["sim_s"] for r in replay])
+        plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
+                  f"steps_{out.parent.name}_{out.name}.png", title)
+    return res
+
+
+def load_config(model: str) -> dict:
+    """``conf/fidelity.yaml`` composed with ``conf/model/<model>.yaml``, resolved, without Hydra's
+    own section: the configuration kvrl-fidelity runs with by default (for scripts)."""
+    import importlib.resources
+
+    from omegaconf import OmegaConf
+
+    conf = importlib.resources.files("kvrl.conf")
+    cfg = OmegaConf.load(str(conf.joinpath("fidelity.yaml")))
+    cfg.pop("hydra")
+    cfg.pop("defaults")
+    cfg["model"] = OmegaConf.load(str(conf.joinpath("model", f"{model}.yaml")))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def shared_engine(cfg: dict, live) -> dict:
+    """The engine keys every workload shares (``cfg["engine"]``), with ``num_blocks: 0`` resolved
+    once: the pool that fits the live GPU's free memory, or ``cpu_device_num_blocks`` on CPU."""
+    base = dict(cfg["engine"])
+    cpu_blocks = int(base.pop("cpu_device_num_blocks", 2048))
+    if not base.get("num_blocks"):
+        base["num_blocks"] = (live.kv_capacity_blocks(base.get("block_size", 16), base.get("gpu_memory_utilization", 0.9))
+                              if live.device.type == "cuda" else cpu_blocks)
+    return base
+
+
+def workload_engine(base: dict, w: dict) -> dict:
+    """A workload's engine configuration: ``base`` with the workload's ``engine`` overrides (its
+    ``num_blocks: 0`` meaning the shared pool)."""
+    ecfg = {**base, **(w.get("engine") or {})}
+    if ecfg.get("num_blocks", 0) == 0:
+        ecfg["num_blocks"] = base["num_blocks"]
+    return ecfg
+
+
+def workload_requests(w: dict, max_requests: Optional[int], vocab_size: int, max_model_len: int) -> list:
+    """The requests of workload entry ``w``, capped at ``max_requests`` when given."""
+    from kvrl.workloads import build_workload
+
+    wl = dict(w["workload"])
+    if max_requests:
+        wl["max_requests"] = min(int(max_requests), int(wl.get("max_requests") or 1 << 30))
+    return build_workload(wl, vocab_size=vocab_size, max_model_len=max_model_len)

@@ -1,0 +1,123 @@
+"""The live run, step by step: an engine callback keeps every executed batch and its live times
+(:class:`StepRecorder`, which also stops a run past its wall-time limit), the sim's cost model
+prices the same batches afterwards (the replay), and GC pauses are counted.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Optional
+
+import numpy as np
+
+from kvrl.engine.callbacks import EngineCallback
+
+
+class StepRecorder(EngineCallback):
+    """Engine callback on the live run: keeps every executed batch, its live ``elapsed_s`` and the
+    wall seconds inside ``execute`` (priced by the sim's cost model after the run, so nothing but
+    three list appends happens between live steps), and stops the run after the step that exceeds
+    ``max_wall_s`` of wall time since the run started (``error`` then says so)."""
+
+    def __init__(self, max_wall_s: Optional[float]) -> None:
+        self.max_wall_s = max_wall_s
+        self.batches: list = []
+        self.elapsed: list[float] = []
+        self.inside: list[float] = []     # wall seconds inside execute (elapsed_s adds the engine's gap)
+        self.error: Optional[str] = None
+        self._t0 = time.perf_counter()
+
+    def on_run_start(self, engine) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_step(self, event) -> bool:
+        self.inside.append(event.execute_wall_s)
+        self.batches.append(event.batch)
+        self.elapsed.append(event.output.elapsed_s)
+        if self.max_wall_s and time.perf_counter() - self._t0 > self.max_wall_s:
+            self.error = f"live run exceeded max_live_wall_s={self.max_wall_s}"
+            return False
+        return True
+
+    def replay(self, pricer, live) -> list[dict]:
+        """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
+        sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
+        and the sim's host term (so the run can be re-priced offline with another profile); ``live``
+        is the live executor (its CUDA-graph sizes)."""
+        from kvrl.executors.profile import HOST_WORK, batch_features, host_work
+
+        model = pricer.profile.model if pricer.profile is not None else None
+        rows = []
+        for batch, live_s, inside_s in zip(self.batches, self.elapsed, self.inside):
+            f = {**batch_features(batch), **host_work(batch)}
+            n_dec, n_pre = f["n_dec"], f["n_pre"]
+            host_s = model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
+                if model is not None and batch.seqs else 0.0
+            rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
+                         "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
+                         "graph": int(live.uses_graph(n_pre, n_dec))})
+        return rows
+
+
+class GcPauses:
+    """Context manager recording the cyclic garbage collector's pauses (seconds) while it is open:
+    in a live run they are stalls the sim does not price."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._t0)
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"collections": len(self.pauses), "total_s": float(sum(self.pauses)),
+                "max_s": float(max(self.pauses, default=0.0))}
+
+
+def step_kind(batch, n_pre: int, n_dec: int) -> str:
+    """swap (any swap-out or swap-in), decode, prefill or mixed."""
+    if batch.swap_out or batch.swap_in:
+        return "swap"
+    if not n_pre:
+        return "decode"
+    return "mixed" if n_dec else "prefill"
+
+
+def replay_summary(replay: list[dict]) -> dict:
+    """Per-step relative errors of a (non-empty) replay: median, p90, total, and per step kind."""
+    live_t = np.asarray([r["live_s"] for r in replay])
+    sim_t = np.asarray([r["sim_s"] for r in replay])
+    e = np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)
+    return {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
+            "p90_abs_rel_err": float(np.percentile(e, 90)),
+            "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
+            "by_kind": replay_breakdown(replay)}
+
+
+def replay_breakdown(replay: list[dict]) -> dict:
+    """Replay totals per step kind, plus the engine's time between steps ("host": live
+    ``elapsed_s`` minus the time inside ``execute``, vs the profile's host term)."""
+    out: dict[str, dict] = {}
+    for kind in ("decode", "prefill", "mixed", "swap"):
+        rows = [r for r in replay if r["kind"] == kind]
+        if rows:
+            live_t = np.asarray([r["live_s"] for r in rows])
+            sim_t = np.asarray([r["sim_s"] for r in rows])
+            out[kind] = {"steps": len(rows), "live_s": float(live_t.sum()), "sim_s": float(sim_t.sum()),
+                         "median_abs_rel_err": float(np.median(np.abs(sim_t - live_t) / np.maximum(live_t, 1e-12)))}
+    if replay:
+        live_h = float(sum(max(r["live_s"] - r["live_execute_s"], 0.0) for r in replay))
+        out["host"] = {"steps": len(replay), "live_s": live_h, "sim_s": float(sum(r["sim_host_s"] for r in replay)),
+                       "median_abs_rel_err": float("nan")}
+    return out
