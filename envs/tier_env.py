@@ -27,14 +27,12 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from kvrl import plugins
-from kvrl.engine.config import EngineConfig
+from kvrl.builder import build_engine
 from kvrl.engine.engine import Engine
+from kvrl.envs.driver import EngineDriver
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
 from kvrl.executors.sim import SimExecutor
-from kvrl.plugins.tiers import PrefetchTier, TierPolicy
 from kvrl.workloads import build_workload
-from kvrl.envs.driver import EngineDriver
 
 
 @dataclass
@@ -54,7 +52,7 @@ class TierEnvConfig:
         "name": "multi_turn", "num_conversations": 40, "arrival": {"rate": 4.0}, "system_prompt_len": 512,
         "first_prompt_len": {"mean": 256}, "user_turn_len": {"mean": 64}, "output_len": {"mean": 64},
         "max_turns": 6, "mean_turn_gap_s": 2.0})
-    prefetch: dict = field(default_factory=dict)    # PrefetchTier parameters for mode 2
+    prefetch: dict = field(default_factory=dict)    # the agent tier plugin's prefetch parameters (mode 2)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -67,28 +65,6 @@ class TierEnvConfig:
                 raise ValueError(f"env.{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.ttft_scale > 0:
             raise ValueError(f"env.ttft_scale must be > 0, got {self.ttft_scale!r}")
-
-
-class ControlledTier(TierPolicy):
-    """The tier policy the agent sets: ``mode`` 0 drop, 1 offload (and demote), 2 offload + prefetch."""
-
-    def __init__(self, prefetch: PrefetchTier) -> None:
-        super().__init__(None)
-        self.mode = 1
-        self._prefetch = prefetch
-
-    def bind(self, view) -> None:
-        super().bind(view)
-        self._prefetch.bind(view)
-
-    def offload(self, block):
-        return self.mode >= 1
-
-    def demote(self, block):
-        return self.mode >= 1
-
-    def prefetch(self, state):
-        return self._prefetch.prefetch(state) if self.mode == 2 else ((), 0)
 
 
 class TierEnv(gymnasium.Env):
@@ -119,12 +95,13 @@ class TierEnv(gymnasium.Env):
     def _build(self, seed: int) -> None:
         cfg = self.config
         ex = SimExecutor(MODEL_SHAPES[cfg.model], DEVICES[cfg.device], seed=seed, profile=cfg.profile)
-        ecfg = EngineConfig(num_blocks=cfg.num_blocks, block_size=cfg.block_size, cpu_tier_blocks=cfg.cpu_tier_blocks,
-                            disk_tier_blocks=cfg.disk_tier_blocks, seed=seed, prefix_hash_key="seed")
-        self.policy = ControlledTier(PrefetchTier(PrefetchTier.Params(**cfg.prefetch)))
-        self.engine = Engine(ecfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
-                             plugins.create("eviction", "lifo", mode="recompute"), plugins.create("prefix_cache", "hash_lru"),
-                             tier=self.policy)
+        engine = {"num_blocks": cfg.num_blocks, "block_size": cfg.block_size, "cpu_tier_blocks": cfg.cpu_tier_blocks,
+                  "disk_tier_blocks": cfg.disk_tier_blocks, "seed": seed, "prefix_hash_key": "seed"}
+        self.engine = build_engine({"engine": engine, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                                    "eviction": {"name": "lifo", "mode": "recompute"},
+                                    "prefix_cache": {"name": "hash_lru"}, "tier": {"name": "agent", **cfg.prefetch}},
+                                   executor=ex)
+        self.policy = self.engine.tier                  # kvrl.plugins.tiers.AgentTier: the env sets its mode
         requests = build_workload({**cfg.workload, "seed": seed}, vocab_size=ex.vocab_size,
                                   max_model_len=self.engine.config.max_model_len)
         self.driver = EngineDriver(self.engine, list(requests))
@@ -178,4 +155,4 @@ class TierEnv(gymnasium.Env):
         return obs
 
 
-__all__ = ["TierEnv", "TierEnvConfig", "ControlledTier"]
+__all__ = ["TierEnv", "TierEnvConfig"]

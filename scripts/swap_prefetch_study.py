@@ -35,15 +35,13 @@ ENGINE = {"num_blocks": 384, "block_size": 16, "num_cpu_blocks": 4096}
 
 
 def build_engine(seed: int, eviction: str = "lifo", watermark: str = "fixed", **wm_params):
-    from kvrl import plugins
-    from kvrl.engine.config import EngineConfig
-    from kvrl.engine.engine import Engine
+    from kvrl.builder import build_engine
     from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
     from kvrl.executors.sim import SimExecutor
     ex = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], seed=seed, profile="auto")
-    cfg = EngineConfig(**ENGINE, seed=seed, prefix_hash_key="seed")
-    return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", watermark, **wm_params),
-                  plugins.create("eviction", eviction, mode="swap"), plugins.create("prefix_cache", "hash_lru"))
+    return build_engine({"engine": {**ENGINE, "seed": seed, "prefix_hash_key": "seed"}, "scheduler": {"name": "fcfs"},
+                         "watermark": {"name": watermark, **wm_params}, "eviction": {"name": eviction, "mode": "swap"},
+                         "prefix_cache": {"name": "hash_lru"}}, executor=ex)
 
 
 def requests(name: str, seed: int, engine):

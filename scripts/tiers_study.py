@@ -9,6 +9,8 @@ plus the workload's working set) and ``table.md`` (mean over seeds, min-max in b
 * ``cpu``: ``engine.cpu_tier_blocks=<--tier-blocks>``, ``tier=offload_all``;
 * ``cost``: the same tier with ``tier=cost_aware``;
 * ``disk``: the CPU tier plus a disk tier of ``--disk-blocks`` blocks, ``tier=offload_all``;
+* ``disk_cost``: the same two tiers with ``tier=cost_aware`` (offload / demote only where the
+  reload beats a recompute);
 * ``prefetch``: the same two tiers with ``tier=prefetch``.
 
 Working set: at every arrival, the sum over conversations (prefix groups) that have started and
@@ -36,6 +38,8 @@ VARIANTS = {
     "cost": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", "tier=cost_aware"],
     "disk": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
                                   "tier=offload_all"],
+    "disk_cost": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
+                                       "tier=cost_aware"],
     "prefetch": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
                                       "tier=prefetch"],
 }
@@ -123,8 +127,16 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=["gpu", "cpu", "cost"], choices=list(VARIANTS))
     parser.add_argument("--tier-blocks", type=int, default=8192, help="engine.cpu_tier_blocks of the tier variants")
     parser.add_argument("--disk-blocks", type=int, default=32768, help="engine.disk_tier_blocks of disk/prefetch")
+    parser.add_argument("--disk-bandwidth", default=None,
+                        help="a measure_disk_bandwidth JSON (benchmarks/tiers_live.sh writes one): the sim prices disk "
+                             "I/O with it where the profile has no disk measurement, instead of the default")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/run.yaml (after --)")
     args = parser.parse_args(argv)
+    if args.disk_bandwidth:
+        from kvrl.engine import disk_tier
+        measured = json.loads(Path(args.disk_bandwidth).read_text())
+        disk_tier.DEFAULT_DISK_BANDWIDTH = disk_tier.DiskBandwidth(
+            float(measured["read_bytes_per_s"]), float(measured["write_bytes_per_s"]), f"measured ({args.disk_bandwidth})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []

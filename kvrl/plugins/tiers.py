@@ -209,3 +209,32 @@ class PrefetchTier(OffloadAll):
                 if len(handles) == p.max_chains:
                     break
         return handles, min(p.max_blocks, room)
+
+
+@register("tier", "agent")
+class AgentTier(PrefetchTier):
+    """The tier mode an RL agent sets (``kvrl/Tier-v0``, envs/tier_env.py) through :attr:`mode`:
+    0 drop every reclaimed block, 1 offload and demote (``offload_all``), 2 also prefetch (the
+    ``prefetch`` policy with this plugin's parameters). Parameters: ``mode`` (before the agent's
+    first decision, default 1) and those of ``prefetch``."""
+
+    @dataclass
+    class Params(PrefetchTier.Params):
+        mode: int = 1
+
+        def __post_init__(self):
+            super().__post_init__()
+            check_range("mode", self.mode, 0, 2)
+
+    def __init__(self, params=None) -> None:
+        super().__init__(params)
+        self.mode = self.params.mode
+
+    def offload(self, block):
+        return self.mode >= 1
+
+    def demote(self, block):
+        return self.mode >= 1
+
+    def prefetch(self, state):
+        return super().prefetch(state) if self.mode == 2 else ((), 0)
