@@ -53,10 +53,14 @@ class EngineDriver:
         self._open: list[RequestRecord] = []
         self._seen_recomputed = 0
         self._seen_swapped = 0
-        self.loop = ServingLoop(engine, requests, end_s=end_s,
-                                on_submit=lambda r: self._open.append(engine.metrics.requests[r.request_id]))
+        # a bound method, not a closure: a deep copy of the driver (envs/rollout.py) rebinds it
+        self.loop = ServingLoop(engine, requests, end_s=end_s, on_submit=self._track)
         self.step = self.loop.step              # one iteration, the eviction plugin deciding
         self.step_iter = self.loop.step_iter    # one iteration, yielding its block shortages
+
+    def _track(self, request: Request) -> None:
+        """Follow a submitted request until it finishes (:meth:`collect`)."""
+        self._open.append(self.engine.metrics.requests[request.request_id])
 
     @property
     def pending(self) -> list[Request]:

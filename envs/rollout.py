@@ -1,0 +1,110 @@
+"""Rollouts from a copied serving state: what each watermark action would lead to.
+
+A :class:`~kvrl.envs.watermark_env.WatermarkEnv` episode served to completion (``reset(options=
+{"workload": requests})``) is deterministic on the sim backend, and the whole environment (engine,
+sim executor, feature tracker, pending arrivals) can be copied with :func:`copy.deepcopy`. From
+any decision point, :func:`action_scores` serves a copy once per action: the action for one
+decision epoch, then ``base`` until the episode ends, and returns each copy's finished-episode
+goodput. The copies see the future (arrivals and output lengths are in the copied state), so:
+
+* the greedy choice over these scores is a clairvoyant **rollout planner** (an upper reference for
+  what an adaptive watermark can gain over its base constant, scripts/rl_rollout_oracle.py);
+* the scores, as regression targets for the observation, teach a policy the *expected* gain of each
+  action given what it can observe (rollout classification policy iteration, Lagoudakis & Parr,
+  ICML 2003): :func:`collect` gathers them on training windows (scripts/rl_rcpi.py fits the
+  policy).
+
+Engine prefix hashes must be copyable: the env is built with ``engine.prefix_hash=xxh3`` (a keyed
+BLAKE2b state cannot be deep-copied; the scenarios here use no shared prefixes).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+def finish(env, action: int) -> float:
+    """Serve the rest of ``env``'s episode at the constant ``action``; the episode's goodput tok/s."""
+    while True:
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return float(info["metrics"]["goodput_tok_s"])
+
+
+def action_scores(env, base: int, hold: int = 1) -> np.ndarray:
+    """Finished-episode goodput (tok/s) of each action of ``env``'s discrete action space: the
+    action for ``hold`` decision epochs from the current decision point, then ``base`` to the
+    end. ``env`` itself is not advanced."""
+    scores = np.empty(env.action_space.n, dtype=np.float64)
+    for action in range(env.action_space.n):
+        trial = copy.deepcopy(env)
+        score = None
+        for _ in range(hold):
+            _, _, terminated, truncated, info = trial.step(action)
+            if terminated or truncated:
+                score = float(info["metrics"]["goodput_tok_s"])
+                break
+        scores[action] = finish(trial, base) if score is None else score
+    return scores
+
+
+@dataclass
+class RolloutData:
+    """Observations and, per observation, every action's finished-episode goodput (tok/s)."""
+
+    observations: list[np.ndarray] = field(default_factory=list)
+    scores: list[np.ndarray] = field(default_factory=list)
+    base_scores: list[float] = field(default_factory=list)
+
+    def add(self, obs: np.ndarray, scores: np.ndarray, base: int) -> None:
+        self.observations.append(np.asarray(obs, dtype=np.float32))
+        self.scores.append(scores)
+        self.base_scores.append(float(scores[base]))
+
+    def advantages_pct(self) -> np.ndarray:
+        """Each action's gain over the base action, in % of the base's goodput (rows: decisions)."""
+        scores = np.asarray(self.scores)
+        base = np.asarray(self.base_scores)[:, None]
+        return 100.0 * (scores - base) / np.maximum(base, 1e-9)
+
+    def save(self, path: str) -> None:
+        np.savez_compressed(path, observations=np.asarray(self.observations), scores=np.asarray(self.scores),
+                            base_scores=np.asarray(self.base_scores))
+
+    @classmethod
+    def load(cls, paths: Sequence[str]) -> "RolloutData":
+        data = cls()
+        for path in paths:
+            with np.load(path) as z:
+                data.observations += list(z["observations"])
+                data.scores += list(z["scores"])
+                data.base_scores += list(z["base_scores"])
+        return data
+
+
+def collect(env, base: int, episodes: int, rng: np.random.Generator, explore: float = 0.3,
+            hold: int = 1, record: float = 1.0, skip_s: float = 0.0) -> RolloutData:
+    """Rollout scores at decisions of ``episodes`` training windows of ``env``.
+
+    Each episode is one window of the env's split (its usual draw: window, load scale, step-time
+    perturbation) served to completion. A decision is scored with probability ``record`` once
+    ``skip_s`` seconds of engine time have passed (the first seconds of a window start from an
+    empty pool, unlike serving). Between decisions the episode follows ``base``, or a uniformly
+    random action with probability ``explore`` (so that the states also cover what the learned
+    policy will do)."""
+    data = RolloutData()
+    for _ in range(episodes):
+        requests, _ = env.session.episode(rng, None)
+        obs, _ = env.reset(seed=int(rng.integers(2**31)), options={"workload": list(requests)})
+        start_s = requests[0].arrival_s
+        done = False
+        while not done:
+            if env.driver.engine.now - start_s >= skip_s and rng.random() < record:
+                data.add(obs, action_scores(env, base, hold), base)
+            action = int(rng.integers(env.action_space.n)) if rng.random() < explore else base
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+    return data

@@ -1,0 +1,163 @@
+"""A watermark agent taught by rollouts (rollout classification policy iteration, one step).
+
+``collect``: at every decision of training windows (served to completion), the sim is copied and
+served once per action (the action for one epoch, then the base constant to the end): the
+finished-window goodput of every action (kvrl.envs.rollout). ``fit``: an SB3 DQN's Q-network is
+fitted by regression to those rollout gains (in % of the base's goodput) instead of by TD
+learning, so its greedy action is the one whose *expected* gain, given what the agent observes,
+is largest; saved as a kvrl-train run directory (``best_model.zip`` + ``agent.json``) that
+kvrl-eval and the ``agent`` plugin load like any DQN agent.
+
+    python scripts/rl_rcpi.py collect --task pool512 --base 0.03 --episodes 4 --seed 0 --out d0.npz
+    python scripts/rl_rcpi.py fit --task pool512 --data d*.npz --seed 0 --out docs/results/agents/pool512-rcpi-seed0
+
+Arguments after the options are Hydra overrides of the task's scenario, as in kvrl-train.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+
+
+def _env(task: str, overrides: list[str], copyable: bool):
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401  (registers the ids)
+    from kvrl.envs.config import load_task
+
+    extra = ["engine.prefix_hash=xxh3"] if copyable else []    # a keyed BLAKE2b state cannot be deep-copied
+    env_id, cfg = load_task(task, [*overrides, *extra])
+    return env_id, cfg, gym.make(env_id, config=cfg).unwrapped
+
+
+def _base_index(env, base: float) -> int:
+    bins = [float(b) for b in env.actions.config.bins]
+    if base not in bins:
+        raise SystemExit(f"--base {base} is not one of the task's bins {bins}")
+    return bins.index(base)
+
+
+def collect(args) -> None:
+    import numpy as np
+
+    from kvrl.envs.rollout import collect as collect_rollouts
+
+    from kvrl.envs.rollout import RolloutData
+
+    _, _, env = _env(args.task, args.overrides, copyable=True)
+    t = time.process_time()
+    rng = np.random.default_rng(args.seed)
+    data = RolloutData()
+    for _ in range(args.episodes):          # saved after every episode: a time limit keeps what is done
+        more = collect_rollouts(env, _base_index(env, args.base), 1, rng, explore=args.explore,
+                                record=args.record, skip_s=args.skip_s)
+        for name in ("observations", "scores", "base_scores"):
+            getattr(data, name).extend(getattr(more, name))
+        if data.scores:
+            data.save(args.out)
+    adv = data.advantages_pct()
+    print(json.dumps({"out": args.out, "decisions": len(data.scores), "cpu_s": round(time.process_time() - t, 1),
+                      "mean_gain_pct": [round(float(x), 3) for x in adv.mean(axis=0)],
+                      "best_gain_pct": round(float(adv.max(axis=1).mean()), 3)}))
+
+
+def fit(args) -> None:
+    import numpy as np
+    import torch
+    from stable_baselines3 import DQN
+
+    from kvrl.envs.agent_io import write_meta
+    from kvrl.envs.rollout import RolloutData
+
+    env_id, cfg, env = _env(args.task, args.overrides, copyable=False)
+    base = _base_index(env, args.base)
+    data = RolloutData.load(args.data)
+    x = np.asarray(data.observations, dtype=np.float32)
+    raw = data.advantages_pct()
+    clipped = int((np.abs(raw) > args.clip_pct).sum())
+    y = np.clip(raw, -args.clip_pct, args.clip_pct).astype(np.float32)
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(len(x))
+    n_val = max(1, int(len(x) * args.val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    torch.manual_seed(args.seed)
+    model = DQN("MlpPolicy", env, seed=args.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]})
+    net = model.q_net
+    opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+
+    def loss_on(idx) -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.huber_loss(net(xt[idx]), yt[idx]))
+
+    best = (float("inf"), None)
+    for epoch in range(args.epochs):
+        perm = rng.permutation(train)
+        for i in range(0, len(perm), args.batch):
+            b = perm[i:i + args.batch]
+            opt.zero_grad()
+            loss = torch.nn.functional.huber_loss(net(xt[b]), yt[b])
+            loss.backward()
+            opt.step()
+        v = loss_on(val)
+        if v < best[0]:
+            best = (v, {k: p.detach().clone() for k, p in net.state_dict().items()})
+    net.load_state_dict(best[1])
+    with torch.no_grad():                     # a margin: leave the base action only for a predicted gain
+        last = [m for m in net.q_net if isinstance(m, torch.nn.Linear)][-1]
+        last.bias -= args.margin_pct
+        last.bias[base] += args.margin_pct
+    model.q_net_target.load_state_dict(net.state_dict())
+    os.makedirs(args.out, exist_ok=True)
+    model.save(os.path.join(args.out, "best_model.zip"))
+    write_meta(args.out, "dqn", env_id, cfg)
+    with torch.no_grad():
+        pred = net(xt[val]).numpy()
+    chosen = pred.argmax(axis=1)
+    realised = y[val][np.arange(len(val)), chosen]
+    summary = {"out": args.out, "decisions": len(x), "targets_clipped": clipped, "val_huber": round(best[0], 4),
+               "val_realised_gain_pct": round(float(realised.mean()), 3),
+               "val_oracle_gain_pct": round(float(y[val].max(axis=1).mean()), 3),
+               "val_action_counts": np.bincount(chosen, minlength=env.action_space.n).tolist()}
+    with open(os.path.join(args.out, "rcpi.json"), "w") as f:
+        json.dump({**summary, "args": {k: v for k, v in vars(args).items() if k != "func"}}, f, indent=2)
+    print(json.dumps(summary))
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    logging.disable(logging.WARNING)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--episodes", type=int, default=4)
+    c.add_argument("--explore", type=float, default=0.3)
+    c.add_argument("--record", type=float, default=0.35, help="share of decisions scored")
+    c.add_argument("--skip_s", type=float, default=4.0, help="no scoring in a window's first seconds")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=collect)
+    f = sub.add_parser("fit")
+    f.add_argument("--data", nargs="+", required=True)
+    f.add_argument("--out", required=True)
+    f.add_argument("--epochs", type=int, default=300)
+    f.add_argument("--batch", type=int, default=64)
+    f.add_argument("--lr", type=float, default=1e-3)
+    f.add_argument("--weight_decay", type=float, default=1e-4)
+    f.add_argument("--val_fraction", type=float, default=0.2)
+    f.add_argument("--clip_pct", type=float, default=20.0, help="advantages clipped to +-this % (counted)")
+    f.add_argument("--margin_pct", type=float, default=0.0)
+    f.set_defaults(func=fit)
+    for s in (c, f):
+        s.add_argument("--task", required=True)
+        s.add_argument("--base", type=float, required=True, help="the base constant (one of the task's bins)")
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
