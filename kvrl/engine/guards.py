@@ -99,6 +99,38 @@ class GuardedPrefixCache:
             self._hash_of[block_id] = block_hash
         return bool(ok)
 
+    def insert_blocks(self, entries: list[tuple], now: float) -> list[int]:
+        """:meth:`insert` of each ``(hash, parent hash, block)`` in order, timed as one call (a
+        full sequence's blocks register together); returns the blocks that were registered."""
+        timer, insert, hash_of = self._timer, self.policy.insert, self._hash_of
+        t0 = perf_counter()
+        done = []
+        for block_hash, parent_hash, block_id in entries:
+            try:
+                ok = insert(block_hash, parent_hash, block_id, now)
+            except Exception as exc:
+                self._fail("insert", exc)
+                continue
+            if ok:
+                hash_of[block_id] = block_hash
+                done.append(block_id)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        return done
+
+    def on_release_blocks(self, blocks: list[int], now: float) -> None:
+        """:meth:`on_release` of each block in order, timed as one call."""
+        timer, release, evictable = self._timer, self.policy.on_release, self._evictable
+        t0 = perf_counter()
+        for block_id in blocks:
+            evictable[block_id] = None
+            try:
+                release(block_id, now)
+            except Exception as exc:
+                self._fail("on_release", exc)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+
     def on_hit(self, block_id: int, now: float) -> None:
         timer = self._timer
         t0 = perf_counter()

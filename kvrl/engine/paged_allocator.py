@@ -51,7 +51,9 @@ class PagedAllocator:
 
     Args:
         num_blocks: GPU blocks. block_size: tokens per block. num_cpu_blocks: swap pool blocks.
-        prefix_cache: the prefix-cache policy (``none`` disables hashing entirely).
+        prefix_cache: the prefix-cache policy behind its :class:`~kvrl.engine.guards.GuardedPrefixCache`
+            (whose ``insert_blocks`` / ``on_release_blocks`` register and release blocks in bulk;
+            ``none`` disables hashing entirely).
         clock: returns the engine time in seconds (for recency-based reclaim orders).
         cache_salt: maps a sequence to the salt mixed into its block hashes.
         hasher: computes block identities; with ``hasher.checked`` every hit is verified.
@@ -124,23 +126,23 @@ class PagedAllocator:
     def _release(self, blocks, now: float) -> None:
         """:meth:`_decref` of each of ``blocks`` in order (inlined: this runs once per block of
         every finished or swapped-out sequence)."""
-        ref, fill, cached = self.ref_counts, self._fill, self._cached
-        release, free_list = self.prefix_cache.on_release, self._free
+        ref, fill, cached, free_list = self.ref_counts, self._fill, self._cached, self._free
         used = tokens = 0
-        try:
-            for block in blocks:
-                rc = ref[block] - 1
-                ref[block] = rc
-                if rc == 0:
-                    used += 1
-                    tokens += fill[block]
-                    if cached[block]:
-                        release(block, now)
-                    else:
-                        free_list.append(block)
-        finally:                                   # the counts stay right if a policy call raises
-            self._num_used -= used
-            self._tokens_in_use -= tokens
+        released = []                              # cached blocks, handed to the prefix cache in order
+        for block in blocks:
+            rc = ref[block] - 1
+            ref[block] = rc
+            if rc == 0:
+                used += 1
+                tokens += fill[block]
+                if cached[block]:
+                    released.append(block)
+                else:
+                    free_list.append(block)
+        self._num_used -= used
+        self._tokens_in_use -= tokens
+        if released:
+            self.prefix_cache.on_release_blocks(released, now)
 
     def _decref(self, block: int, now: float) -> None:
         rc = self.ref_counts[block] - 1
@@ -325,14 +327,21 @@ class PagedAllocator:
             self._ensure_hashes(seq, last_full)
             now = self._clock()
             hashes = seq.block_hashes
-            insert, cached = self.prefix_cache.insert, self._cached
-            identity = self._identity if self._checked else None
+            cached = self._cached
+            index = {}                              # block -> its index in the sequence
+            entries = []
             for i in range(first_full, last_full):
                 block = table[i]
-                if not cached[block] and insert(hashes[i], hashes[i - 1] if i else None, block, now):
-                    cached[block] = True
-                    if identity is not None:
-                        identity[block] = (seq, i)
+                if not cached[block]:
+                    index[block] = i
+                    entries.append((hashes[i], hashes[i - 1] if i else None, block))
+            if not entries:
+                return
+            identity = self._identity if self._checked else None
+            for block in self.prefix_cache.insert_blocks(entries, now):
+                cached[block] = True
+                if identity is not None:
+                    identity[block] = (seq, index[block])
 
     # ----------------------------------------------------------------- sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
