@@ -30,7 +30,7 @@ class WatermarkModeEnv(WatermarkEnv):
 
     def __init__(self, config: WatermarkModeEnvConfig | Mapping[str, Any] | None = None,
                  task_overrides: Sequence[str] = (), render_mode: Optional[str] = None) -> None:
-        super(WatermarkEnv, self).__init__(config, task_overrides, render_mode)
+        super(WatermarkEnv, self).__init__(config, task_overrides, render_mode)   # KvrlEnv's: own action space below
         eviction = self.session.run.eviction
         if eviction.name != "follow_mode":
             raise ValueError(f"kvrl/WatermarkMode-v0 sets the preemption mode through eviction=follow_mode; "

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvrl.plugins.agent import AgentWatermark, _load
 from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
-from kvrl.plugins.registry import register
+from kvrl.plugins.registry import create, register
 
 if TYPE_CHECKING:
     from kvrl.engine.views import EngineView
@@ -51,13 +51,6 @@ def mode_channel(view: "EngineView") -> ModeChannel:
     return channel
 
 
-_VICTIM_KEYS = {
-    "lifo": lambda s: s.admit_order,
-    "fewest_computed": lambda s: (-s.num_computed, s.admit_order),
-    "most_blocks": lambda s: (s.num_blocks, s.admit_order),
-}
-
-
 @register("eviction", "follow_mode")
 class FollowMode(EvictionPolicy):
     """Victim by the ``victim`` rule (``lifo``, ``fewest_computed`` or ``most_blocks``, as the
@@ -76,10 +69,11 @@ class FollowMode(EvictionPolicy):
         self.channel = mode_channel(engine)
         self.channel.mode = PreemptionMode(self.params.mode)
         self.channel.followed = True
-        self._key = _VICTIM_KEYS[self.params.victim]
+        self._victim_rule = create("eviction", self.params.victim)     # its victim order (key), not its mode
+        self._victim_rule.bind(engine)
 
     def select(self, candidates):
-        return EvictionDecision(max(candidates, key=self._key).seq_id, self.channel.mode)
+        return EvictionDecision(max(candidates, key=self._victim_rule.key).seq_id, self.channel.mode)
 
 
 @register("watermark", "joint_agent")
