@@ -103,17 +103,18 @@ def test_swap_without_cpu_blocks_falls_back_to_recompute():
     assert engine.preempt(engine.sequences("a")[0].seq_id, "swap") is PreemptionMode.RECOMPUTE
 
 
-def test_fidelity_recorder_is_a_callback_that_records_and_stops_past_its_wall_limit():
+def test_fidelity_recorder_is_a_callback_and_the_loop_stops_past_the_wall_limit():
+    from kvrl.fidelity.pairs import serve_live
     from kvrl.fidelity.replay import StepRecorder
 
-    full, rec = make_engine(), StepRecorder(max_wall_s=None)
-    full.run(_requests(), callbacks=[rec])
-    assert rec.error is None and len(rec.batches) == len(rec.inside) == full.step_index
+    full, rec = make_engine(), StepRecorder()
+    assert serve_live(full, _requests(), rec, max_wall_s=None) is None
+    assert len(rec.batches) == len(rec.inside) == full.step_index and full.metrics.num_finished == 6
     assert rec.elapsed == [row[2] for row in full.metrics.steps]
-    cut, limited = make_engine(), StepRecorder(max_wall_s=1e-9)
-    summary = cut.run(_requests(), callbacks=[limited])
-    assert cut.step_index == 1 and len(limited.batches) == 1 and cut.stopped_by is limited
-    assert "exceeded max_live_wall_s" in limited.error and summary["finished"] == 0
+    cut, limited = make_engine(), StepRecorder()
+    error = serve_live(cut, _requests(), limited, max_wall_s=1e-9)
+    assert "exceeded max_live_wall_s" in error and cut.step_index <= 1 and len(limited.batches) == cut.step_index
+    assert cut.metrics.num_finished == 0
 
 
 def test_prefix_cache_event_hooks_are_called():

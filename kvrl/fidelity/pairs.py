@@ -49,19 +49,30 @@ def warmup(live, ecfg: dict, n: int, seed: int) -> None:
     log.info("warm-up: %d requests in %.1f s", n, time.perf_counter() - t0)
 
 
+def serve_live(engine, requests, recorder: StepRecorder, max_wall_s: Optional[float]) -> Optional[str]:
+    """Serve ``requests`` on ``engine`` (a :class:`~kvrl.engine.loop.ServingLoop` run with
+    ``recorder`` registered), stopping between steps once ``max_wall_s`` wall seconds have passed
+    (None or 0: no limit); returns the error that says so, or None."""
+    from kvrl.engine.loop import ServingLoop
+
+    loop = ServingLoop(engine, requests, max_wall_s=max_wall_s or None)
+    loop.run([recorder])
+    return f"live run exceeded max_live_wall_s={max_wall_s}" if loop.stop_reason == "max_wall_s" else None
+
+
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
              plots: bool, title: str, live_repeats: int = 1) -> dict:
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
-    recorder = StepRecorder(max_wall_s)
+    recorder = StepRecorder()
     eng = pair_engine(ecfg, live, pcfg, slo)
     wall = time.perf_counter()
     with GcPauses() as pauses:
-        eng.run(requests, callbacks=[recorder])
-    if recorder.error:
-        log.warning("%s: %s; pair skipped", title, recorder.error)
-        res["error"] = recorder.error
+        error = serve_live(eng, requests, recorder, max_wall_s)
+    if error:
+        log.warning("%s: %s; pair skipped", title, error)
+        res["error"] = error
     res["live_wall_s"] = time.perf_counter() - wall
     res["live_gc"] = pauses.summary()
     resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
@@ -84,10 +95,10 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
         return res
     repeats = []
     for _ in range(live_repeats - 1):   # the same live run again: how far live is from itself
-        again, limit = pair_engine(ecfg, live, pcfg, slo, record_steps=False), StepRecorder(max_wall_s)
-        again.run(requests, callbacks=[limit])
-        if limit.error:
-            log.warning("%s: repeat: %s", title, limit.error)
+        again = pair_engine(ecfg, live, pcfg, slo, record_steps=False)
+        error = serve_live(again, requests, StepRecorder(), max_wall_s)
+        if error:
+            log.warning("%s: repeat: %s", title, error)
         else:
             repeats.append(summarize(again))
     if repeats:

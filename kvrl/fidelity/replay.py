@@ -1,12 +1,11 @@
 """The live run, step by step: an engine callback keeps every executed batch and its live times
-(:class:`StepRecorder`, which also stops a run past its wall-time limit), the sim's cost model
+(:class:`StepRecorder`), the sim's cost model
 prices the same batches afterwards (the replay), and GC pauses are counted.
 """
 from __future__ import annotations
 
 import gc
 import time
-from typing import Optional
 
 import numpy as np
 
@@ -16,27 +15,18 @@ from kvrl.engine.callbacks import EngineCallback
 class StepRecorder(EngineCallback):
     """Engine callback on the live run: keeps every executed batch, its live ``elapsed_s`` and the
     wall seconds inside ``execute`` (priced by the sim's cost model after the run, so nothing but
-    three list appends happens between live steps), and stops the run after the step that exceeds
-    ``max_wall_s`` of wall time since the run started (``error`` then says so)."""
+    three list appends happens between live steps). The run's wall-time limit is the serving
+    loop's (:func:`kvrl.fidelity.pairs.serve_live`)."""
 
-    def __init__(self, max_wall_s: Optional[float]) -> None:
-        self.max_wall_s = max_wall_s
+    def __init__(self) -> None:
         self.batches: list = []
         self.elapsed: list[float] = []
         self.inside: list[float] = []     # wall seconds inside execute (elapsed_s adds the engine's gap)
-        self.error: Optional[str] = None
-        self._t0 = time.perf_counter()
-
-    def on_run_start(self, engine) -> None:
-        self._t0 = time.perf_counter()
 
     def on_step(self, event) -> bool:
         self.inside.append(event.execute_wall_s)
         self.batches.append(event.batch)
         self.elapsed.append(event.output.elapsed_s)
-        if self.max_wall_s and time.perf_counter() - self._t0 > self.max_wall_s:
-            self.error = f"live run exceeded max_live_wall_s={self.max_wall_s}"
-            return False
         return True
 
     def replay(self, pricer, live) -> list[dict]:
