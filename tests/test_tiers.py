@@ -52,7 +52,7 @@ ops = st.lists(
 @pytest.mark.parametrize("prefix_cache", ["hash_lru", "hash_lfu", "radix_lru"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, seed=st.integers(0, 2**16), tier_blocks=st.sampled_from([1, 3, 12]),
-       tier=st.sampled_from(["offload_all", "cost_aware"]), disk_blocks=st.sampled_from([0, 2, 16]))
+       tier=st.sampled_from(["offload_all", "cost_aware", "prefetch"]), disk_blocks=st.sampled_from([0, 2, 16]))
 def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier, disk_blocks):
     """After every operation: pool and tier partitions exact (CPU and disk), every GPU-cached
     identity absent from both tiers and no identity on CPU and disk at once, every cached block a sequence holds registered under its own salt (two tenants send
