@@ -406,6 +406,9 @@ def test_saved_joint_agent_decides_the_same_inside_and_outside_the_env(tmp_path)
                           "eviction": {"name": "follow_mode"}})
     assert same(outside, info["metrics"]) and outside["policy_errors"] == 0
     assert modes == {"recompute", "swap"}             # the untrained agent tries both: the mode is carried too
+    ignored = _joint_run({"watermark": {"name": "joint_agent", "policy_path": str(tmp_path)},
+                          "eviction": {"name": "lifo"}})   # no follow_mode: every decision is a counted policy error
+    assert ignored["policy_errors"] > 0
 
 
 def test_joint_agent_without_follow_mode_fails_naming_the_setting():
