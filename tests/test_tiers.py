@@ -381,6 +381,8 @@ def test_disk_tier_config_errors_name_the_key():
         EngineConfig(cpu_tier_blocks=8, disk_tier_blocks=-1)
     with pytest.raises(ValueError, match="engine.disk_tier_threads"):
         EngineConfig(cpu_tier_blocks=8, disk_tier_blocks=8, disk_tier_threads=0)
+    with pytest.raises(ValueError, match="engine.disk_tier_dir"):
+        EngineConfig(cpu_tier_blocks=8, disk_tier_blocks=8, disk_tier_dir=12)
 
 
 # ---------------------------------------------------------------------------------------- live (CPU)

@@ -107,6 +107,8 @@ class EngineConfig:
         check_range("engine.cpu_tier_blocks", self.cpu_tier_blocks, 0)
         check_range("engine.disk_tier_blocks", self.disk_tier_blocks, 0)
         check_range("engine.disk_tier_threads", self.disk_tier_threads, 1)
+        if self.disk_tier_dir is not None and not isinstance(self.disk_tier_dir, str):
+            raise ValueError(f"engine.disk_tier_dir must be a directory path or null, got {self.disk_tier_dir!r}")
         if self.disk_tier_blocks and not self.cpu_tier_blocks:
             raise ValueError("engine.disk_tier_blocks > 0 needs engine.cpu_tier_blocks > 0 (blocks reach the disk "
                              "tier through the CPU tier)")
