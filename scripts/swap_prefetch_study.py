@@ -7,7 +7,9 @@
    event in the history window) trained on the first seeds' traces and tested on the last's,
    for each history window; beside them the FIFO rule (the engine's own swap-in order) and LIFO.
 3. ``plugin``: the proactive swap-in watermark (``watermark=swap_prefetch``, kvrl.plugins.swap_prefetch)
-   against the fixed watermark it extends, paired over seeds with 95% CIs (kvrl.analysis.stats).
+   with the FIFO rule, the LIFO rule and the MLP classifier (window ``--model-window``, trained on
+   the ``--seeds`` traces, saved as TorchScript) against the fixed watermark it extends, paired
+   over ``--plugin-seeds`` (other seeds than the training traces') with 95% CIs (kvrl.analysis.stats).
 
     python scripts/swap_prefetch_study.py --out runs/swap_prefetch [--seeds 0 1 2 3 4] [--windows 1 2 4 8 16]
 
@@ -20,6 +22,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 WORKLOADS = {
     # long lognormal answers at a rate the pool cannot hold: many swap preemptions
@@ -65,14 +68,28 @@ def run_traces(out: Path, seeds: list[int]) -> dict:
     return info
 
 
-def plugin_study(build_engine, make_requests, workloads, seeds, fraction: float = 0.1) -> tuple[str, list[dict]]:
-    """``swap_prefetch`` (fifo, lifo) and ``fixed`` at ``fraction`` against ``fixed`` at the same
-    fraction on every workload, paired over ``seeds``: TTFT p50/p99, TPOT p99 and throughput, with
-    95% CIs and verdicts (:func:`kvrl.analysis.stats.paired_compare`). Returns (markdown, rows)."""
+def train_model(trace_dir: Path, workloads, seeds, window: int, path: Path) -> None:
+    """The MLP classifier of kvrl.analysis.swap_predict at ``window``, trained on every workload's
+    traces of ``seeds``, saved as TorchScript for ``watermark=swap_prefetch predictor=model``."""
+    import torch
+    from kvrl.analysis.swap_predict import _samples, fit
+    train = _samples([trace_dir / f"{name}-{s}.csv" for name in workloads for s in seeds], window)
+    torch.jit.script(fit("mlp", "classification", train)).save(str(path))
+
+
+def plugin_study(build_engine, make_requests, workloads, seeds, fraction: float = 0.1,
+                 model_path: Optional[Path] = None, window: int = 8) -> tuple[str, list[dict]]:
+    """``swap_prefetch`` (fifo, lifo, and the learned model when ``model_path``) and ``fixed`` at
+    ``fraction`` against ``fixed`` at the same fraction on every workload, paired over ``seeds``:
+    TTFT p50/p99, TPOT p99, throughput and preemptions, with 95% CIs and verdicts
+    (:func:`kvrl.analysis.stats.paired_compare`). Returns (markdown, rows)."""
     from kvrl.analysis.stats import paired_compare
     settings = {"fixed": ("fixed", {"fraction": fraction}),
                 "swap_prefetch fifo": ("swap_prefetch", {"fraction": fraction, "predictor": "fifo"}),
                 "swap_prefetch lifo": ("swap_prefetch", {"fraction": fraction, "predictor": "lifo"})}
+    if model_path is not None:
+        settings["swap_prefetch model"] = ("swap_prefetch", {"fraction": fraction, "predictor": "model",
+                                                             "model_path": str(model_path), "window": window})
     metrics = ("ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "throughput_tok_s", "preemptions")
     rows, lines = [], []
     for name in workloads:
@@ -105,6 +122,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--stages", nargs="+", default=["traces", "predict", "plugin"])
+    parser.add_argument("--plugin-seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9],
+                        help="seeds of the plugin comparison (the learned model is trained on --seeds' traces)")
+    parser.add_argument("--model-window", type=int, default=8)
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +139,10 @@ def main(argv=None) -> int:
         (out / "predictors.md").write_text(render(rows) + "\n")
         print(render(rows))
     if "plugin" in args.stages:
-        text, rows = plugin_study(build_engine, requests, list(WORKLOADS), args.seeds)
+        model = out / f"mlp_w{args.model_window}.pt"
+        train_model(out / "traces", list(WORKLOADS), args.seeds, args.model_window, model)
+        text, rows = plugin_study(build_engine, requests, list(WORKLOADS), args.plugin_seeds, model_path=model,
+                                  window=args.model_window)
         (out / "plugin.json").write_text(json.dumps(rows, indent=1))
         (out / "plugin.md").write_text(text + "\n")
         print(text)

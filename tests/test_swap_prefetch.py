@@ -113,3 +113,34 @@ def test_swap_prefetch_fifo_brings_swapped_sequences_back_sooner():
         return sum(e.time_s - out[e.seq_id] for e in rec.events if e.kind == "in")
     assert swapped_time("swap_prefetch", fraction=0.3, predictor="none") == swapped_time("fixed", fraction=0.3)
     assert swapped_time("swap_prefetch", fraction=0.3, predictor="fifo") < swapped_time("fixed", fraction=0.3)
+
+
+def test_swap_prefetch_model_predictor_follows_the_classifier(tmp_path):
+    """predictor=model: a TorchScript classifier naming the last event of the window (here a
+    swap-out of sequence 9) makes the plugin make room for sequence 9; naming 'not in the window'
+    leaves the fixed reservation; a missing model_path is an error naming the key."""
+    torch = pytest.importorskip("torch")
+    window = 4
+
+    def scripted(best):
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(window * 5, window + 1))
+        with torch.no_grad():
+            net[1].weight.zero_()
+            net[1].bias.zero_()
+            net[1].bias[best] = 1.0
+        path = tmp_path / f"m{best}.pt"
+        torch.jit.script(net).save(str(path))
+        return str(path)
+
+    for best, expected in ((window - 1, 12 - 6), (window, 10)):
+        policy = plugins.create("watermark", "swap_prefetch", fraction=0.1, predictor="model",
+                                model_path=scripted(best), window=window)
+        view = SimpleNamespace(num_blocks=100, num_free_blocks=12, now=1.0, num_swapped=2,
+                               swapped=(SimpleNamespace(seq_id=5, num_cpu_blocks=25),
+                                        SimpleNamespace(seq_id=9, num_cpu_blocks=6)))
+        policy.bind(view)
+        policy.on_step_end()                        # records the swap-outs of 5 and 9 (in queue order)
+        assert [e[:2] for e in policy._history] == [("out", 5), ("out", 9)]
+        assert policy.reserved_blocks() == expected     # fifo would keep 10: the head (25 blocks) does not fit
+    with pytest.raises(ValueError, match="watermark.model_path"):
+        plugins.create("watermark", "swap_prefetch", predictor="model")

@@ -21,6 +21,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from kvrl.plugins.swap_prefetch import window_features
+
 KINDS = ("out", "in", "drop")
 
 
@@ -111,13 +113,8 @@ def next_swap_in_samples(events: list[SwapEvent], window: int) -> Samples:
         if e.kind == "in" and j > 0 and outstanding:
             past = events[max(0, j - window):j]
             anchor = past[-1].seq_id
-            x = np.zeros((window, 5), dtype=np.float32)
             pad = window - len(past)
-            prev_t = past[0].time_s
-            for k, p in enumerate(past):
-                x[pad + k] = (p.kind == "out", p.kind == "in", (p.seq_id - anchor) / 100.0, p.num_blocks / 100.0,
-                              p.time_s - prev_t)
-                prev_t = p.time_s
+            x = window_features([(p.kind, p.seq_id, p.num_blocks, p.time_s) for p in past], window)
             label = window
             for k, p in enumerate(past):
                 if p.kind == "out" and p.seq_id == e.seq_id:
