@@ -483,3 +483,24 @@ def test_offline_batches_cost_linear_time_in_the_queue_length():
     small = min(cpu_seconds(2000) for _ in range(2))
     large = min(cpu_seconds(8000) for _ in range(2))
     assert large < 8 * small, f"2,000 requests: {small:.2f} s, 8,000: {large:.2f} s"
+
+
+def test_token_bytes_are_the_hashed_ids_across_the_prompt_and_the_outputs():
+    """Block identities are hashed from Sequence.token_bytes (no array per block); they must be the
+    bytes block_bytes gives for the same ids, in the prompt, the outputs and across the boundary,
+    and BlockHasher.extend must give one chain whether it gets ids or their bytes."""
+    from kvrl.engine.hashing import BlockHasher, block_bytes
+    from kvrl.engine.request import Sequence
+    seq = Sequence(0, make_request("b", 20, 1))
+    seq.output_token_ids.extend([7, 2**40, 0, 151_935])
+    for start, end in ((0, 20), (3, 17), (20, 24), (21, 23), (16, 24), (0, 24)):
+        assert seq.token_bytes(start, end) == block_bytes(seq.token_slice(start, end)), (start, end)
+    for name in ("blake2b", "sha256", "xxh3"):
+        hasher = BlockHasher(name, bytes(32) if name == "blake2b" else None)
+        from_ids, from_bytes = [], []
+        hasher.extend(from_ids, seq.token_slice(0, 24), 4, 6, b"salt")
+        hasher.extend(from_bytes, seq.token_bytes(0, 8), 4, 2, b"salt")
+        hasher.extend(from_bytes, seq.token_bytes(8, 24), 4, 6, None, offset=8)
+        assert from_ids == from_bytes and len(from_ids) == 6, name
+        with pytest.raises(ValueError, match="reach position"):
+            hasher.extend([], seq.token_bytes(0, 20), 4, 6, b"salt")
