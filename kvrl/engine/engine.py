@@ -38,6 +38,10 @@ metrics.json: wall seconds, outermost calls only).
 Cost: a step's work is linear in what it schedules and scans, never in the queue lengths: the
 waiting queues (:class:`~kvrl.engine.queues.SeqQueue`) keep their order and drop admitted
 sequences in O(1), so an offline batch of ``N`` requests costs O(N) overall, not O(N^2).
+
+Where the code lives: steps 1-3 (planning, preemption, admission) in :mod:`kvrl.engine.planning`,
+step 5 (applying the executed batch) in :mod:`kvrl.engine.accounting`; both are bases of
+:class:`Engine`, which keeps the state, the requests, the policy-call guards and the driving loop.
 """
 from __future__ import annotations
 
@@ -47,19 +51,20 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Generator, Iterable, Optional
 
+from kvrl.engine.accounting import AccountingMixin
 from kvrl.engine.allocators import make_allocator, request_blocks
-from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
+from kvrl.engine.batch import ScheduledBatch
 from kvrl.engine.callbacks import StepEvent
 from kvrl.engine.config import EngineConfig
 from kvrl.engine.decisions import Shortage
 from kvrl.engine.guards import GuardedPrefixCache
 from kvrl.engine.loop import ServingLoop
 from kvrl.engine.metrics import MetricsCollector, RequestRecord
+from kvrl.engine.planning import PlanningMixin
 from kvrl.engine.queues import SeqQueue
 from kvrl.engine.request import Request, RequestRejected, Sequence, SeqStatus
 from kvrl.engine.views import EngineView, SeqView
-from kvrl.plugins.base import (EvictionPolicy, Policy, PreemptionMode, PrefixCachePolicy, SchedulerPolicy,
-                               WatermarkPolicy)
+from kvrl.plugins.base import EvictionPolicy, Policy, PrefixCachePolicy, SchedulerPolicy, WatermarkPolicy
 
 if TYPE_CHECKING:   # executors sit above the engine (import-linter layers in pyproject.toml)
     from kvrl.executors.base import Executor
@@ -81,7 +86,7 @@ class _Group:
     num_open: int = 1
 
 
-class Engine:
+class Engine(PlanningMixin, AccountingMixin):
     """Paged KV-cache engine driving an :class:`Executor` with four policy plugins."""
 
     def __init__(self, config: EngineConfig, executor: Executor, scheduler: SchedulerPolicy,
@@ -298,7 +303,7 @@ class Engine:
     def live_sequences(self) -> list[Sequence]:
         return [*self.running, *self.swapped, *self.preempted, *self.waiting]
 
-    # ================================================================== scheduling
+    # ================================================================== policy calls
     def _policy_failed(self, kind: str, error: Exception | str, call: str = "") -> str:
         """Record a failing policy call and return its message; re-raise under
         ``engine.policy_errors=raise``. The first error of each (policy kind, call, error type) is
@@ -327,30 +332,6 @@ class Engine:
             if not timer.depth:
                 timer.total_s += perf_counter() - t0
 
-    def _reserved_blocks(self) -> int:
-        """Free blocks the watermark policy holds back: an integer count in ``[0, num_blocks]``
-        (a float is truncated); anything else, or a raise, is a policy error and falls back to
-        vLLM's ``int(0.01 * num_blocks)``."""
-        if not self.running:
-            return 0  # an idle engine admits regardless of the watermark, so it cannot stall
-        try:
-            reserved = self._timed(self.watermark.reserved_blocks)
-            if isinstance(reserved, bool) or not 0 <= float(reserved) <= self.config.num_blocks:
-                raise ValueError(f"reserved_blocks() returned {reserved!r}, not a block count in "
-                                 f"[0, num_blocks={self.config.num_blocks}]")
-            return int(reserved)
-        except Exception as exc:
-            self._policy_failed("watermark", exc)
-            return int(0.01 * self.config.num_blocks)
-
-    def _admit_veto(self, seq: Sequence, blocks_needed: int) -> bool:
-        """The watermark policy's per-request :meth:`~WatermarkPolicy.admit` (True on failure)."""
-        try:
-            return bool(self._timed(self.watermark.admit, self.view_of(seq), blocks_needed))
-        except Exception as exc:
-            self._policy_failed("watermark", exc, "admit")
-            return True
-
     def _run_hooks(self, hooks, *args) -> None:
         for hook in hooks:
             try:
@@ -358,353 +339,6 @@ class Engine:
             except Exception as exc:
                 kind = getattr(getattr(hook, "__self__", None), "plugin_kind", "") or "policy"
                 self._policy_failed(kind, exc, getattr(hook, "__name__", "hook"))
-
-    def preempt(self, seq_id: int, mode: PreemptionMode | str) -> PreemptionMode:
-        """Preempt the running sequence ``seq_id`` between steps, through the scheduler's own path
-        (the eviction policy is not asked; its ``on_preempt`` hooks run). A swap that cannot happen
-        (no CPU blocks, allocator without swap) becomes a recompute, as in a step. A swap-out runs on
-        the executor at once and advances the engine clock by its ``elapsed_s``. Returns the mode
-        applied; ``ValueError`` if ``seq_id`` is not running or ``mode`` is not a preemption mode."""
-        seq = next((s for s in self.running if s.seq_id == seq_id), None)
-        if seq is None:
-            raise ValueError(f"preempt: sequence {seq_id} is not running (running: {[s.seq_id for s in self.running]})")
-        batch = ScheduledBatch()
-        self._preempt(seq, PreemptionMode(mode), batch)
-        if not batch.is_empty:
-            self.now += self.executor.execute(batch).elapsed_s
-        return PreemptionMode.SWAP if seq.status is SeqStatus.SWAPPED else PreemptionMode.RECOMPUTE
-
-    def _preempt(self, seq: Sequence, mode: PreemptionMode, batch: ScheduledBatch) -> None:
-        self.running.remove(seq)
-        seq.num_preemptions += 1
-        self.metrics.preemptions += 1
-        self._groups[seq.request.request_id].record.num_preemptions += 1
-        if mode is PreemptionMode.SWAP and self.allocator.supports_swap and self.allocator.can_swap_out(seq):
-            pairs = self.allocator.swap_out(seq)
-            batch.swap_out.extend(pairs)
-            self.metrics.swapped_out_blocks += len(pairs)
-            seq.status = SeqStatus.SWAPPED
-            seq.shared_prefix_tokens = 0     # swapped back in to private blocks
-            self.swapped.append(seq)
-        else:
-            mode = PreemptionMode.RECOMPUTE
-            self.metrics.recomputed_tokens += seq.num_computed
-            self.allocator.free(seq)
-            seq.num_computed = 0
-            seq.status = SeqStatus.WAITING
-            self.preempted.push(seq)
-        self._run_hooks(self._on_preempt, self.view_of(seq), mode)
-
-    def _num_samples(self, seq: Sequence, upto: int) -> int:
-        if upto < seq.num_tokens:
-            return 0
-        if seq.request.n > 1 and seq.parent_seq_id is None and seq.num_output == 0:
-            return seq.request.n
-        return 1
-
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> tuple[int, bool]:
-        alloc = self.allocator
-        needs_blocks, append = alloc.needs_blocks, batch.seqs.append
-        bs = self.config.block_size
-        refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
-        running = self.running
-        preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
-            computed = seq.num_computed
-            outputs = seq.output_token_ids
-            request = seq.request
-            num_tokens = request.prompt_len + len(outputs)
-            k = num_tokens - computed
-            if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
-                if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
-                        else len(seq.block_table) * bs > computed:
-                    append(ScheduledSeq(seq, computed, 1, request.n if request.n > 1 and not outputs
-                                        and seq.parent_seq_id is None else 1))
-                    budget -= 1
-                    i += 1
-                    continue
-            if k > budget:
-                k = budget
-            upto = computed + k
-            if not needs_blocks(seq, upto):    # fast path: most decode steps (_num_samples inlined)
-                if upto < num_tokens:
-                    samples = 0
-                elif seq.request.n > 1 and seq.parent_seq_id is None and not seq.output_token_ids:
-                    samples = seq.request.n
-                else:
-                    samples = 1
-                append(ScheduledSeq(seq, computed, k, samples))
-                budget -= k
-                i += 1
-                continue
-            while (need := alloc.blocks_to_extend(seq, upto)) > alloc.num_free_blocks:
-                candidates = running[i:]
-                decision = yield Shortage(self.view_of(seq), [self.view_of(s) for s in candidates], need,
-                                          alloc.num_free_blocks)
-                victim, mode = self._check_decision(decision, candidates)
-                if victim is None:   # the policy failed: only the request that needed the block is aborted
-                    budget += self._abort_planned(seq.request.request_id, mode, batch)
-                    i = len(batch.seqs)   # batch.seqs[j].seq is running[j] for every j < i
-                    break
-                self._preempt(victim, mode, batch)
-                preempted = True
-                if victim is seq:
-                    break
-            if seq.status is not SeqStatus.RUNNING:
-                continue
-            batch.copies.extend(alloc.extend(seq, upto))
-            batch.seqs.append(ScheduledSeq(seq, seq.num_computed, k, self._num_samples(seq, upto)))
-            budget -= k
-            i += 1
-        return budget, preempted
-
-    def _abort_planned(self, request_id: str, reason: str, batch: ScheduledBatch) -> int:
-        """Abort a request while ``batch`` is being planned. Its sequences already in the batch
-        (siblings of an ``n`` > 1 request) leave it, and so do swap-outs and copies into blocks
-        it held, since those blocks are free again. Returns the token budget given back."""
-        group = self._groups[request_id]
-        gpu = {b for s in group.seqs for b in s.block_table}
-        cpu = {b for s in group.seqs for b in s.cpu_block_table}
-        self.abort(request_id, reason)
-        self._planned_aborts += 1
-        kept = [item for item in batch.seqs if item.seq.status is SeqStatus.RUNNING]
-        freed = sum(item.num_tokens for item in batch.seqs) - sum(item.num_tokens for item in kept)
-        batch.seqs = kept
-        batch.swap_out = [pair for pair in batch.swap_out if pair[1] not in cpu]
-        batch.copies = [pair for pair in batch.copies if pair[1] not in gpu]
-        return freed
-
-    def _check_decision(self, decision, candidates: list[Sequence]) -> tuple[Optional[Sequence], object]:
-        """(victim, mode) of an eviction decision, or (None, error message) when it names no
-        candidate or is an exception (the eviction policy failed)."""
-        try:
-            if isinstance(decision, Exception):
-                raise decision
-            victim = next((s for s in candidates if s.seq_id == decision.seq_id), None)
-            if victim is None:
-                raise ValueError(f"chose seq {decision.seq_id}, which is not a candidate "
-                                 f"({[s.seq_id for s in candidates]})")
-            return victim, PreemptionMode(decision.mode)
-        except Exception as exc:
-            return None, self._policy_failed("eviction", exc)
-
-    def _answered(self, steps: Generator[Shortage, object, object]):
-        """Run a generator of :meth:`step_iter`'s kind to its end, answering every shortage with
-        the eviction plugin (its exception, if it raises, is the answer: a policy error); returns
-        the generator's value."""
-        try:
-            point = next(steps)
-            while True:
-                try:
-                    decision = self._timed(self.eviction.select, point.candidates)
-                except Exception as exc:
-                    decision = exc
-                point = steps.send(decision)
-        except StopIteration as stop:
-            return stop.value
-
-    def _schedule_swap_in(self, batch: ScheduledBatch) -> None:
-        alloc = self.allocator
-        while self.swapped and len(self.running) < self.config.max_num_seqs:
-            seq = self.swapped[0]
-            need = alloc.blocks_to_swap_in(seq)
-            if alloc.num_free_blocks - need < self._reserved_blocks() or need > alloc.num_free_blocks:
-                break
-            self.swapped.pop(0)
-            batch.swap_in.extend(alloc.swap_in(seq))
-            self.metrics.swapped_in_blocks += need
-            self._mark_running(seq)
-
-    def _mark_running(self, seq: Sequence) -> None:
-        seq.status = SeqStatus.RUNNING
-        seq.admitted_s = self.now
-        seq.admit_order = self._admit_counter
-        self._admit_counter += 1
-        self.running.append(seq)
-
-    def _waiting_order(self) -> Iterable[Sequence]:
-        """New arrivals in admission order: the sorted queue itself with a static key, else the
-        policy's :meth:`~SchedulerPolicy.order` (which must return a permutation of the views)."""
-        if self.scheduler.static_key:
-            return self.waiting
-        waiting = list(self.waiting)
-        try:
-            views = self._timed(self.scheduler.order, [self.view_of(s) for s in waiting])
-            by_id = {s.seq_id: s for s in waiting}
-            order = [by_id[v.seq_id] for v in views if isinstance(v, SeqView)]
-            if len(order) != len(waiting) or len(set(map(id, order))) != len(waiting):
-                raise ValueError("order() must return a permutation of the waiting sequences")
-            return order
-        except Exception as exc:
-            self._policy_failed("scheduler", exc, "order")
-            return sorted(waiting, key=lambda s: (s.request.arrival_s, s.seq_id))   # FCFS fallback
-
-    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        """Admit recompute-preempted sequences, then new arrivals in scheduler order (the scan stops
-        at the first one that does not fit; a watermark veto skips one). Linear in the sequences
-        scanned, not in the queue length: admitted ones leave their queue in O(1) each."""
-        if not (self.waiting or self.preempted):
-            return
-        cfg, alloc = self.config, self.allocator
-        stop = False
-        for queue, order in ((self.preempted, self.preempted), (self.waiting, self._waiting_order())):
-            taken: list[Sequence] = []
-            for seq in order:
-                if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
-                    stop = True
-                    break
-                match = alloc.match_prefix(seq)
-                start = match.num_tokens(cfg.block_size)
-                remaining = seq.num_tokens - start
-                if not cfg.chunked_prefill and remaining > budget:
-                    stop = True
-                    break
-                k = min(remaining, budget)
-                need = alloc.admission_blocks(seq, match)
-                if self.running and not self._admit_veto(seq, need):
-                    continue
-                if alloc.num_free_blocks - need < self._reserved_blocks():
-                    stop = True
-                    break
-                if not alloc.can_admit(seq, match, start + k):
-                    stop = True
-                    break
-                batch.copies.extend(alloc.admit(seq, match, start + k))
-                self.metrics.prefix_check_failures += match.check_failed
-                if seq.num_preemptions == 0:
-                    self.metrics.prompt_tokens_looked_up += seq.prompt_len
-                    self.metrics.prompt_tokens_hit += start
-                    seq.num_cached_prompt_tokens = start
-                seq.shared_prefix_tokens = start
-                self._mark_running(seq)
-                taken.append(seq)
-                batch.seqs.append(ScheduledSeq(seq, start, k, self._num_samples(seq, start + k)))
-                budget -= k
-            for seq in taken:
-                queue.remove(seq)
-            if stop:
-                break
-
-    def schedule(self) -> ScheduledBatch:
-        """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
-        return self._answered(self._plan())
-
-    def _plan(self) -> Generator[Shortage, object, ScheduledBatch]:
-        """:meth:`schedule` as a generator of its block shortages (see :meth:`step_iter`)."""
-        admits, preemptions, finished = self._admit_counter, self.metrics.preemptions, len(self.metrics.finished_output_lens)
-        batch = ScheduledBatch(copies=self._pending_copies, num_waiting=len(self.waiting) + len(self.preempted),
-                               num_finished=finished - self._finished_at_schedule)
-        self._finished_at_schedule = finished
-        self._pending_copies = []
-        budget, preempted = yield from self._schedule_running(batch, self.config.max_num_batched_tokens)
-        if not preempted:
-            self._schedule_swap_in(batch)
-            self._schedule_waiting(batch, budget)
-        if self._tiered:
-            batch.tier_out, batch.tier_in, batch.disk_out, batch.disk_in = self.allocator.take_tier_ops()
-        batch.num_admitted = self._admit_counter - admits
-        batch.num_preempted = self.metrics.preemptions - preemptions
-        return batch
-
-    # ================================================================== outputs
-    def _finish(self, seq: Sequence) -> None:
-        self.allocator.free(seq)
-        seq.status = SeqStatus.FINISHED
-        seq.finish_s = self.now
-        self.metrics.finished_output_lens.append(seq.num_output)
-        if self._on_finish:
-            self._run_hooks(self._on_finish, self.view_of(seq))
-        group = self._groups[seq.request.request_id]
-        group.num_open -= 1
-        rec = group.record
-        rec.output_tokens += seq.num_output
-        if group.num_open == 0:
-            rec.finish_s = self.now
-            tpots = [(s.finish_s - s.first_token_s) / (s.num_output - 1) for s in group.seqs if s.num_output > 1]
-            rec.tpot_s = sum(tpots) / len(tpots) if tpots else None
-            self.metrics.num_finished += 1
-        self._views.pop(seq.seq_id, None)
-
-    def _fork(self, seq: Sequence, tokens: list[int]) -> list[Sequence]:
-        group = self._groups[seq.request.request_id]
-        children = []
-        for token in tokens:
-            child = self._new_seq(seq.request, parent=seq)
-            self._pending_copies.extend(self.allocator.fork(seq, child))
-            child.output_token_ids.append(token)
-            child.first_token_s = seq.first_token_s
-            child.shared_prefix_tokens = seq.shared_prefix_tokens
-            self._mark_running(child)
-            group.seqs.append(child)
-            group.num_open += 1
-            children.append(child)
-        return children
-
-    def apply(self, batch: ScheduledBatch, sampled: list[list[int]], errors: Optional[dict[int, str]] = None) -> None:
-        """Record the executed batch: computed tokens, sampled tokens, forks, finishes, failures."""
-        if errors:
-            self._apply_with_errors(batch, sampled, errors)
-            return
-        done: list[Sequence] = []
-        running, now = SeqStatus.RUNNING, self.now
-        # the block pool first, for the whole batch in one call (the order of its bookkeeping across
-        # sequences does not matter: forks below only add references to blocks already held)
-        self.allocator.on_batch_computed(batch.seqs)
-        for item, tokens in zip(batch.seqs, sampled):
-            seq = item.seq
-            if seq.status is not running:
-                continue
-            seq.num_computed = item.start + item.num_tokens
-            if not tokens:
-                continue
-            if seq.first_token_s < 0:
-                seq.first_token_s = now
-                self._groups[seq.request.request_id].record.first_token_s = now
-            outputs = seq.output_token_ids
-            outputs.append(tokens[0])
-            if len(outputs) >= seq.request.output_len:
-                done.append(seq)
-            if len(tokens) > 1:
-                done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
-        for seq in done:
-            if seq.status is running:
-                self._finish(seq)
-        if done:
-            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
-
-    def _apply_with_errors(self, batch: ScheduledBatch, sampled: list[list[int]], errors: dict[int, str]) -> None:
-        """:meth:`apply` item by item, aborting the requests of failed items as they come."""
-        done: list[Sequence] = []
-        on_computed, running, now = self.allocator.on_computed, SeqStatus.RUNNING, self.now
-        for idx, (item, tokens) in enumerate(zip(batch.seqs, sampled)):
-            seq = item.seq
-            if seq.status is not running:
-                continue
-            if errors and idx in errors:
-                self.abort(seq.request.request_id, errors[idx])
-                continue
-            old = item.start
-            new = old + item.num_tokens
-            on_computed(seq, old, new)
-            seq.num_computed = new
-            if not tokens:
-                continue
-            if seq.first_token_s < 0:
-                seq.first_token_s = now
-                self._groups[seq.request.request_id].record.first_token_s = now
-            outputs = seq.output_token_ids
-            outputs.append(tokens[0])
-            if len(outputs) >= seq.request.output_len:
-                done.append(seq)
-            if len(tokens) > 1:
-                done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
-        for seq in done:
-            if seq.status is SeqStatus.RUNNING:   # not aborted by a later item's error
-                self._finish(seq)
-        if done:
-            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
 
     # ================================================================== driving
     def step(self) -> ScheduledBatch:
