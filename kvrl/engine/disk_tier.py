@@ -6,7 +6,7 @@ them with a thread pool: a write is queued and returns at once (the bytes were c
 host tier first, so the host block can be reused at once); a read is queued and waited for before
 the step whose tier load needs it. Every I/O on a block waits for the block's previous I/O (a
 read never sees a half-written file, a rewrite never overtakes a read). The index (which
-identity lives in which disk block, replacement order) is a :class:`~kvrl.engine.tiers.CpuTier`
+identity lives in which disk block, replacement order) is a :class:`~kvrl.engine.tier_store.CpuTier`
 instance, the same structure the CPU tier uses; this module moves bytes only.
 
 :class:`DiskBandwidth` prices disk I/O in the sim: bytes per second for reads and writes of whole
