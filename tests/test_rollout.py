@@ -49,7 +49,7 @@ def test_scores_leave_the_env_untouched_and_match_finishing(env):
 
 
 def test_collect_and_round_trip(env, tmp_path):
-    data = collect(env, base=2, episodes=1, rng=np.random.default_rng(0), record=0.5)
+    data = collect(env, base=2, episodes=1, rng=np.random.default_rng(0), record=0.15)
     assert data.scores and len(data.observations) == len(data.scores)
     adv = data.advantages_pct()
     assert np.allclose(adv[:, 2], 0.0)
