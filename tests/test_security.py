@@ -21,7 +21,15 @@ from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
 from tests.helpers import make_engine, make_request
 
-logging.getLogger("kvrl").setLevel(logging.ERROR)
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_kvrl_logs():
+    """kvrl's warnings off for this module's tests only (set at import, it silenced every later
+    test module's kvrl.* warnings: caplog assertions elsewhere saw nothing)."""
+    logger = logging.getLogger("kvrl")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(before)
 
 
 def attack_cfg(command: str, *overrides: str):
