@@ -113,8 +113,12 @@ class AgentWatermark(WatermarkPolicy):
         if self.clock.due(self.engine):
             self.decision_due = True
             if self._agent is not None:   # policy mode decides here; a driving env decides outside
-                fraction, _ = self._to_fraction(self._agent.act(self.observe()), clip=True)
-                self.set_fraction(fraction)
+                self._act()
+
+    def _act(self) -> None:
+        """Policy mode: take the saved agent's decision for the current observation."""
+        fraction, _ = self._to_fraction(self._agent.act(self.observe()), clip=True)
+        self.set_fraction(fraction)
 
     def on_finish(self, seq) -> None:
         if self.tracker is not None:

@@ -119,11 +119,5 @@ class JointAgentWatermark(AgentWatermark):
         self.set_fraction(fraction)
         self.channel.mode = mode
 
-    def on_step_end(self) -> None:
-        if self.tracker is None:
-            return
-        self.tracker.on_step_end()
-        if self.clock.due(self.engine):
-            self.decision_due = True
-            if self._decode is not None:   # policy mode decides here; a driving env decides outside
-                self.set_action(*self._decode(self.observe()))
+    def _act(self) -> None:
+        self.set_action(*self._decode(self.observe()))
