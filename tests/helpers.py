@@ -1,7 +1,10 @@
 """Small builders shared by the engine tests."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 
 from kvrl import plugins
 from kvrl.engine.config import EngineConfig
@@ -41,3 +44,17 @@ def run_triton_checks(test_file: str, timeout: int) -> dict:
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"triton checker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def quiet_kvrl_logs(level: int):
+    """A module-scoped autouse fixture that sets the ``kvrl`` logger to ``level`` for the tests of
+    the module that assigns it (``_quiet = quiet_kvrl_logs(logging.ERROR)``) and restores it after.
+    Set at import instead, it silenced every later module's kvrl.* warnings (caplog saw nothing)."""
+    @pytest.fixture(autouse=True, scope="module")
+    def _quiet():
+        logger = logging.getLogger("kvrl")
+        before = logger.level
+        logger.setLevel(level)
+        yield
+        logger.setLevel(before)
+    return _quiet

@@ -45,17 +45,9 @@ from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
 from kvrl.executors.sim import SimExecutor
 from kvrl.plugins.base import EvictionDecision, PreemptionMode
 from kvrl.workloads import build_workload
-from tests.helpers import make_engine, make_request
+from tests.helpers import make_engine, make_request, quiet_kvrl_logs
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_kvrl_logs():
-    """kvrl's warnings off for this module's tests only (set at import, it silenced every later
-    test module's kvrl.* warnings: caplog assertions elsewhere saw nothing)."""
-    logger = logging.getLogger("kvrl")
-    before = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(before)
+_quiet_kvrl_logs = quiet_kvrl_logs(logging.CRITICAL)
 
 SCALE = float(os.environ.get("KVRL_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=int(100 * SCALE), deadline=None,

@@ -19,17 +19,9 @@ from kvrl.apps import attack
 from kvrl.attacks import scoring
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
-from tests.helpers import make_engine, make_request
+from tests.helpers import make_engine, make_request, quiet_kvrl_logs
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_kvrl_logs():
-    """kvrl's warnings off for this module's tests only (set at import, it silenced every later
-    test module's kvrl.* warnings: caplog assertions elsewhere saw nothing)."""
-    logger = logging.getLogger("kvrl")
-    before = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(before)
+_quiet_kvrl_logs = quiet_kvrl_logs(logging.ERROR)
 
 
 def attack_cfg(command: str, *overrides: str):
