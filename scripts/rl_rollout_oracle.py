@@ -28,6 +28,8 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from kvrl.envs.rollout import finish as _finish   # actions here are fractions (to_fraction passes them through)
+
 
 def _env(task: str, seed: int, overrides: list[str]):
     import gymnasium as gym
@@ -52,14 +54,6 @@ def _requests(cfg, split: str, seed: int, resample: float):
     from omegaconf import OmegaConf
     ex = build_executor(OmegaConf.create(job))
     return list(cached_workload(env_run, ex.vocab_size, job["engine"].get("max_model_len") or ex.max_model_len)), job
-
-
-def _finish(env, fraction: float) -> float:
-    """Serve the rest of the episode at a constant ``fraction``; the job's goodput tok/s."""
-    while True:
-        _, _, term, trunc, info = env.step(fraction)
-        if term or trunc:
-            return float(info["metrics"]["goodput_tok_s"])
 
 
 def _constant(task, seed, overrides, split, resample, fraction) -> float:
