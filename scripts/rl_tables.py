@@ -2,11 +2,21 @@
 
     python scripts/rl_tables.py leaderboard docs/results/rl_sim_rcpi/pool512_leaderboard.csv
     python scripts/rl_tables.py headroom docs/results/headroom/headroom.jsonl
+    python scripts/rl_tables.py suite docs/results/rl_sim_suite/pressure_leaderboard.csv
+    python scripts/rl_tables.py suite docs/results/rl_sim_suite/tenants_leaderboard.csv \
+        --results docs/results/rl_sim_suite/tenants_results.csv --metrics slo_attainment,preemptions,prefix_hit_rate
+    python scripts/rl_tables.py scenario docs/results/rl_scenario/pressure.txt docs/results/rl_scenario/phased.txt
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
 reference the leaderboard compares with (vLLM's fixed 0.01, the val-best constant, the hindsight-best
-constant), the paired % change and verdict. ``headroom``: the JSON lines of
+constant), the paired % change and verdict. ``suite``: the same file with the columns the task-suite
+tables of docs/rl.md show: goodput, the means of ``--metrics`` (from the leaderboard, or per policy
+over the test-split rows of ``--results``, kvrl-eval's ``results.csv``, for a metric the leaderboard
+lacks), and per reference the paired difference in tok/s with its 95% CI, % change, p and verdict.
+``scenario``: the stdout of scripts/rl_scenario_table.py (one file per task, named after it) as one
+table, a row per (task, split): goodput of each fixed watermark with the preemptions of that run in
+brackets, the row's best in bold as that script marks it. ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
 """
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 from collections import defaultdict
 
 VERDICTS = {"no significant difference": "n.s.", "better": "better", "worse": "worse"}
@@ -62,12 +73,128 @@ def headroom(path: str) -> str:
     return "\n".join(out)
 
 
+# columns of ``suite``: header and number format of each metric it can show
+METRICS = {"slo_attainment": ("SLO att.", ".3f"), "preemptions": ("preempt.", ".1f"),
+           "prefix_hit_rate": ("prefix hit rate", ".3f"), "recomputed_tokens": ("recomputed tokens", ",.0f")}
+
+
+def _read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _test_means(results: str, metric: str) -> dict[str, float]:
+    """Mean of ``metric`` per policy label over the test-split rows of a kvrl-eval ``results.csv``."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in _read_csv(results):
+        if row["split"] == "test":
+            if metric not in row:
+                raise KeyError(f"{results} has no column {metric!r}")
+            values[row["policy"]].append(float(row[metric]))
+    return {policy: sum(v) / len(v) for policy, v in values.items()}
+
+
+def _policy_mean(means: dict[str, float], policy: str, metric: str, results: str) -> float:
+    """``policy``'s mean, or that of the constant a ``[oracle: ...]`` row names (kvrl-eval labels the
+    oracle's test runs by the plain constant)."""
+    for label in (policy, policy.split(" [")[0]):
+        if label in means:
+            return means[label]
+    raise KeyError(f"{results} has no test-split rows of {policy!r} (metric {metric!r})")
+
+
+def suite(path: str, metrics: tuple[str, ...] = ("slo_attainment", "preemptions"), results: str | None = None) -> str:
+    rows = _read_csv(path)
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown} (known: {', '.join(METRICS)})")
+    extra = {}
+    for m in metrics:
+        if f"{m}_mean" not in rows[0]:
+            if results is None:
+                raise ValueError(f"{path} has no column {m}_mean: name kvrl-eval's results.csv with --results")
+            extra[m] = _test_means(results, m)
+    refs = [k[: -len("_pct_change")] for k in rows[0] if k.startswith("vs ") and k.endswith("_pct_change")]
+    head = ["policy", "goodput tok/s"] + [METRICS[m][0] for m in metrics] + [f"Δ {r}" for r in refs]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["policy"], f"{_num(float(row['goodput_tok_s_mean']))} ± {_num(float(row['goodput_tok_s_ci95']))}"]
+        for m in metrics:
+            value = _policy_mean(extra[m], row["policy"], m, results) if m in extra else float(row[f"{m}_mean"])
+            cells.append(format(value, METRICS[m][1]))
+        for ref in refs:
+            if row["policy"] == ref[len("vs "):]:
+                cells.append("reference")
+                continue
+            verdict, delta = row[f"{ref}_verdict"], f"Δgoodput_tok_s {ref}"
+            cells.append(f"{float(row[delta + '_mean']):+.0f} ± {float(row[delta + '_ci95']):.0f} "
+                         f"({float(row[f'{ref}_pct_change']):+.1f}%, p {float(row[f'{ref}_p']):.2g}, "
+                         f"{VERDICTS.get(verdict, verdict)})")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _scenario_file(path: str) -> tuple[list[str], dict[str, list[str]], dict[str, list[str]]]:
+    """(column heads, goodput cells per split, preemptions per split) of one rl_scenario_table.py output."""
+    heads, goodput, preempt, field = [], {}, {}, None
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("| split |"):
+                heads = [c.strip() for c in line.strip("|").split("|")][1:]
+            elif line.startswith("| ") and heads:
+                cells = [c.strip() for c in line.strip("|").split("|")]
+                goodput[cells[0]] = cells[1:]
+            elif line.startswith("per cell:"):
+                field = [x.strip() for x in line[len("per cell:"):].split("/")].index("preemptions")
+            elif field is not None and line.split(":")[0] in goodput:
+                split, cells = line.split(":", 1)
+                preempt[split] = [c.split()[1].split("/")[field] for c in cells.split(";")]
+    if not heads or field is None or set(preempt) != set(goodput):
+        raise ValueError(f"{path}: not an rl_scenario_table.py output (its table, 'per cell:' line and one "
+                         f"per-cell line per split are needed)")
+    return heads, goodput, preempt
+
+
+def scenario(paths: list[str]) -> str:
+    out, first = [], None
+    for path in paths:
+        heads, goodput, preempt = _scenario_file(path)
+        if first is None:
+            first = heads
+            out += ["| task, split | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
+        elif heads != first:
+            raise ValueError(f"{path}: columns {heads} differ from {paths[0]}'s {first}")
+        task = os.path.splitext(os.path.basename(path))[0]
+        for split, cells in goodput.items():
+            shown = []
+            for cell, n in zip(cells, preempt[split]):
+                bold = cell.startswith("**")
+                value = f"{float(cell.strip('*')):,.1f}"
+                shown.append(f"{'**' + value + '**' if bold else value} ({n})")
+            out.append(f"| {task}, {split} | " + " | ".join(shown) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("table", choices=("leaderboard", "headroom"))
-    p.add_argument("path")
+    sub = p.add_subparsers(dest="table", required=True)
+    sub.add_parser("leaderboard").add_argument("path")
+    sub.add_parser("headroom").add_argument("path")
+    s = sub.add_parser("suite")
+    s.add_argument("path")
+    s.add_argument("--metrics", default="slo_attainment,preemptions", help=f"comma-separated, of {', '.join(METRICS)}")
+    s.add_argument("--results", help="kvrl-eval results.csv, for metrics the leaderboard lacks")
+    sub.add_parser("scenario").add_argument("paths", nargs="+")
     a = p.parse_args()
-    print(leaderboard(a.path) if a.table == "leaderboard" else headroom(a.path))
+    if a.table == "leaderboard":
+        print(leaderboard(a.path))
+    elif a.table == "headroom":
+        print(headroom(a.path))
+    elif a.table == "suite":
+        print(suite(a.path, tuple(m for m in a.metrics.split(",") if m), a.results))
+    else:
+        print(scenario(a.paths))
 
 
 if __name__ == "__main__":
