@@ -6,6 +6,7 @@
     python scripts/rl_tables.py suite docs/results/rl_sim_suite/tenants_leaderboard.csv \
         --results docs/results/rl_sim_suite/tenants_results.csv --metrics slo_attainment,preemptions,prefix_hit_rate
     python scripts/rl_tables.py scenario docs/results/rl_scenario/pressure.txt docs/results/rl_scenario/phased.txt
+    python scripts/rl_tables.py live docs/results/rl_live_h200/pressure/{sim,live}_results.csv pressure
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -16,7 +17,9 @@ over the test-split rows of ``--results``, kvrl-eval's ``results.csv``, for a me
 lacks), and per reference the paired difference in tok/s with its 95% CI, % change, p and verdict.
 ``scenario``: the stdout of scripts/rl_scenario_table.py (one file per task, named after it) as one
 table, a row per (task, split): goodput of each fixed watermark with the preemptions of that run in
-brackets, the row's best in bold as that script marks it. ``headroom``: the JSON lines of
+brackets, the row's best in bold as that script marks it. ``live``: scripts/rl_live_compare.py's
+sim-beside-live table of one scenario, its heading as a bold caption (to sit inside a section).
+``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
 """
@@ -176,6 +179,13 @@ def scenario(paths: list[str]) -> str:
     return "\n".join(out)
 
 
+def live(sim: str, live_: str, name: str) -> str:
+    from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
+
+    heading, rest = render(load(sim), load(live_), name).split("\n", 1)
+    return f"**{heading.removeprefix('## ')}**\n{rest}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="table", required=True)
@@ -186,6 +196,9 @@ def main() -> None:
     s.add_argument("--metrics", default="slo_attainment,preemptions", help=f"comma-separated, of {', '.join(METRICS)}")
     s.add_argument("--results", help="kvrl-eval results.csv, for metrics the leaderboard lacks")
     sub.add_parser("scenario").add_argument("paths", nargs="+")
+    lv = sub.add_parser("live")
+    for name in ("sim", "live", "scenario"):
+        lv.add_argument(name)
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -193,8 +206,10 @@ def main() -> None:
         print(headroom(a.path))
     elif a.table == "suite":
         print(suite(a.path, tuple(m for m in a.metrics.split(",") if m), a.results))
-    else:
+    elif a.table == "scenario":
         print(scenario(a.paths))
+    else:
+        print(live(a.sim, a.live, a.scenario))
 
 
 if __name__ == "__main__":
