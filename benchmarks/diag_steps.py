@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 from kvrl import plugins
-from kvrl.fidelity.pairs import (load_config, pair_engine, shared_engine, warmup, workload_engine,
-                                 workload_requests)
+from kvrl.builder import warm_up
+from kvrl.fidelity.pairs import load_config, pair_engine, shared_engine, workload_engine, workload_requests
 from kvrl.executors.live_build import build_live
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
@@ -61,7 +61,7 @@ def main() -> None:
     # the modes below set the collector up themselves: the engine must not pause it
     ecfg = dict(workload_engine(shared_engine(cfg, live), w), pause_gc=False)
     reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
-    warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
+    warm_up(live, ecfg, 256 if live.device.type == "cuda" else 4, seed=101)
     pol = cfg["policies"]["vllm"]
     for mode in ("gc as is", "gc frozen", "gc as is again"):
         if mode == "gc frozen":

@@ -15,8 +15,8 @@ import time
 import traceback
 
 from kvrl import plugins
-from kvrl.fidelity.pairs import (load_config, pair_engine, shared_engine, warmup, workload_engine,
-                                 workload_requests)
+from kvrl.builder import warm_up
+from kvrl.fidelity.pairs import load_config, pair_engine, shared_engine, workload_engine, workload_requests
 from kvrl.executors.live_build import build_live
 
 
@@ -55,7 +55,7 @@ def main() -> None:
         w = cfg["workloads"][name]
         ecfg = workload_engine(base, w)
         reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
-        warmup(live, ecfg, 256 if live.device.type == "cuda" else 4, 0)
+        warm_up(live, ecfg, 256 if live.device.type == "cuda" else 4, seed=101)
         hook.rows.clear()
         eng = pair_engine(ecfg, live, cfg["policies"]["vllm"], cfg["slo"])
         t0 = time.perf_counter()

@@ -6,8 +6,11 @@ the same engine everywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl import plugins
@@ -16,6 +19,11 @@ from kvrl.engine.engine import Engine
 from kvrl.executors.base import Executor
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 from kvrl.plugins.registry import OPTIONAL_KINDS
+
+if TYPE_CHECKING:
+    from kvrl.executors.live import LiveExecutor
+
+log = logging.getLogger(__name__)
 
 
 def to_dict(cfg: Any) -> dict:
@@ -96,3 +104,52 @@ def build_engine(cfg: Any, executor: Executor | None = None, record_steps: bool 
     return Engine(engine_cfg, executor, policies["scheduler"], policies["watermark"], policies["eviction"],
                   policies["prefix_cache"], slo_ttft_s=slo.get("ttft_s"), slo_tpot_s=slo.get("tpot_s"),
                   record_steps=record_steps, tier=policies["tier"])
+
+
+#: the warm-up engine's policies: first come first served, no prefix cache (no identity outlives it)
+WARM_UP_POLICIES = {"scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
+                    "prefix_cache": {"name": "none"}}
+
+
+def warm_up(executor: "LiveExecutor", engine: Any, num_requests: int, *, seed: int = 0,
+            max_prompt_len: Optional[int] = None) -> EngineConfig:
+    """Warm ``executor`` up for engines of config ``engine`` (as :func:`build_engine` takes it), so
+    that graph capture and kernel compilation are not charged to the first measured run: the one
+    warm-up of kvrl-eval, kvrl-fidelity, kvrl-bench and the benchmarks.
+
+    It serves ``num_requests`` (> 0) synthetic requests, all arriving at 0, on a throwaway engine
+    of config ``engine`` with :data:`WARM_UP_POLICIES`. Request ``i`` asks ``i + 1`` output tokens,
+    so requests finish one a step and every decode batch size from ``min(num_requests,
+    max_num_seqs)`` down to 1 occurs (a CUDA graph captured for each graph size on the way); the
+    prompts (random tokens drawn with ``seed``) take 12 lengths spaced geometrically from 8 to
+    ``max_prompt_len`` (default ``max(16, min(2048, max_model_len // 4, num_blocks * block_size //
+    max(num_requests // 4, 4)))``), so prefill steps of many token counts compile their kernels
+    and piecewise graphs. A request the engine cannot serve is rejected and counted in the log line.
+
+    What stays on ``executor``: its KV pool of ``engine``'s shape, reused (with the graphs) by every
+    engine built later with the same ``num_blocks``, ``num_cpu_blocks`` and ``block_size`` (the
+    returned config is the warm-up engine's, resolved: build the measured engines with its
+    ``num_blocks`` where ``engine`` says 0), the captured graphs and the compiled kernels. Nothing
+    else: the engine, with its prefix cache, block tables, clock and metrics, is dropped, and the
+    executor's step timing and sampling restart as in a new executor
+    (:meth:`~kvrl.executors.live.LiveExecutor.reset_step_state`: the next step counts no host gap
+    before it; sampling restarts from the executor's seed).
+    """
+    from kvrl.engine.request import Request
+
+    if not num_requests > 0:
+        raise ValueError(f"warm-up num_requests={num_requests!r}: must be positive (skip the warm-up for none)")
+    t0 = time.perf_counter()
+    eng = build_engine({"engine": engine, **WARM_UP_POLICIES}, executor=executor, record_steps=False)
+    c = eng.config
+    if max_prompt_len is None:
+        max_prompt_len = max(16, min(2048, c.max_model_len // 4, c.num_blocks * c.block_size // max(num_requests // 4, 4)))
+    rng = np.random.default_rng(seed)
+    lens = np.unique(np.geomspace(8, max_prompt_len, 12).astype(int))
+    requests = [Request(f"warm{i}", 0.0, rng.integers(0, executor.vocab_size, int(lens[i % len(lens)]), dtype=np.int32),
+                        i + 1) for i in range(num_requests)]
+    summary = eng.run(requests)
+    executor.reset_step_state()
+    log.info("warm-up: %d requests (%d rejected), prompts of 8-%d tokens, %d steps in %.1f s", num_requests,
+             summary["rejected"], max_prompt_len, eng.step_index, time.perf_counter() - t0)
+    return eng.config

@@ -81,32 +81,26 @@ def timed(fn: Callable[[], int], device: torch.device) -> tuple[float, int]:
 
 # ---------------------------------------------------------------------------------------- kvrl
 def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float, int, dict]:
-    from kvrl.builder import build_engine
+    from kvrl.builder import build_engine, warm_up
     from kvrl.engine.engine import Engine
     from kvrl.engine.request import Request
     from kvrl.executors.live_build import build_live
 
     executor = build_live({"checkpoint": checkpoint},
                           {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs})
-
-    num_blocks = cfg.num_blocks
+    ecfg = dict(num_blocks=cfg.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
+    # compile kernels and capture the decode graphs for every batch size on the way down, with
+    # prompts as long as the real ones (no kernel compiled inside the timed run); the timed
+    # engines reuse the warmed pool and graphs (the pool size the warm-up resolved)
+    ecfg["num_blocks"] = warm_up(executor, ecfg, cfg.max_num_seqs, seed=1, max_prompt_len=cfg.max_len).num_blocks
 
     def engine() -> Engine:
-        nonlocal num_blocks
-        ecfg = dict(num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-                    max_num_batched_tokens=cfg.max_num_batched_tokens,
-                    max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
-        eng = build_engine({"engine": ecfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
-                            "eviction": {"name": "lifo"}, "prefix_cache": {"name": "none"}},
-                           executor=executor, record_steps=False)
-        num_blocks = eng.config.num_blocks     # the timed engine reuses the warm-up's pool and graphs
-        return eng
+        return build_engine({"engine": ecfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+                             "eviction": {"name": "lifo"}, "prefix_cache": {"name": "none"}},
+                            executor=executor, record_steps=False)
 
-    # warm-up: compile kernels and capture the decode graphs for every batch size on the way down
-    # (prompts as long as the real ones, so no kernel is compiled inside the timed run)
-    warm = make_workload(cfg.max_num_seqs, cfg.min_len, cfg.max_len, seed=1, vocab=min(10000, executor.vocab_size))
-    warm_reqs = [Request(f"w{i}", 0.0, p, 1 + i % 300) for i, p in enumerate(warm.prompts)]
-    engine().run(warm_reqs)
     reqs = [Request(f"b{i}", 0.0, p, o) for i, (p, o) in enumerate(zip(wl.prompts, wl.output_lens))]
     eng = engine()
     if cfg.profile:

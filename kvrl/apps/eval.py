@@ -103,10 +103,10 @@ _LIVE: dict[str, Any] = {}      # this process's live executor: (key, executor)
 def live_executor(cfg: dict, warmup_requests: int):
     """The live executor of ``cfg`` (backend + model), built once per process and reused by
     every job (the engine reuses its KV pool and captured CUDA graphs when the pool's shape is
-    unchanged); at its first use it serves ``warmup_requests`` synthetic requests so that graph
-    capture and kernel compilation are not charged to the first measured run."""
-    from kvrl.builder import build_engine, build_executor
-    from kvrl.engine.request import Request
+    unchanged); at its first use it is warmed up with ``warmup_requests`` synthetic requests
+    (:func:`kvrl.builder.warm_up`) so that graph capture and kernel compilation are not charged
+    to the first measured run."""
+    from kvrl.builder import build_executor, warm_up
 
     key = json.dumps([cfg["backend"], cfg["model"], cfg["engine"]], sort_keys=True, default=str)
     if _LIVE.get("key") == key:
@@ -114,16 +114,7 @@ def live_executor(cfg: dict, warmup_requests: int):
     _LIVE.clear()
     executor = build_executor(OmegaConf.create(cfg))
     if warmup_requests > 0:
-        warm = copy.deepcopy(cfg)
-        warm.update(watermark={"name": "fixed", "fraction": 0.01}, eviction={"name": "lifo"})
-        engine = build_engine(OmegaConf.create(warm), executor=executor, record_steps=False)
-        rng = np.random.default_rng(12345)
-        tokens = max(16, min(2048, engine.config.num_blocks * engine.config.block_size // 8))
-        lens = np.unique(np.geomspace(8, tokens, 8).astype(int))
-        reqs = [Request(f"warm{i}", 0.0, rng.integers(0, executor.vocab_size, int(lens[i % len(lens)]),
-                                                      dtype=np.int32), 1 + i)
-                for i in range(warmup_requests)]
-        engine.run(reqs)
+        warm_up(executor, cfg["engine"], warmup_requests, seed=12345)
     _LIVE.update(key=key, executor=executor)
     return executor
 

@@ -5,8 +5,8 @@ For every workload x policy pair: one live run and one sim run of the same reque
 engine configuration (the sim gets the live run's resolved ``num_blocks``/``num_cpu_blocks``), each
 with fresh policy instances; cost-aware policies see the same estimates in both (the live
 executor's ``cost_model`` is replaced by the sim's). Live runs are preceded, once per engine
-configuration, by a warm-up run that captures every CUDA graph and compiles every kernel, so
-no capture lands in a timed step. During the live run each executed batch is also priced by the
+configuration, by a warm-up run (:func:`kvrl.builder.warm_up`, ``warmup_requests``) that captures every CUDA
+graph and compiles every kernel, so no capture lands in a timed step. During the live run each executed batch is also priced by the
 sim's cost model ("replay"): a per-step error on identical batches, independent of how the two
 schedules diverge.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from kvrl.fidelity.compare import rel_err
-from kvrl.fidelity.pairs import run_pair, shared_engine, warmup, workload_engine, workload_requests
+from kvrl.fidelity.pairs import run_pair, shared_engine, workload_engine, workload_requests
 from kvrl.fidelity.report import pct, write_report
 
 log = logging.getLogger("kvrl.fidelity")
@@ -35,6 +35,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     import torch
 
     from kvrl import plugins
+    from kvrl.builder import warm_up
     from kvrl.executors.live_build import build_live
     from kvrl.executors.sim import SimExecutor
     from kvrl.profiling.timing import configure_cpu, device_name
@@ -93,7 +94,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                                      ecfg.get("max_model_len") or live.max_model_len)
         key = (ecfg["num_blocks"], ecfg.get("num_cpu_blocks"), ecfg.get("swap_space_gb"), ecfg["block_size"])
         if key != warmed:
-            warmup(live, ecfg, int(cfg.get("warmup_requests", 0)), seed)
+            if int(cfg.get("warmup_requests", 0)) > 0:
+                warm_up(live, ecfg, int(cfg["warmup_requests"]), seed=seed + 101)
             warmed = key
         for pname, pcfg in policies.items():
             title = f"{wname} / {pname}: {len(requests)} requests, {ecfg['num_blocks']} blocks ({device_name(live)})"

@@ -282,6 +282,14 @@ class LiveExecutor(Executor):
         if self._swap_stream is not None:
             self._swap_stream.synchronize()
 
+    def reset_step_state(self) -> None:
+        """Time and sample from here on as a new executor would, between runs (after a warm-up,
+        :func:`kvrl.builder.warm_up`): every swap transfer finished, the next step counts no host
+        gap before it, sampling restarts from ``seed``. Kept: the KV pool, graphs, compiled kernels."""
+        self.sync_swaps()
+        self._last_end = None
+        self._generator.manual_seed(self.seed)
+
     def _copy(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=self.device)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=self.device)

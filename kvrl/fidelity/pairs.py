@@ -1,5 +1,6 @@
 """One (workload, policy) pair served live and in the sim on the same engine configuration, and the
-configuration it runs with (the shared pool, each workload's engine, its requests, the warm-up).
+configuration it runs with (the shared pool, each workload's engine, its requests); the warm-up
+is :func:`kvrl.builder.warm_up`.
 """
 from __future__ import annotations
 
@@ -27,26 +28,6 @@ def pair_engine(ecfg: dict, executor, pcfg: dict, slo: dict, record_steps: bool 
 
     kinds = {kind: dict(pcfg[kind]) for kind in (*plugins.KINDS, "tier") if kind in pcfg}
     return build_engine({"engine": ecfg, **kinds, "slo": slo}, executor=executor, record_steps=record_steps)
-
-
-def warmup(live, ecfg: dict, n: int, seed: int) -> None:
-    """Serve ``n`` requests on ``live`` with engine config ``ecfg`` so that every decode batch size
-    from ``n`` down to 1 occurs (graphs captured) and prompts of many lengths are prefilled."""
-    from kvrl.engine.request import Request
-
-    if n <= 0:
-        return
-    rng = np.random.default_rng(seed + 101)
-    bs = ecfg["block_size"]
-    max_prompt = int(max(16, min(2048, live.max_model_len // 4, ecfg["num_blocks"] * bs // max(4 * n // 16, 4))))
-    lens = np.unique(np.geomspace(8, max_prompt, 12).astype(int))
-    reqs = [Request(f"warm{i}", 0.0, rng.integers(0, live.vocab_size, int(lens[i % len(lens)]), dtype=np.int32),
-                    1 + i % n) for i in range(n)]
-    pol = {"scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"}, "eviction": {"name": "lifo"},
-           "prefix_cache": {"name": "none"}}
-    t0 = time.perf_counter()
-    pair_engine(ecfg, live, pol, {}, record_steps=False).run(reqs)
-    log.info("warm-up: %d requests in %.1f s", n, time.perf_counter() - t0)
 
 
 def serve_live(engine, requests, recorder: StepRecorder, max_wall_s: Optional[float]) -> Optional[str]:
