@@ -113,6 +113,9 @@ class EpisodeConfig:
                 check_range("episode.rate_scales[]", x, 1e-9)
 
 
+LENGTH_KEYS = ("none", "tenant")
+
+
 @dataclass
 class FeatureConfig:
     """Normalisation of the observation features (see :mod:`kvrl.envs.features`).
@@ -128,7 +131,12 @@ class FeatureConfig:
     :data:`~kvrl.envs.features.HISTORY_FEATURES` (short-horizon rates over ``short_tau_s``, the
     load trend, the running sequences' predicted KV demand) to the engine features. ``prefix``:
     append :data:`~kvrl.envs.features.PREFIX_FEATURES` (the prefix cache's recent hit rate over
-    ``tau_s``, its cached blocks and those of them no sequence holds) after those.
+    ``tau_s``, its cached blocks and those of them no sequence holds) after those. ``demand``:
+    append :data:`~kvrl.envs.features.DEMAND_FEATURES` (the running batch's predicted growth and
+    peak KV demand, the waiting queue's predicted KV demand) after those. ``length_key``: what
+    the remaining-output prediction is conditioned on: ``none`` (every finished request) or
+    ``tenant`` (the finished requests of the same tenant, once it has ``min_class_history`` of
+    them; the request class a server knows at admission).
     """
 
     tau_s: float = 10.0
@@ -142,8 +150,14 @@ class FeatureConfig:
     history: bool = False
     short_tau_s: float = 1.0
     prefix: bool = False
+    demand: bool = False
+    length_key: str = "none"
+    min_class_history: int = 8
 
     def __post_init__(self) -> None:
+        if self.length_key not in LENGTH_KEYS:
+            raise ValueError(f"features.length_key must be one of {', '.join(LENGTH_KEYS)}, got {self.length_key!r}")
+        check_range("features.min_class_history", self.min_class_history, 1)
         check_range("features.tau_s", self.tau_s, 1e-6)
         check_range("features.short_tau_s", self.short_tau_s, 1e-6)
         check_range("features.latency_alpha", self.latency_alpha, 1e-6, 1.0)

@@ -31,6 +31,14 @@ averaged over ``tau_s``; 0 before any lookup); the blocks registered in the cach
 them that no sequence holds (reclaimable: they count as free and are the first to go when
 running requests need blocks), both as fractions of the pool.
 
+Demand features (:data:`DEMAND_FEATURES`, appended after those with ``features.demand``), all
+over the KV capacity and squashed at 1: the running sequences' predicted remaining output (how
+much the batch will still grow); their predicted peak KV demand (sequences ordered by predicted
+completion; at each completion, the tokens of those still running plus their growth until then,
+the largest of these: what the batch needs at its fullest if nothing else is admitted); and the
+waiting queue's predicted KV demand (tokens plus predicted output). With ``features.length_key:
+tenant`` every prediction is conditioned on the request's tenant (its class).
+
 Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate slot, slot 0 =
 the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
 (fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
@@ -58,6 +66,7 @@ HISTORY_FEATURES = (
     "arrival_rate_short", "arrival_tokens_short", "preemption_rate_short", "load_trend", "kv_demand",
 )
 PREFIX_FEATURES = ("prefix_hit_rate", "cached_blocks", "cached_free_blocks")
+DEMAND_FEATURES = ("growth", "peak_demand", "waiting_demand")
 CANDIDATE_FEATURES = (
     "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
     "swap_fits", "recompute_vs_swap",
@@ -68,7 +77,7 @@ GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
 def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of :meth:`FeatureTracker.engine_features`' entries under ``config``."""
     return (ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
-            + (PREFIX_FEATURES if config.prefix else ()))
+            + (PREFIX_FEATURES if config.prefix else ()) + (DEMAND_FEATURES if config.demand else ()))
 
 
 def squash(x: float, ref: float) -> float:
@@ -91,6 +100,42 @@ def reserved_fraction(view: "EngineView") -> float:
     """The watermark in force: blocks the watermark policy reserves now / total blocks (0 when the
     engine is idle, as the engine ignores the watermark then)."""
     return view.reserved_blocks / view.num_blocks
+
+
+class RemainingOutput:
+    """Predicts a sequence's remaining output tokens from the lengths of finished requests: the
+    mean length of those that outlived its output so far, minus it (with none: as many as it has
+    generated, at least 1). With ``key="tenant"`` the finished requests of the sequence's tenant,
+    once there are ``min_class_history`` of them (before that, all of them)."""
+
+    def __init__(self, key: str = "none", min_class_history: int = 8) -> None:
+        self.key = key
+        self.min_class_history = min_class_history
+        self._lens: dict[Optional[str], list[int]] = {None: []}
+        self._tables: dict[Optional[str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def add(self, seq: "SeqView") -> None:
+        """Record a finished sequence's output length."""
+        keys = (None, seq.tenant) if self.key == "tenant" else (None,)
+        for k in keys:
+            self._lens.setdefault(k, []).append(seq.num_output)
+            self._tables.pop(k, None)
+
+    def _table(self, tenant: Optional[str]) -> tuple[np.ndarray, np.ndarray]:
+        k = tenant if self.key == "tenant" and len(self._lens.get(tenant, ())) >= self.min_class_history else None
+        table = self._tables.get(k)
+        if table is None:
+            lens = np.sort(np.asarray(self._lens[k], dtype=np.float64))
+            table = self._tables[k] = (lens, np.concatenate([np.cumsum(lens[::-1])[::-1], [0.0]]))
+        return table
+
+    def __call__(self, generated: int, tenant: Optional[str] = None) -> float:
+        """Predicted remaining output tokens of a sequence of ``tenant`` that generated ``generated``."""
+        lens, suffix_sums = self._table(tenant)
+        i = int(np.searchsorted(lens, generated, side="right"))
+        if i == len(lens):
+            return float(max(generated, 1))
+        return float(suffix_sums[i] / (len(lens) - i) - generated)
 
 
 class FeatureTracker:
@@ -119,9 +164,7 @@ class FeatureTracker:
         self.looked_up_tokens = 0.0          # prompt tokens looked up in the prefix cache / s
         self.hit_tokens = 0.0                # ... of those, found cached / s
         self._last_prefix = (0, 0)
-        self._finished_lens: list[int] = []
-        self._sorted_lens: Optional[np.ndarray] = None
-        self._suffix_sums: Optional[np.ndarray] = None
+        self.remaining_output = RemainingOutput(config.length_key, config.min_class_history)
 
     def bind(self, view: "EngineView") -> None:
         self.view = view
@@ -175,8 +218,7 @@ class FeatureTracker:
         self.tpot_s += a * (tpot - self.tpot_s)
         met = ttft <= cfg.ttft_ref_s and tpot <= cfg.tpot_ref_s
         self.slo_attainment += a * (float(met) - self.slo_attainment)
-        self._finished_lens.append(seq.num_output)
-        self._sorted_lens = None
+        self.remaining_output.add(seq)
 
     # ------------------------------------------------------------------ features
     def engine_features(self) -> np.ndarray:
@@ -223,7 +265,23 @@ class FeatureTracker:
                 v.num_cached_blocks / v.num_blocks,
                 v.num_cached_free_blocks / v.num_blocks,
             )
+        if cfg.demand:
+            values += self._demand_features(running, waiting, capacity)
         return np.asarray(values, dtype=np.float32)
+
+    def _demand_features(self, running, waiting, capacity: float) -> tuple[float, float, float]:
+        """:data:`DEMAND_FEATURES` (see the module docstring)."""
+        tokens = np.fromiter((s.num_tokens for s in running), dtype=np.float64, count=len(running))
+        remaining = np.fromiter((self._remaining(s) for s in running), dtype=np.float64, count=len(running))
+        peak = 0.0
+        if len(running):
+            order = np.argsort(remaining, kind="stable")
+            tokens, remaining = tokens[order], remaining[order]
+            alive = len(running) - np.arange(len(running))       # sequences running until each completion
+            peak = float(np.max(np.cumsum(tokens[::-1])[::-1] + alive * remaining))
+        queued = sum(s.num_tokens + self._remaining(s) for s in waiting)
+        return (squash(float(remaining.sum()) / capacity, 1.0), squash(peak / capacity, 1.0),
+                squash(queued / capacity, 1.0))
 
     def candidate_slots(self, candidates: Sequence["SeqView"]) -> list["SeqView"]:
         """The ``top_k`` candidates shown to the agent, newest admission first (slot 0 = LIFO)."""
@@ -258,17 +316,8 @@ class FeatureTracker:
         return out
 
     def _remaining(self, s: "SeqView") -> float:
-        """Remaining output tokens: the trace's value with ``oracle_lengths``, else the mean length
-        of the finished requests that outlived ``s``'s output so far, minus it (with no such
-        request: as many as it generated so far)."""
-        g = s.num_output
+        """Remaining output tokens: the trace's value with ``oracle_lengths``, else
+        :class:`RemainingOutput`'s prediction."""
         if self.config.oracle_lengths:
-            return float(s.output_len - g)
-        if self._sorted_lens is None:
-            self._sorted_lens = np.sort(np.asarray(self._finished_lens, dtype=np.float64))
-            self._suffix_sums = np.concatenate([np.cumsum(self._sorted_lens[::-1])[::-1], [0.0]])
-        lens = self._sorted_lens
-        i = int(np.searchsorted(lens, g, side="right"))
-        if i == len(lens):
-            return float(max(g, 1))
-        return float(self._suffix_sums[i] / (len(lens) - i) - g)
+            return float(s.output_len - s.num_output)
+        return self.remaining_output(s.num_output, s.tenant)

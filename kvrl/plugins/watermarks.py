@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -122,14 +123,17 @@ class PastFutureWatermark(WatermarkPolicy):
     requests); the batch's demand is then evaluated at each predicted completion time and the
     largest value, minus the blocks in use now, is reserved (at most the whole pool). With fewer
     than ``min_history`` finished requests it predicts ``max_tokens``. Parameters: ``quantile`` (0.9), ``history``
-    (1000), ``min_history`` (20). Source: Past-Future scheduling (Gong et al. 2025, "Past-Future
-    Scheduler for LLM Serving under SLA Guarantees")."""
+    (1000), ``min_history`` (20), ``key`` (``none``; ``tenant``: predict each request from its own
+    tenant's finished requests once the tenant has ``min_history`` of them, else from all).
+    Source: Past-Future scheduling (Gong et al. 2025, "Past-Future Scheduler for LLM Serving under
+    SLA Guarantees"); the per-tenant key is kvrl's."""
 
     @dataclass
     class Params:
         quantile: float = 0.9
         history: int = 1000
         min_history: int = 20
+        key: Literal["none", "tenant"] = "none"
 
         def __post_init__(self):
             check_range("quantile", self.quantile, 0.0, 1.0)
@@ -138,24 +142,38 @@ class PastFutureWatermark(WatermarkPolicy):
 
     def __init__(self, params) -> None:
         super().__init__(params)
-        self._history: deque[int] = deque(maxlen=params.history)
-        self._sorted: np.ndarray | None = None
+        self._history: dict[str | None, deque[int]] = {None: deque(maxlen=params.history)}
+        self._sorted: dict[str | None, np.ndarray] = {}
 
     def on_finish(self, seq) -> None:
-        self._history.append(seq.num_output)
-        self._sorted = None
+        keys = (None, seq.tenant) if self.params.key == "tenant" else (None,)
+        for k in keys:
+            self._history.setdefault(k, deque(maxlen=self.params.history)).append(seq.num_output)
+            self._sorted.pop(k, None)
 
-    def _predict_remaining(self, generated: np.ndarray, cap: np.ndarray) -> np.ndarray:
-        if len(self._history) < self.params.min_history:
+    def _predict_remaining(self, generated: np.ndarray, cap: np.ndarray, key: str | None = None) -> np.ndarray:
+        if len(self._history.get(key, ())) < self.params.min_history:
+            key = None
+        if len(self._history[key]) < self.params.min_history:
             return np.maximum(cap - generated, 0)
-        if self._sorted is None:
-            self._sorted = np.sort(np.fromiter(self._history, dtype=np.int64))
-        hist = self._sorted
+        hist = self._sorted.get(key)
+        if hist is None:
+            hist = self._sorted[key] = np.sort(np.fromiter(self._history[key], dtype=np.int64))
         lo = np.searchsorted(hist, generated, side="right")   # first finished length > generated
         span = len(hist) - 1 - lo
         idx = np.minimum(lo + np.floor(self.params.quantile * np.maximum(span, 0)).astype(np.int64), len(hist) - 1)
         pred = np.where(lo < len(hist), hist[idx] - generated, 1)  # outlived all history: one more
         return np.minimum(np.maximum(pred, 1), np.maximum(cap - generated, 1))
+
+    def _predict_running(self, running, generated: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        if self.params.key == "none":
+            return self._predict_remaining(generated, cap)
+        tenants = np.array([s.tenant for s in running], dtype=object)
+        out = np.empty(len(running), dtype=np.int64)
+        for t in set(tenants):
+            mask = tenants == t
+            out[mask] = self._predict_remaining(generated[mask], cap[mask], t)
+        return out
 
     def reserved_blocks(self) -> int:
         running = self.engine.running
@@ -165,7 +183,7 @@ class PastFutureWatermark(WatermarkPolicy):
         tokens = np.fromiter((s.num_tokens for s in running), dtype=np.int64, count=len(running))
         generated = np.fromiter((s.num_output for s in running), dtype=np.int64, count=len(running))
         cap = np.fromiter((s.max_tokens for s in running), dtype=np.int64, count=len(running))
-        remaining = self._predict_remaining(generated, cap)
+        remaining = self._predict_running(running, generated, cap)
         order = np.argsort(remaining)
         remaining, tokens = remaining[order], tokens[order]
         alive = len(running) - np.arange(len(running))                 # requests alive at each completion
