@@ -77,3 +77,67 @@ def test_documented_numbers_have_not_drifted(tmp_path):
     flagged = docs_tables.check([copy], ("cheap",), run)
     assert len(flagged) == 1 and f"{copy}:{block.line}" in flagged[0] and block.command in flagged[0]
     assert f"-{edited.splitlines()[content[:number.start()].count(chr(10))]}" in flagged[0]
+
+
+rl_spec = importlib.util.spec_from_file_location("rl_tables", ROOT / "scripts" / "rl_tables.py")
+rl_tables = importlib.util.module_from_spec(rl_spec)
+rl_spec.loader.exec_module(rl_tables)
+
+_REF = "vs fixed(fraction=0.01)"
+_LEADERBOARD_HEAD = ("rank,policy,kind,goodput_tok_s_mean,goodput_tok_s_ci95,slo_attainment_mean,preemptions_mean,"
+                     f"Δgoodput_tok_s {_REF}_mean,Δgoodput_tok_s {_REF}_ci95,{_REF}_pct_change,{_REF}_p,{_REF}_verdict\n")
+
+
+def test_suite_table_renders_a_leaderboard_and_per_policy_means(tmp_path):
+    """The task-suite shape: the reference's own row says so, every other row its paired Δ with CI,
+    % change, p and verdict; a metric missing from the leaderboard comes from results.csv's test
+    rows (an oracle row by its plain constant) or is an error naming it."""
+    board = tmp_path / "leaderboard.csv"
+    board.write_text(_LEADERBOARD_HEAD
+                     + "1,fixed(fraction=0.0) [oracle: best constant on test],oracle,6449.47,563.6,0.99307,12.9,"
+                       "5.37,18.99,0.0834,0.538,no significant difference\n"
+                     + "2,fixed(fraction=0.01),heuristic,6444.1,565.5,0.9899,22.6,0,0,0,1,no significant difference\n"
+                     + "3,pi,heuristic,5117.2,655.0,0.892,0.0,-1327.4,991.2,-20.6,0.014,worse\n")
+    results = tmp_path / "results.csv"
+    results.write_text("policy,split,seed,prefix_hit_rate\nfixed(fraction=0.0),test,0,0.7\nfixed(fraction=0.0),test,1,0.8\n"
+                       "fixed(fraction=0.0),val,0,0.1\nfixed(fraction=0.01),test,0,0.5\npi,test,0,0.25\n")
+    out = rl_tables.suite(str(board), ("slo_attainment", "preemptions", "prefix_hit_rate"), str(results)).splitlines()
+    assert out[0] == ("| policy | goodput tok/s | SLO att. | preempt. | prefix hit rate | Δ vs fixed(fraction=0.01) |")
+    assert out[2] == ("| fixed(fraction=0.0) [oracle: best constant on test] | 6,449 ± 564 | 0.993 | 12.9 | 0.750 "
+                      "| +5 ± 19 (+0.1%, p 0.54, n.s.) |")
+    assert out[3] == "| fixed(fraction=0.01) | 6,444 ± 566 | 0.990 | 22.6 | 0.500 | reference |"
+    assert out[4] == "| pi | 5,117 ± 655 | 0.892 | 0.0 | 0.250 | -1327 ± 991 (-20.6%, p 0.014, worse) |"
+    with pytest.raises(ValueError, match="no column prefix_hit_rate_mean: name kvrl-eval's results.csv"):
+        rl_tables.suite(str(board), ("prefix_hit_rate",))
+    with pytest.raises(ValueError, match=re.escape("unknown metric(s) ['goodput']")):
+        rl_tables.suite(str(board), ("goodput",))
+    results.write_text("policy,split,seed,prefix_hit_rate\nfixed(fraction=0.0),test,0,0.7\nfixed(fraction=0.01),test,0,0.5\n")
+    with pytest.raises(KeyError, match=re.escape("no test-split rows of 'pi'")):
+        rl_tables.suite(str(board), ("prefix_hit_rate",), str(results))
+
+
+_SCENARIO = """scenario: model=qwen3-0.6b
+| split | 0.0 | 0.1 |
+|---|---|---|
+| val | 7238.5 | **7287.5** |
+| test | **8116.6** | 7871.7 |
+
+per cell: SLO attainment / p50 TTFT s / p50 TPOT ms / preemptions / engine s
+val: 0.0 0.99/0.01/2.3/89/8; 0.1 1.00/0.01/2.2/2/8
+test: 0.0 0.98/0.06/2.4/80/7; 0.1 1.00/0.36/2.3/10/7
+"""
+
+
+def test_scenario_table_joins_task_outputs_with_preemptions(tmp_path):
+    (tmp_path / "pressure.txt").write_text(_SCENARIO)
+    (tmp_path / "phased.txt").write_text(_SCENARIO.replace("7238.5", "6581.7"))
+    out = rl_tables.scenario([str(tmp_path / "pressure.txt"), str(tmp_path / "phased.txt")]).splitlines()
+    assert out == ["| task, split | 0.0 | 0.1 |", "|---|---|---|",
+                   "| pressure, val | 7,238.5 (89) | **7,287.5** (2) |", "| pressure, test | **8,116.6** (80) | 7,871.7 (10) |",
+                   "| phased, val | 6,581.7 (89) | **7,287.5** (2) |", "| phased, test | **8,116.6** (80) | 7,871.7 (10) |"]
+    (tmp_path / "bad.txt").write_text(_SCENARIO.split("per cell")[0])
+    with pytest.raises(ValueError, match="bad.txt: not an rl_scenario_table.py output"):
+        rl_tables.scenario([str(tmp_path / "bad.txt")])
+    (tmp_path / "other.txt").write_text(_SCENARIO.replace("| 0.1 |\n", "| 0.2 |\n"))
+    with pytest.raises(ValueError, match="other.txt: columns"):
+        rl_tables.scenario([str(tmp_path / "pressure.txt"), str(tmp_path / "other.txt")])
