@@ -9,8 +9,10 @@ prints it, so a number can be regenerated and checked instead of retyped.
 The command runs with ``bash -c`` from the repository root and must print the block's Markdown
 (deterministic: no paths, dates or wall times). Kinds: ``cheap`` (seconds; re-run by the CI drift
 test tests/test_docs.py), ``sim`` (minutes of simulation; re-run by scripts/regen_docs.sh, which
-also re-runs the cheap ones). Tables measured on a GPU are not generated blocks: they carry their
-command, device, versions and commit in the text instead.
+also re-runs the cheap ones). A GPU measurement is never re-run here: where its result files are
+committed (docs/results/), a ``cheap`` block renders the table from them (scripts/rl_tables.py), and
+the text names the device command, device, versions and commit; a table whose run output was never
+committed says so in a note beside it.
 
     python scripts/docs_tables.py list                  # every block, its file, line, kind, command
     python scripts/docs_tables.py check [--kind cheap]  # re-run and diff; exit 1 on drift

@@ -3,8 +3,9 @@
 #   1. the sweeps of docs/sweeps.md (scripts/sweeps_docs.sh: docs/figures/sweeps/*, ~10-20 min on 2 cores);
 #   2. every generated block (scripts/docs_tables.py update: README.md and docs/**/*.md, `cheap` and `sim`
 #      kinds; each block names its command in its BEGIN marker).
-# Then `git diff` shows what moved. Tables measured on a GPU are not regenerated here: they carry
-# their command, device, versions and commit (see docs/design.md, "Documented numbers").
+# Then `git diff` shows what moved. GPU runs are not re-run here: their tables are rendered from the
+# committed result files (cheap blocks) or carry their command, device, versions and commit
+# (see docs/design.md, "Documented numbers").
 #
 #   scripts/regen_docs.sh                 # everything
 #   SKIP_SWEEPS=1 scripts/regen_docs.sh   # only the generated blocks (the sweeps' summaries as committed)
