@@ -20,7 +20,7 @@ import transformers
 
 from kvrl.builder import build_engine
 from kvrl.engine.request import Request
-from kvrl.executors.live import random_checkpoint_for
+from kvrl.executors.live_build import random_checkpoint_for
 from kvrl.executors.live_build import build_live
 
 

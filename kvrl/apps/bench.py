@@ -206,11 +206,11 @@ def render(rows: list[dict], header: str) -> str:
 
 @hydra.main(config_path="pkg://kvrl.conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from kvrl.executors.live import _resolve_device, random_checkpoint_for
+    from kvrl.executors.live_build import random_checkpoint_for, resolve_device
     from kvrl.model import ModelConfig
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     checkpoint = cfg.checkpoint or random_checkpoint_for(
         {"name": cfg.preset, "family": "qwen3"}, torch.bfloat16, root=cfg.checkpoint_root)
     mcfg = ModelConfig.from_pretrained(checkpoint)

@@ -24,7 +24,8 @@ from typing import Optional
 #: the timing-relevant code: every module a live step runs (a package: all its modules). Loading
 #: and configuration code (kvrl.model.loader, .config, .random_checkpoint) runs before timing starts.
 TIMING_SOURCES = ("kvrl.kernels", "kvrl.model.layers", "kvrl.model.model", "kvrl.model.metadata",
-                  "kvrl.executors.live", "kvrl.executors.piecewise", "kvrl.executors.base")
+                  "kvrl.executors.live", "kvrl.executors.decode_graph", "kvrl.executors.sampling",
+                  "kvrl.executors.piecewise", "kvrl.executors.base")
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:

@@ -1,7 +1,8 @@
 """The live executor: a real transformer over a paged KV cache (Triton kernels on CUDA, the torch
 reference on CPU), with batched block copies, asynchronous swapping to a pinned CPU pool, CUDA-graph
-decode, piecewise CUDA graphs for every other step (:mod:`kvrl.executors.piecewise`: all but
-attention replayed per token bucket), and greedy or seeded sampling.
+decode (:mod:`kvrl.executors.decode_graph`), piecewise CUDA graphs for every other step
+(:mod:`kvrl.executors.piecewise`: all but attention replayed per token bucket), and greedy or
+seeded sampling (:mod:`kvrl.executors.sampling`). Built by :mod:`kvrl.executors.live_build`.
 
 Swapping (CUDA): one side stream carries every swap transfer, so transfers run in issue order
 (a block swapped out and later swapped in needs no other synchronisation). A copy engine serves
@@ -29,10 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -41,27 +39,14 @@ import torch
 from kvrl import kernels
 from kvrl.engine.batch import ScheduledBatch, StepOutput
 from kvrl.executors.base import Executor
+from kvrl.executors.decode_graph import DecodeGraph
 from kvrl.executors.hardware import DEVICES, DeviceSpec, ModelShape
 from kvrl.executors.piecewise import TOKEN_SIZES, PiecewiseGraphs
+from kvrl.executors.sampling import SamplingConfig, sample
 from kvrl.executors.sim import SimExecutor
-from kvrl.model import AttentionMetadata, CausalLM, ModelConfig, load_model
-from kvrl.plugins.base import check_range
+from kvrl.model import AttentionMetadata, CausalLM, ModelConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SamplingConfig:
-    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def __post_init__(self) -> None:
-        check_range("backend.temperature", self.temperature, 0.0)
-        check_range("backend.top_p", self.top_p, 0.0, 1.0)
-        check_range("backend.top_k", self.top_k, 0)
 
 
 def _shape_of(config: ModelConfig, dtype: torch.dtype) -> ModelShape:
@@ -112,7 +97,7 @@ class LiveExecutor(Executor):
         self._last_end: Optional[float] = None
         self._swap_done: Optional[torch.cuda.Event] = None
         self._swap_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._graphs: dict[int, "_DecodeGraph"] = {}
+        self._graphs: dict[int, "DecodeGraph"] = {}
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     # ----------------------------------------------------------------- sizes
@@ -383,36 +368,6 @@ class LiveExecutor(Executor):
             block_size=bs)
         return d64[0, :num_tokens], d64[1, :num_tokens], meta, order, d_rows[:num_rows]
 
-    # ----------------------------------------------------------------- sampling
-    def _sample(self, logits: torch.Tensor, counts: list[int]) -> tuple[list[list[int]], dict[int, str]]:
-        """Sample ``counts[i]`` tokens from row i. A row holding a NaN or a non-finite maximum
-        (torch's max propagates NaN) is an error; the check rides on the one reduction pass."""
-        top, argmax = logits.max(dim=-1)
-        finite = torch.isfinite(top)
-        s = self.sampling
-        if s.temperature == 0.0:
-            tokens = argmax[:, None].expand(-1, max(counts))
-        else:
-            scaled = torch.nan_to_num(logits / s.temperature, nan=-float("inf"))
-            if s.top_k:
-                kth = torch.topk(scaled, min(s.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
-                scaled = scaled.masked_fill(scaled < kth, -float("inf"))
-            probs = torch.softmax(scaled, dim=-1)
-            if s.top_p < 1.0:
-                sorted_p, idx = probs.sort(dim=-1, descending=True)
-                drop = sorted_p.cumsum(-1) - sorted_p > s.top_p
-                sorted_p = sorted_p.masked_fill(drop, 0.0)
-                probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-            probs = torch.where(finite[:, None], probs, torch.full_like(probs, 1.0 / probs.shape[-1]))
-            tokens = torch.multinomial(probs, max(counts), replacement=True, generator=self._generator)
-        packed = torch.cat([tokens.to(torch.int64), finite[:, None].to(torch.int64)], dim=1).cpu().tolist()
-        out, errors = [], {}
-        for i, (row, c) in enumerate(zip(packed, counts)):
-            if not row[-1]:
-                errors[i] = "non-finite logits"
-            out.append(row[:c])
-        return out, errors
-
     # ----------------------------------------------------------------- step
     def _uncovered(self, batch: ScheduledBatch) -> dict[int, str]:
         """Items whose block table does not cover the tokens they compute (index -> error)."""
@@ -476,7 +431,7 @@ class LiveExecutor(Executor):
         if keep:
             if len(keep) != len(items):
                 logits = logits[torch.tensor(keep, device=self.device)]
-            tokens, errs = self._sample(logits, [items[j].num_samples for j in keep])
+            tokens, errs = sample(logits, [items[j].num_samples for j in keep], self.sampling, self._generator)
             for w, j in enumerate(keep):
                 sampled[index[id(items[j])]] = tokens[w]
                 if w in errs:
@@ -509,14 +464,14 @@ class LiveExecutor(Executor):
         """Whether a step of this many prefill and decode items replays a CUDA graph."""
         return self.use_cuda_graphs and not num_prefills and 0 < num_decodes <= self.GRAPH_BATCH_SIZES[-1]
 
-    def _graph_for(self, batch_size: int) -> Optional["_DecodeGraph"]:
+    def _graph_for(self, batch_size: int) -> Optional["DecodeGraph"]:
         size = next((b for b in self.GRAPH_BATCH_SIZES if b >= batch_size), None)
         if size is None:
             return None
         graph = self._graphs.get(size)
         if graph is None:
             pool = next(iter(self._graphs.values())).pool if self._graphs else None
-            graph = self._graphs[size] = _DecodeGraph(self, size, pool)
+            graph = self._graphs[size] = DecodeGraph(self, size, pool)
         return graph
 
     # ----------------------------------------------------------------- estimates
@@ -525,65 +480,6 @@ class LiveExecutor(Executor):
 
     def estimate_swap_s(self, num_blocks: int) -> float:
         return self.cost_model.estimate_swap_s(num_blocks)
-
-
-class _DecodeGraph:
-    """A captured decode step for a fixed (padded) batch size; padding rows write nowhere."""
-
-    def __init__(self, ex: LiveExecutor, size: int, pool) -> None:
-        dev = ex.device
-        self.size = size
-        width = ex.max_blocks_per_seq
-        # inputs live in two device buffers filled by one host->device copy each per step
-        self.i64 = torch.zeros(3 * size, dtype=torch.int64, device=dev)
-        self.i32 = torch.zeros(size * (1 + width), dtype=torch.int32, device=dev)
-        self.host_i64 = torch.zeros(3 * size, dtype=torch.int64, pin_memory=True)
-        self.host_i32 = torch.zeros(size * (1 + width), dtype=torch.int32, pin_memory=True)
-        self.ids, self.pos, self.slots = self.i64.view(3, size)
-        self.ctx = self.i32[:size]
-        self.tables = self.i32[size:].view(size, width)
-        self.slots.fill_(-1)
-        self.ctx.fill_(1)
-        empty_i32 = torch.zeros(0, dtype=torch.int32, device=dev)
-        self.meta = AttentionMetadata(
-            slot_mapping=self.slots, num_prefill_tokens=0, prefill_cu_seqlens_q=torch.zeros(1, dtype=torch.int32, device=dev),
-            prefill_context_lens=empty_i32, prefill_block_tables=torch.zeros((0, ex.max_blocks_per_seq), dtype=torch.int32, device=dev),
-            max_prefill_q_len=0, decode_context_lens=self.ctx, decode_block_tables=self.tables, block_size=ex.block_size)
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):
-            for _ in range(2):   # warm up (Triton compilation, cuBLAS handles) outside the capture
-                self._body(ex)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(self.graph, pool=self.pool):
-            self.logits = self._body(ex)
-
-    def _body(self, ex: LiveExecutor) -> torch.Tensor:
-        hidden = ex.model(self.ids, self.pos, ex.kv_caches, self.meta)
-        return ex.model.compute_logits(hidden)
-
-    def run(self, ex: LiveExecutor, batch: ScheduledBatch):
-        n, size, bs = len(batch.seqs), self.size, ex.block_size
-        i64 = self.host_i64.numpy().reshape(3, size)
-        i32 = self.host_i32.numpy()
-        ctx, tables = i32[:size], i32[size:].reshape(size, -1)
-        i64[2].fill(-1)      # padding rows write no K/V ...
-        ctx.fill(1)          # ... and attend to one (arbitrary) slot
-        tables.fill(0)
-        for i, item in enumerate(batch.seqs):
-            seq, p = item.seq, item.start
-            table = seq.block_table
-            i64[0, i] = seq.output_token_ids[p - seq.prompt_len] if p >= seq.prompt_len else seq.request.prompt_token_ids[p]
-            i64[1, i] = p
-            i64[2, i] = table[p // bs] * bs + p % bs
-            ctx[i] = p + 1
-            tables[i, :len(table)] = table
-        self.i64.copy_(self.host_i64, non_blocking=True)
-        self.i32.copy_(self.host_i32, non_blocking=True)
-        self.graph.replay()
-        return self.logits[:n]
 
 
 def _runs(cpu_blocks: list[int]) -> list[tuple[int, int, int]]:
@@ -598,55 +494,3 @@ def _runs(cpu_blocks: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("backend.device=cuda but no CUDA device is available; use backend.device=cpu")
-    return torch.device(name)
-
-
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-    except KeyError:
-        raise ValueError(f"backend.dtype must be auto, bfloat16, float16 or float32, got {name!r}") from None
-
-
-def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs/.checkpoints") -> str:
-    """A random-weight checkpoint of the shape in ``model_cfg`` (written once, then reused)."""
-    from kvrl.model import make_random_checkpoint
-    from kvrl.model.random_checkpoint import PRESETS
-
-    name = model_cfg["name"]
-    dtype_name = str(dtype).removeprefix("torch.")
-    path = Path(root) / f"{name}-{dtype_name}-seed{model_cfg.get('seed', 0)}"
-    if (path / "config.json").exists():
-        return str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if name in PRESETS:
-        make_random_checkpoint(path, preset=name, dtype=dtype_name)
-        return str(path)
-    shape_keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
-                  "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-                  "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
-                  "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
-    overrides = {hf: model_cfg[k] for k, hf in shape_keys.items() if k in model_cfg}
-    make_random_checkpoint(path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name, **overrides)
-    return str(path)
-
-
-def build_live_executor(backend_cfg: dict, model_cfg: dict, seed: int = 0) -> LiveExecutor:
-    """From ``conf/backend/live.yaml`` and a ``conf/model`` entry (``checkpoint`` or a random one)."""
-    device = _resolve_device(backend_cfg.get("device", "auto"))
-    dtype = _resolve_dtype(backend_cfg.get("dtype", "auto"), device)
-    checkpoint = model_cfg.get("checkpoint") or random_checkpoint_for(model_cfg, dtype)
-    if not os.path.isdir(checkpoint):
-        raise FileNotFoundError(f"model.checkpoint={checkpoint!r} is not a directory")
-    model, config = load_model(checkpoint, dtype=dtype, device=device)
-    sampling = SamplingConfig(backend_cfg.get("temperature", 0.0), backend_cfg.get("top_p", 1.0),
-                              backend_cfg.get("top_k", 0))
-    log.info("live executor: %s on %s (%s), checkpoint %s", config.architecture, device, dtype, checkpoint)
-    return LiveExecutor(model, config, device, dtype, sampling, bool(backend_cfg.get("cuda_graphs", True)), seed)

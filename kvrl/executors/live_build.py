@@ -1,5 +1,6 @@
 """The one builder of live executors (:func:`build_live`): a checkpoint, the random checkpoint
-``kvrl-run backend=live`` writes, or random weights drawn in device memory.
+``kvrl-run backend=live`` writes, or random weights drawn in device memory; and what it resolves
+on the way (:func:`resolve_device`, :func:`resolve_dtype`, :func:`random_checkpoint_for`).
 
 Kept apart from :mod:`kvrl.executors.live`, whose source the shipped sim profiles are
 fingerprinted against (:mod:`kvrl.executors.fingerprint`): building an executor is not timed.
@@ -8,16 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+import os
+from pathlib import Path
+from typing import Any, Mapping
 
-if TYPE_CHECKING:
-    from kvrl.executors.live import LiveExecutor
+import torch
+
+from kvrl.executors.live import LiveExecutor
+from kvrl.executors.sampling import SamplingConfig
+from kvrl.model import load_model
 
 log = logging.getLogger(__name__)
 
 
 def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], seed: int = 0,
-               weights: str = "memory") -> "LiveExecutor":
+               weights: str = "memory") -> LiveExecutor:
     """A :class:`~kvrl.executors.live.LiveExecutor` for ``model_cfg`` (a ``conf/model`` entry) on
     ``backend_cfg`` (``conf/backend/live.yaml``: device, dtype, cuda_graphs, sampling; ``name`` and
     ``weights`` are ignored here).
@@ -26,11 +32,6 @@ def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], see
     random weights directly on the device (no checkpoint written; step times do not depend on
     weight values); ``disk`` loads the random checkpoint written for the model's shape (what
     ``kvrl-run backend=live`` uses); any other value is a checkpoint directory."""
-    import torch
-
-    from kvrl.executors.live import (LiveExecutor, SamplingConfig, _resolve_device, _resolve_dtype,
-                                     build_live_executor)
-
     backend = {k: v for k, v in backend_cfg.items() if k not in ("name", "weights")}
     model_cfg = dict(model_cfg)
     if weights not in ("memory", "disk") and not model_cfg.get("checkpoint"):
@@ -40,8 +41,8 @@ def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], see
     from kvrl.model import CausalLM, ModelConfig
     from kvrl.model.random_checkpoint import PRESETS, preset_config
 
-    device = _resolve_device(backend.get("device", "auto"))
-    dtype = _resolve_dtype(backend.get("dtype", "auto"), device)
+    device = resolve_device(backend.get("device", "auto"))
+    dtype = resolve_dtype(backend.get("dtype", "auto"), device)
     name = model_cfg.get("name", "tiny")
     mml = model_cfg.get("max_model_len")
     if name in PRESETS:
@@ -72,3 +73,59 @@ def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], see
     sampling = SamplingConfig(backend.get("temperature", 0.0), backend.get("top_p", 1.0), backend.get("top_k", 0))
     log.info("live executor: %s on %s (%s), random weights in memory", config.architecture, device, dtype)
     return LiveExecutor(model.eval(), config, device, dtype, sampling, bool(backend.get("cuda_graphs", True)), seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``backend.device``: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda[:i]``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("backend.device=cuda but no CUDA device is available; use backend.device=cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``backend.dtype``: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``bfloat16``, ``float16``, ``float32``."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+    except KeyError:
+        raise ValueError(f"backend.dtype must be auto, bfloat16, float16 or float32, got {name!r}") from None
+
+
+def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs/.checkpoints") -> str:
+    """A random-weight checkpoint of the shape in ``model_cfg`` (written once, then reused)."""
+    from kvrl.model import make_random_checkpoint
+    from kvrl.model.random_checkpoint import PRESETS
+
+    name = model_cfg["name"]
+    dtype_name = str(dtype).removeprefix("torch.")
+    path = Path(root) / f"{name}-{dtype_name}-seed{model_cfg.get('seed', 0)}"
+    if (path / "config.json").exists():
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name in PRESETS:
+        make_random_checkpoint(path, preset=name, dtype=dtype_name)
+        return str(path)
+    shape_keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
+                  "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+                  "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                  "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
+    overrides = {hf: model_cfg[k] for k, hf in shape_keys.items() if k in model_cfg}
+    make_random_checkpoint(path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name, **overrides)
+    return str(path)
+
+
+def build_live_executor(backend_cfg: dict, model_cfg: dict, seed: int = 0) -> LiveExecutor:
+    """From ``conf/backend/live.yaml`` and a ``conf/model`` entry (``checkpoint`` or a random one)."""
+    device = resolve_device(backend_cfg.get("device", "auto"))
+    dtype = resolve_dtype(backend_cfg.get("dtype", "auto"), device)
+    checkpoint = model_cfg.get("checkpoint") or random_checkpoint_for(model_cfg, dtype)
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(f"model.checkpoint={checkpoint!r} is not a directory")
+    model, config = load_model(checkpoint, dtype=dtype, device=device)
+    sampling = SamplingConfig(backend_cfg.get("temperature", 0.0), backend_cfg.get("top_p", 1.0),
+                              backend_cfg.get("top_k", 0))
+    log.info("live executor: %s on %s (%s), checkpoint %s", config.architecture, device, dtype, checkpoint)
+    return LiveExecutor(model, config, device, dtype, sampling, bool(backend_cfg.get("cuda_graphs", True)), seed)
