@@ -33,3 +33,10 @@ def test_layers_contract_is_kept_over_every_module():
                if "__pycache__" not in p.parts and not any(m in p.parents for m in mapped)]
     analyzed = re.search(r"Analyzed (\d+) files", report)
     assert analyzed and int(analyzed.group(1)) == len(modules), report[-4000:]
+
+
+def test_no_module_is_over_500_lines():
+    """Issue #19: small modules with one job (kvrl/executors/live.py was 652 lines before its split)."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for d in ("kvrl", "envs", "kernels") for p in sorted((ROOT / d).rglob("*.py"))
+            if "__pycache__" not in p.parts and (n := len(p.read_text().splitlines())) > 500]
+    assert not long, "\n".join(long)
