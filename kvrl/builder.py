@@ -119,8 +119,9 @@ def warm_up(executor: "LiveExecutor", engine: Any, num_requests: int, *, seed: i
 
     It serves ``num_requests`` (> 0) synthetic requests, all arriving at 0, on a throwaway engine
     of config ``engine`` with :data:`WARM_UP_POLICIES`. Request ``i`` asks ``i + 1`` output tokens,
-    so requests finish one a step and every decode batch size from ``min(num_requests,
-    max_num_seqs)`` down to 1 occurs (a CUDA graph captured for each graph size on the way); the
+    so once the prompts are in, requests finish one a step and the decode batch shrinks one by one
+    from at most ``min(num_requests, max_num_seqs)`` to 1 (a CUDA graph captured for each graph
+    size on the way; sizes above what the pool and the token budget admit at once do not occur); the
     prompts (random tokens drawn with ``seed``) take 12 lengths spaced geometrically from 8 to
     ``max_prompt_len`` (default ``max(16, min(2048, max_model_len // 4, num_blocks * block_size //
     max(num_requests // 4, 4)))``), so prefill steps of many token counts compile their kernels
