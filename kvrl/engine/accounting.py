@@ -49,66 +49,61 @@ class AccountingMixin:
             children.append(child)
         return children
 
-    def apply(self, batch: ScheduledBatch, sampled: list[list[int]], errors: Optional[dict[int, str]] = None) -> None:
-        """Record the executed batch: computed tokens, sampled tokens, forks, finishes, failures."""
-        if errors:
-            self._apply_with_errors(batch, sampled, errors)
-            return
+    def apply(self, batch: ScheduledBatch, sampled: list[list[int]],
+              errors: Optional[dict[int, str]] = None) -> tuple[int, int]:
+        """Record the executed batch item by item: computed tokens (the block pool's bookkeeping),
+        sampled tokens, forks, and the abort of each failed item's request (``errors``: item index
+        -> reason) as it comes; then the finishes. Returns the batch's (prefill tokens, decode
+        tokens), counting every item.
+
+        One loop for the whole batch, the per-step hot path of the engine: a decode token inside a
+        block (most of them) is recorded on the pool's :attr:`block_fill` without a call
+        (see ``on_computed`` of the allocators); everything else goes through ``on_computed``."""
+        alloc = self.allocator
+        on_computed, fill, bs = alloc.on_computed, alloc.block_fill, alloc.block_size
+        failed = {id(batch.seqs[i]): reason for i, reason in errors.items()} if errors else None
+        groups = self._groups
         done: list[Sequence] = []
         running, now = SeqStatus.RUNNING, self.now
-        # the block pool first, for the whole batch in one call (the order of its bookkeeping across
-        # sequences does not matter: forks below only add references to blocks already held)
-        self.allocator.on_batch_computed(batch.seqs)
+        added = prefill = decodes = 0
         for item, tokens in zip(batch.seqs, sampled):
+            k = item.num_tokens
+            if k == 1:
+                decodes += 1
+            else:
+                prefill += k
             seq = item.seq
             if seq.status is not running:
                 continue
-            seq.num_computed = item.start + item.num_tokens
-            if not tokens:
-                continue
-            if seq.first_token_s < 0:
-                seq.first_token_s = now
-                self._groups[seq.request.request_id].record.first_token_s = now
-            outputs = seq.output_token_ids
-            outputs.append(tokens[0])
-            if len(outputs) >= seq.request.output_len:
-                done.append(seq)
-            if len(tokens) > 1:
-                done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
-        for seq in done:
-            if seq.status is running:
-                self._finish(seq)
-        if done:
-            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
-
-    def _apply_with_errors(self, batch: ScheduledBatch, sampled: list[list[int]], errors: dict[int, str]) -> None:
-        """:meth:`apply` item by item, aborting the requests of failed items as they come."""
-        done: list[Sequence] = []
-        on_computed, running, now = self.allocator.on_computed, SeqStatus.RUNNING, self.now
-        for idx, (item, tokens) in enumerate(zip(batch.seqs, sampled)):
-            seq = item.seq
-            if seq.status is not running:
-                continue
-            if errors and idx in errors:
-                self.abort(seq.request.request_id, errors[idx])
+            if failed and id(item) in failed:
+                self.abort(seq.request.request_id, failed[id(item)])
                 continue
             old = item.start
-            new = old + item.num_tokens
-            on_computed(seq, old, new)
+            new = old + k
+            if k == 1 and new % bs:
+                block = seq.block_table[old // bs]
+                f = new % bs
+                if fill[block] < f:
+                    added += f - fill[block]
+                    fill[block] = f
+            else:
+                on_computed(seq, old, new)
             seq.num_computed = new
             if not tokens:
                 continue
             if seq.first_token_s < 0:
                 seq.first_token_s = now
-                self._groups[seq.request.request_id].record.first_token_s = now
+                groups[seq.request.request_id].record.first_token_s = now
             outputs = seq.output_token_ids
             outputs.append(tokens[0])
             if len(outputs) >= seq.request.output_len:
                 done.append(seq)
             if len(tokens) > 1:
                 done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
+        alloc.add_stored_tokens(added)
         for seq in done:
-            if seq.status is SeqStatus.RUNNING:   # not aborted by a later item's error
+            if seq.status is running:     # not aborted by a later item's error
                 self._finish(seq)
         if done:
-            self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
+            self.running = [s for s in self.running if s.status is running]
+        return prefill, decodes

@@ -12,7 +12,7 @@ import bisect
 from typing import Callable
 
 from kvrl.engine.paged_allocator import OutOfBlocks, PrefixMatch
-from kvrl.engine.request import Request, Sequence, SeqStatus
+from kvrl.engine.request import Request, Sequence
 
 
 def reserved_tokens(reserve: str, request: Request, max_model_len: int) -> int:
@@ -126,13 +126,18 @@ class ContiguousAllocator:
         assert upto <= len(seq.block_table) * self.block_size, "contiguous reservation exceeded"
         return []
 
-    def on_batch_computed(self, items) -> None:
-        """:meth:`on_computed` for each item of an executed batch whose sequence is still running."""
-        for item in items:
-            if item.seq.status is SeqStatus.RUNNING:
-                self.on_computed(item.seq, item.start, item.start + item.num_tokens)
+    @property
+    def block_fill(self) -> list[int]:
+        """Tokens with computed KV in each block (see :meth:`PagedAllocator.block_fill`)."""
+        return self._fill
+
+    def add_stored_tokens(self, n: int) -> None:
+        """Count ``n`` tokens the caller added to :attr:`block_fill`."""
+        self._tokens_in_use += n
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
+        """Record that tokens ``[old, new)`` of ``seq`` now have KV (each block's fill raised to
+        what it holds; a decode inside a block may be recorded by the caller on :attr:`block_fill`)."""
         bs = self.block_size
         for i in range(old // bs, (new - 1) // bs + 1):
             block = seq.block_table[i]

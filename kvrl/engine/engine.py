@@ -371,16 +371,10 @@ class Engine(PlanningMixin, AccountingMixin):
             self.metrics.record_host_gap(out.host_gap_s, out.host_gap_counted)
         self.now += duration
         self.step_index += 1
-        self.apply(batch, out.sampled, out.errors)
-        tokens = decodes = 0
-        for item in batch.seqs:
-            k = item.num_tokens
-            tokens += k
-            if k == 1:
-                decodes += 1
+        prefill, decodes = self.apply(batch, out.sampled, out.errors)
         self.metrics.record_step(
             self.step_index, self.now, duration, len(self.running), len(self.waiting) + len(self.preempted),
-            len(self.swapped), tokens - decodes, decodes, self.allocator.num_used_blocks,
+            len(self.swapped), prefill, decodes, self.allocator.num_used_blocks,
             self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
         self._run_hooks(self._on_step_end)
         if self._callbacks:

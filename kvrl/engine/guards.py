@@ -186,6 +186,32 @@ class GuardedPrefixCache:
             del self._hash_of[block]
         return block
 
+    def evict_blocks(self, n: int) -> list[int]:
+        """Up to ``n`` :meth:`evict` calls, each checked as one, timed as one call; stops at the
+        first that yields no block (so fewer than ``n`` blocks means none was left)."""
+        timer, evict, evictable, hash_of = self._timer, self.policy.evict, self._evictable, self._hash_of
+        t0 = perf_counter()
+        blocks = []
+        for _ in range(n):
+            try:
+                block = evict()
+                if (block is None and evictable) or (block is not None and block not in evictable):
+                    raise ValueError(f"evict returned {block!r}, not one of the {len(evictable)} evictable "
+                                     f"blocks (a block in use or not cached, or nothing)")
+            except Exception as exc:
+                self._fail("evict", exc)
+                block = self._fallback_evict()
+            else:
+                if block is not None:
+                    del evictable[block]
+                    del hash_of[block]
+            if block is None:
+                break
+            blocks.append(block)
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        return blocks
+
     def _fallback_evict(self) -> Optional[int]:
         if not self._evictable:
             return None

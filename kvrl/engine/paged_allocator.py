@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from kvrl.engine.hashing import BlockHasher
-from kvrl.engine.request import Sequence, SeqStatus
+from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
 
 
@@ -82,6 +82,9 @@ class PagedAllocator:
         self._tokens_in_use = 0                # sum of fills over used blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.num_cpu_blocks = num_cpu_blocks
+        # blocks reclaimed from the prefix cache in bulk (:meth:`_reclaim`) unless a subclass
+        # reclaims its own way (the CPU tier offloads each reclaimed block)
+        self._bulk_reclaim = type(self)._allocate is PagedAllocator._allocate
 
     # ----------------------------------------------------------------- counters
     @property
@@ -275,34 +278,47 @@ class PagedAllocator:
                     fill[block] = 0
                     table.append(block)
                 self._num_used += take
-            for _ in range(need - take):
-                table.append(self._allocate())
+            if need > take:
+                if self._bulk_reclaim:
+                    self._reclaim(table, need - take)
+                else:
+                    for _ in range(need - take):
+                        table.append(self._allocate())
         return copies
 
-    def on_batch_computed(self, items) -> None:
-        """:meth:`on_computed` for each :class:`~kvrl.engine.batch.ScheduledSeq` of an executed
-        batch whose sequence is still running (tokens ``[start, start + num_tokens)``), in batch
-        order. One decode token inside a block, most of a step, is counted here without a call."""
-        bs, fill, running = self.block_size, self._fill, SeqStatus.RUNNING
-        added = 0
-        for item in items:
-            seq = item.seq
-            if seq.status is not running:
-                continue
-            old = item.start
-            if item.num_tokens == 1:
-                f = (old + 1) % bs
-                if f:
-                    block = seq.block_table[old // bs]
-                    if fill[block] < f:
-                        added += f - fill[block]
-                        fill[block] = f
-                    continue
-            self.on_computed(seq, old, old + item.num_tokens)
-        self._tokens_in_use += added
+    def _reclaim(self, table: list[int], n: int) -> None:
+        """Append to ``table`` ``n`` blocks taken from the prefix cache's evictable ones, as ``n``
+        calls of :meth:`_allocate` on an empty free list take them (same blocks, same order, the
+        same :class:`OutOfBlocks` after the blocks there were), with one guarded call for the lot."""
+        blocks = self.prefix_cache.evict_blocks(n)
+        cached, identity, ref, fill = self._cached, self._identity, self.ref_counts, self._fill
+        for block in blocks:
+            cached[block] = False
+            identity[block] = None
+            ref[block] = 1
+            fill[block] = 0
+        self._num_used += len(blocks)
+        table += blocks
+        if len(blocks) < n:
+            raise OutOfBlocks("no free GPU block")
+
+    @property
+    def block_fill(self) -> list[int]:
+        """Tokens with computed KV in each block: the pool's own list. The engine records a decode
+        token inside a block here directly (see :meth:`on_computed`)."""
+        return self._fill
+
+    def add_stored_tokens(self, n: int) -> None:
+        """Count ``n`` tokens the caller added to :attr:`block_fill` of used blocks."""
+        self._tokens_in_use += n
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
-        """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks."""
+        """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks.
+
+        One decode token inside a block (``new - old == 1``, ``new % block_size != 0``) only raises
+        its block's fill to ``new % block_size``; a caller may do that itself on
+        :attr:`block_fill` (and count the increase with :meth:`add_stored_tokens`) instead of
+        calling this, as the engine's ``apply`` does: subclasses must keep that case that way."""
         bs = self.block_size
         table, fill = seq.block_table, self._fill
         if new - old == 1 and new % bs:    # one decode token inside a block: the common case
