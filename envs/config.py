@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from kvrl.plugins.base import check_choice, check_range
+from kvrl.plugins.lengths import LENGTH_KEYS
 
 DEFAULT_TTFT_REF_S = 1.0     # feature latency references where run.slo has no objective
 DEFAULT_TPOT_REF_S = 0.05
@@ -111,9 +112,6 @@ class EpisodeConfig:
             self.rate_scales = [float(x) for x in self.rate_scales]
             for x in self.rate_scales:
                 check_range("episode.rate_scales[]", x, 1e-9)
-
-
-LENGTH_KEYS = ("none", "tenant")
 
 
 @dataclass

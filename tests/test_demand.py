@@ -10,7 +10,7 @@ def _seq(tenant, num_output):
 
 
 def test_remaining_output_is_per_tenant_once_the_tenant_has_enough_history():
-    from kvrl.envs.features import RemainingOutput
+    from kvrl.plugins.lengths import RemainingOutput
 
     pooled, keyed = RemainingOutput("none"), RemainingOutput("tenant", min_class_history=3)
     for n in (1000, 1100, 900):

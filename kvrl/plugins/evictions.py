@@ -1,5 +1,5 @@
 """Built-in eviction (preemption) policies: ``lifo``, ``fewest_computed``, ``most_blocks``,
-``priority``, ``cost_aware``.
+``priority``, ``longest_remaining``, ``cost_aware``.
 
 Each picks a victim among the candidates (running sequences not yet scheduled this step, always
 including the one that needs a block) and a mode. ``mode`` is ``recompute``, ``swap``, or ``auto``
@@ -10,7 +10,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
-from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, check_choice
+from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, check_choice, check_range
+from kvrl.plugins.lengths import LENGTH_KEYS, RemainingOutput
 from kvrl.plugins.registry import register
 
 _MODES = ("recompute", "swap", "auto")
@@ -78,6 +79,36 @@ class PriorityEviction(_ByKey):
 
     def key(self, seq):
         return (seq.priority, seq.admit_order)
+
+
+@register("eviction", "longest_remaining")
+class LongestRemaining(_ByKey):
+    """The sequence predicted to generate the most tokens still: it would hold its blocks longest,
+    so preempting it frees memory for the most future work per preemption. Remaining output is
+    predicted from the finished requests (:class:`~kvrl.plugins.lengths.RemainingOutput`: the mean
+    length of those that outlived the sequence's output so far, minus it), with ``key=tenant``
+    from the sequence's own tenant once it has ``min_class_history`` finished requests. Ties go to
+    the newest. Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8)."""
+
+    @dataclass
+    class Params(ModeParams):
+        key: str = "none"
+        min_class_history: int = 8
+
+        def __post_init__(self):
+            super().__post_init__()
+            check_choice("key", self.key, LENGTH_KEYS)
+            check_range("min_class_history", self.min_class_history, 1)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.remaining = RemainingOutput(params.key, params.min_class_history)
+
+    def on_finish(self, seq) -> None:
+        self.remaining.add(seq)
+
+    def key(self, seq):
+        return (self.remaining(seq.num_output, seq.tenant), seq.admit_order)
 
 
 @register("eviction", "cost_aware")
