@@ -488,7 +488,8 @@ def test_offline_batches_cost_linear_time_in_the_queue_length():
 def test_token_bytes_are_the_hashed_ids_across_the_prompt_and_the_outputs():
     """Block identities are hashed from Sequence.token_bytes (no array per block); they must be the
     bytes block_bytes gives for the same ids, in the prompt, the outputs and across the boundary,
-    and BlockHasher.extend must give one chain whether it gets ids or their bytes."""
+    and BlockHasher.extend must give one chain whether it gets ids or their bytes (and
+    BlockHasher.chain, block by block, the same chain)."""
     from kvrl.engine.hashing import BlockHasher, block_bytes
     from kvrl.engine.request import Sequence
     seq = Sequence(0, make_request("b", 20, 1))
@@ -502,5 +503,9 @@ def test_token_bytes_are_the_hashed_ids_across_the_prompt_and_the_outputs():
         hasher.extend(from_bytes, seq.token_bytes(0, 8), 4, 2, b"salt")
         hasher.extend(from_bytes, seq.token_bytes(8, 24), 4, 6, None, offset=8)
         assert from_ids == from_bytes and len(from_ids) == 6, name
+        chained = [hasher.chain(hasher.root(b"salt"), seq.token_bytes(0, 4))]
+        for i in range(1, 6):                   # block by block, as decodes fill them
+            chained.append(hasher.chain(chained[-1], seq.token_bytes(4 * i, 4 * i + 4)))
+        assert chained == from_ids, name
         with pytest.raises(ValueError, match="reach position"):
             hasher.extend([], seq.token_bytes(0, 20), 4, 6, b"salt")

@@ -203,9 +203,10 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     assert default.config.prefix_hash == "blake2b"
     default.run(_victim_then_forger(victim, forged))
     assert default.metrics.prompt_tokens_hit == 0
-    as_xxh3, root, extend = BlockHasher("xxh3"), BlockHasher.root, BlockHasher.extend
+    as_xxh3, root, extend, chain = BlockHasher("xxh3"), BlockHasher.root, BlockHasher.extend, BlockHasher.chain
     monkeypatch.setattr(BlockHasher, "root", lambda self, salt: root(as_xxh3, salt))
     monkeypatch.setattr(BlockHasher, "extend", lambda self, *a, **kw: extend(as_xxh3, *a, **kw))
+    monkeypatch.setattr(BlockHasher, "chain", lambda self, *a: chain(as_xxh3, *a))
     colliding = make_engine(num_blocks=64, block_size=16, prefix_cache=cache)
     assert colliding.allocator._hasher.checked
     summary = colliding.run(_victim_then_forger(victim, forged))

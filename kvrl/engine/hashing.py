@@ -104,6 +104,16 @@ class BlockHasher:
         h.update(salt)
         return h.digest()
 
+    def chain(self, parent: BlockHash, data: bytes) -> BlockHash:
+        """The identity of one block whose token ids have :func:`block_bytes` ``data``, after the
+        block (or root) with identity ``parent``: what :meth:`extend` appends for it."""
+        if self.name == "xxh3":
+            return xxhash.xxh3_64_intdigest(data, seed=parent)
+        h = self._block_state.copy()
+        h.update(parent)
+        h.update(data)
+        return h.digest()
+
     def extend(self, hashes: list, tokens: Union[np.ndarray, bytes], block_size: int, num_blocks: int,
                salt: Optional[bytes], offset: int = 0) -> None:
         """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of the sequence

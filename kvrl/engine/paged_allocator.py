@@ -160,9 +160,13 @@ class PagedAllocator:
 
     # ----------------------------------------------------------------- prefix matching
     def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        done = len(seq.block_hashes)
+        hashes = seq.block_hashes
+        done = len(hashes)
         if done < num_full_blocks:     # only the new blocks' tokens (a long history is not re-read per block)
             bs = self.block_size
+            if done and num_full_blocks - done == 1:    # one more block, as a decode fills them
+                hashes.append(self._hasher.chain(hashes[-1], seq.token_bytes(done * bs, num_full_blocks * bs)))
+                return
             self._hasher.extend(seq.block_hashes, seq.token_bytes(done * bs, num_full_blocks * bs), bs,
                                 num_full_blocks, None if done else self._salt(seq), offset=done * bs)
 
@@ -326,6 +330,22 @@ class PagedAllocator:
             if fill[block] < new % bs:
                 self._tokens_in_use += new % bs - fill[block]
                 fill[block] = new % bs
+            return
+        if new - old == 1:                 # a decode token completes its block: register that one
+            i = old // bs
+            block = table[i]
+            self._tokens_in_use += bs - fill[block]
+            fill[block] = bs
+            if not self.prefix_cache.enabled:
+                return
+            self._ensure_hashes(seq, i + 1)
+            if self._cached[block]:
+                return
+            hashes = seq.block_hashes
+            if self.prefix_cache.insert(hashes[i], hashes[i - 1] if i else None, block, self._clock()):
+                self._cached[block] = True
+                if self._checked:
+                    self._identity[block] = (seq, i)
             return
         first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
         added = 0
