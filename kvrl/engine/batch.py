@@ -7,7 +7,7 @@ from typing import Optional
 from kvrl.engine.request import Sequence
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     """Compute tokens ``[start, start + num_tokens)`` of ``seq``; sample ``num_samples`` tokens
     from the logits of the last one (0 while a chunked prefill is unfinished; ``n`` when a

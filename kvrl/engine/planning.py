@@ -95,8 +95,32 @@ class PlanningMixin:
         refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
         running = self.running
         preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
+        copies = batch.copies
+        for seq in running:   # until the first block shortage (most steps have none): no preemption here
+            if budget <= 0:
+                break
+            computed = seq.num_computed
+            outputs = seq.output_token_ids
+            request = seq.request
+            k = request.prompt_len + len(outputs) - computed
+            if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
+                if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
+                        else len(seq.block_table) * bs > computed:
+                    append(ScheduledSeq(seq, computed, 1, request.n if request.n > 1 and not outputs
+                                        and seq.parent_seq_id is None else 1))
+                    budget -= 1
+                    continue
+            elif k > budget:
+                k = budget
+            upto = computed + k
+            if needs_blocks(seq, upto):
+                if alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
+                    break                      # a shortage: the general loop below takes it from here
+                copies.extend(alloc.extend(seq, upto))
+            append(ScheduledSeq(seq, computed, k, self._num_samples(seq, upto)))
+            budget -= k
+        i = len(batch.seqs)                    # batch.seqs[j].seq is running[j] for every j < i
+        while i < len(running) and budget > 0:   # from the first shortage on: preemption may remove sequences
             seq = running[i]
             computed = seq.num_computed
             outputs = seq.output_token_ids
