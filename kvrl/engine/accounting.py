@@ -67,12 +67,12 @@ class AccountingMixin:
         running, now = SeqStatus.RUNNING, self.now
         added = prefill = decodes = 0
         for item, tokens in zip(batch.seqs, sampled):
+            seq = item.seq
             k = item.num_tokens
             if k == 1:
                 decodes += 1
             else:
                 prefill += k
-            seq = item.seq
             if seq.status is not running:
                 continue
             if failed and id(item) in failed:
@@ -82,10 +82,10 @@ class AccountingMixin:
             new = old + k
             if k == 1 and new % bs:
                 block = seq.block_table[old // bs]
-                f = new % bs
-                if fill[block] < f:
-                    added += f - fill[block]
-                    fill[block] = f
+                f = new % bs - fill[block]
+                if f > 0:
+                    added += f
+                    fill[block] += f
             else:
                 on_computed(seq, old, new)
             seq.num_computed = new

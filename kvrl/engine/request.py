@@ -6,14 +6,13 @@ A :class:`Request` is immutable workload data. The engine turns it into one :cla
 from __future__ import annotations
 
 import enum
-import sys
-from array import array
+import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-_BIG_ENDIAN = sys.byteorder == "big"
+_PACKERS: dict[int, struct.Struct] = {}      # n -> packer of n little-endian int64 (token_bytes)
 
 
 class RequestRejected(ValueError):
@@ -138,12 +137,14 @@ class Sequence:
         plen = prompt.shape[0]
         if end <= plen:
             return prompt[start:end].astype("<i8").tobytes()
-        out = array("q", self.output_token_ids[max(start - plen, 0): end - plen])
-        if _BIG_ENDIAN:
-            out.byteswap()
+        lo, hi = max(start - plen, 0), end - plen
+        packer = _PACKERS.get(hi - lo)
+        if packer is None:
+            packer = _PACKERS[hi - lo] = struct.Struct(f"<{hi - lo}q")
+        out = packer.pack(*self.output_token_ids[lo:hi])
         if start >= plen:
-            return out.tobytes()
-        return prompt[start:].astype("<i8").tobytes() + out.tobytes()
+            return out
+        return prompt[start:].astype("<i8").tobytes() + out
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Token ids in positions ``[start, end)`` as an int64 array."""
