@@ -100,12 +100,13 @@ class GuardedPrefixCache:
         return bool(ok)
 
     def insert_blocks(self, entries: list[tuple], now: float) -> list[int]:
-        """:meth:`insert` of each ``(hash, parent hash, block)`` in order, timed as one call (a
-        full sequence's blocks register together); returns the blocks that were registered."""
+        """:meth:`insert` of each ``(hash, parent hash, block, tag)`` in order (``tag`` is the
+        caller's, ignored here), timed as one call (a full sequence's blocks register together);
+        returns the blocks that were registered."""
         timer, insert, hash_of = self._timer, self.policy.insert, self._hash_of
         t0 = perf_counter()
         done = []
-        for block_hash, parent_hash, block_id in entries:
+        for block_hash, parent_hash, block_id, _ in entries:
             try:
                 ok = insert(block_hash, parent_hash, block_id, now)
             except Exception as exc:

@@ -143,10 +143,10 @@ class BlockHasher:
                 append(parent)
             return
         copy = self._block_state.copy
-        for i in range(num_blocks - start):
+        for off in range(0, len(buf), width):
             h = copy()
             h.update(parent)
-            h.update(buf[i * width:(i + 1) * width])
+            h.update(buf[off:off + width])
             parent = h.digest()
             append(parent)
 

@@ -364,20 +364,23 @@ class PagedAllocator:
             now = self._clock()
             hashes = seq.block_hashes
             cached = self._cached
-            index = {}                              # block -> its index in the sequence
-            entries = []
-            for i in range(first_full, last_full):
-                block = table[i]
-                if not cached[block]:
-                    index[block] = i
-                    entries.append((hashes[i], hashes[i - 1] if i else None, block))
+            entries = [(hashes[i], hashes[i - 1] if i else None, table[i], i)
+                       for i in range(first_full, last_full) if not cached[table[i]]]
             if not entries:
                 return
-            identity = self._identity if self._checked else None
-            for block in self.prefix_cache.insert_blocks(entries, now):
+            registered = self.prefix_cache.insert_blocks(entries, now)
+            for block in registered:
                 cached[block] = True
-                if identity is not None:
-                    identity[block] = (seq, index[block])
+            if self._checked:
+                identity = self._identity
+                if len(registered) == len(entries):     # the usual: every block was new to the cache
+                    for _, _, block, i in entries:
+                        identity[block] = (seq, i)
+                else:
+                    done = set(registered)
+                    for _, _, block, i in entries:
+                        if block in done:
+                            identity[block] = (seq, i)
 
     # ----------------------------------------------------------------- sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
