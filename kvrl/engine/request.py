@@ -19,7 +19,7 @@ class RequestRejected(ValueError):
     """A request that the engine can never serve (too long, malformed); the rest keep running."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Request:
     """One inference request as a workload describes it.
 
@@ -81,7 +81,7 @@ class SeqStatus(enum.Enum):
     ABORTED = "aborted"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     """One token stream the engine schedules.
 
