@@ -49,7 +49,8 @@ def leaderboard(path: str) -> str:
                  f"{_num(float(row['goodput_tok_s_mean']))} ± {_num(float(row['goodput_tok_s_ci95']))}"]
         for ref in refs:
             verdict = row[f"{ref}_verdict"]
-            cells.append("reference" if not verdict else
+            is_ref = not verdict or row["policy"] == ref[len("vs "):]    # the CSV scores the reference against itself
+            cells.append("reference" if is_ref else
                          f"{float(row[f'{ref}_pct_change']):+.1f}% {VERDICTS.get(verdict, verdict)}")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -116,6 +116,19 @@ def test_suite_table_renders_a_leaderboard_and_per_policy_means(tmp_path):
         rl_tables.suite(str(board), ("prefix_hit_rate",), str(results))
 
 
+def test_leaderboard_table_marks_the_reference_row_even_though_the_csv_scores_it_against_itself(tmp_path):
+    """kvrl-eval's leaderboard.csv gives the reference a verdict against itself (+0.0%, no
+    significant difference); the ``leaderboard`` table says "reference" there, and only there."""
+    board = tmp_path / "leaderboard.csv"
+    board.write_text(_LEADERBOARD_HEAD
+                     + "1,fixed(fraction=0.01),heuristic,2912.0,734.0,0.99,22.6,0,0,0.0,1,no significant difference\n"
+                     + "2,fixed(fraction=0.01) [oracle: best constant on test],oracle,2912.0,734.0,0.99,22.6,0,0,0.0,1,"
+                       "no significant difference\n")
+    out = rl_tables.leaderboard(str(board)).splitlines()
+    assert out[2] == "| 1 | fixed(fraction=0.01) | heuristic | 2,912 ± 734 | reference |"
+    assert out[3] == "| 2 | fixed(fraction=0.01) [oracle: best constant on test] | oracle | 2,912 ± 734 | +0.0% n.s. |"
+
+
 _SCENARIO = """scenario: model=qwen3-0.6b
 | split | 0.0 | 0.1 |
 |---|---|---|
