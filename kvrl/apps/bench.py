@@ -87,7 +87,7 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
     from kvrl.executors.live_build import build_live
 
     executor = build_live({"checkpoint": checkpoint},
-                          {"device": cfg.device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs})
+                          {"device": cfg.torch_device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs})
     ecfg = dict(num_blocks=cfg.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)
@@ -210,7 +210,7 @@ def main(cfg: DictConfig) -> None:
     from kvrl.model import ModelConfig
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.torch_device)
     checkpoint = cfg.checkpoint or random_checkpoint_for(
         {"name": cfg.preset, "family": "qwen3"}, torch.bfloat16, root=cfg.checkpoint_root)
     mcfg = ModelConfig.from_pretrained(checkpoint)
