@@ -165,31 +165,15 @@ class GuardedPrefixCache:
             timer.total_s += perf_counter() - t0
 
     def evict(self) -> Optional[int]:
-        timer = self._timer
-        t0 = perf_counter()
-        evictable = self._evictable
-        try:
-            block = self.policy.evict()
-            if (block is None and evictable) or (block is not None and block not in evictable):
-                raise ValueError(f"evict returned {block!r}, not one of the {len(evictable)} evictable "
-                                 f"blocks (a block in use or not cached, or nothing)")
-        except Exception as exc:
-            block, error = None, exc
-        else:
-            error = None
-        if not timer.depth:
-            timer.total_s += perf_counter() - t0
-        if error is not None:
-            self._fail("evict", error)
-            return self._fallback_evict()
-        if block is not None:
-            del evictable[block]
-            del self._hash_of[block]
-        return block
+        """One checked :meth:`evict_blocks` call: the block the policy reclaims, or None."""
+        blocks = self.evict_blocks(1)
+        return blocks[0] if blocks else None
 
     def evict_blocks(self, n: int) -> list[int]:
-        """Up to ``n`` :meth:`evict` calls, each checked as one, timed as one call; stops at the
-        first that yields no block (so fewer than ``n`` blocks means none was left)."""
+        """Up to ``n`` of the policy's ``evict()`` calls, timed as one call; each answer must be an
+        evictable block, or None only when none is (else it is a policy error, and the evictable
+        block released longest ago is taken instead). Stops at the first that yields no block, so
+        fewer than ``n`` blocks means none was left."""
         timer, evict, evictable, hash_of = self._timer, self.policy.evict, self._evictable, self._hash_of
         t0 = perf_counter()
         blocks = []

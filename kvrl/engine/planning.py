@@ -122,33 +122,8 @@ class PlanningMixin:
         i = len(batch.seqs)                    # batch.seqs[j].seq is running[j] for every j < i
         while i < len(running) and budget > 0:   # from the first shortage on: preemption may remove sequences
             seq = running[i]
-            computed = seq.num_computed
-            outputs = seq.output_token_ids
-            request = seq.request
-            num_tokens = request.prompt_len + len(outputs)
-            k = num_tokens - computed
-            if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
-                if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
-                        else len(seq.block_table) * bs > computed:
-                    append(ScheduledSeq(seq, computed, 1, request.n if request.n > 1 and not outputs
-                                        and seq.parent_seq_id is None else 1))
-                    budget -= 1
-                    i += 1
-                    continue
-            if k > budget:
-                k = budget
-            upto = computed + k
-            if not needs_blocks(seq, upto):    # fast path: most decode steps (_num_samples inlined)
-                if upto < num_tokens:
-                    samples = 0
-                elif seq.request.n > 1 and seq.parent_seq_id is None and not seq.output_token_ids:
-                    samples = seq.request.n
-                else:
-                    samples = 1
-                append(ScheduledSeq(seq, computed, k, samples))
-                budget -= k
-                i += 1
-                continue
+            k = min(seq.num_tokens - seq.num_computed, budget)
+            upto = seq.num_computed + k
             while (need := alloc.blocks_to_extend(seq, upto)) > alloc.num_free_blocks:
                 candidates = running[i:]
                 decision = yield Shortage(self.view_of(seq), [self.view_of(s) for s in candidates], need,
