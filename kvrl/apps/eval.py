@@ -97,7 +97,7 @@ def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dic
     return cfg
 
 
-_LIVE: dict[str, Any] = {}      # this process's live executor: (key, executor)
+_LIVE: dict[str, Any] = {}      # this process's live executor: key, executor, the pool's num_blocks
 
 
 def live_executor(cfg: dict, warmup_requests: int):
@@ -113,9 +113,10 @@ def live_executor(cfg: dict, warmup_requests: int):
         return _LIVE["executor"]
     _LIVE.clear()
     executor = build_executor(OmegaConf.create(cfg))
+    num_blocks = None
     if warmup_requests > 0:
-        warm_up(executor, cfg["engine"], warmup_requests, seed=12345)
-    _LIVE.update(key=key, executor=executor)
+        num_blocks = warm_up(executor, cfg["engine"], warmup_requests, seed=12345).num_blocks
+    _LIVE.update(key=key, executor=executor, num_blocks=num_blocks)
     return executor
 
 
@@ -128,7 +129,13 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
 
     cfg = job_config(run, role, job, resample)
     executor = live_executor(cfg, live_warmup) if cfg["backend"]["name"] == "live" else None
+    if executor is not None and not cfg["engine"].get("num_blocks") and _LIVE.get("num_blocks"):
+        # engine.num_blocks=0 sizes the pool from free memory, which the warm-up's captured graphs
+        # have reduced: every job keeps the first pool's size, so its pool and graphs are reused
+        cfg["engine"]["num_blocks"] = _LIVE["num_blocks"]
     engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace)
+    if executor is not None and not _LIVE.get("num_blocks"):
+        _LIVE["num_blocks"] = engine.config.num_blocks
     requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
     metrics = engine.run(requests)
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
