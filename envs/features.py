@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 import numpy as np
 
 from kvrl.envs.config import FeatureConfig
-from kvrl.plugins.lengths import RemainingOutput
+from kvrl.plugins.lengths import RemainingOutput, completion_demand
 
 if TYPE_CHECKING:
     from kvrl.engine.views import EngineView, SeqView
@@ -238,12 +238,7 @@ class FeatureTracker:
         """:data:`DEMAND_FEATURES` (see the module docstring)."""
         tokens = np.fromiter((s.num_tokens for s in running), dtype=np.float64, count=len(running))
         remaining = np.fromiter((self._remaining(s) for s in running), dtype=np.float64, count=len(running))
-        peak = 0.0
-        if len(running):
-            order = np.argsort(remaining, kind="stable")
-            tokens, remaining = tokens[order], remaining[order]
-            alive = len(running) - np.arange(len(running))       # sequences running until each completion
-            peak = float(np.max(np.cumsum(tokens[::-1])[::-1] + alive * remaining))
+        peak = float(np.max(completion_demand(tokens, remaining)[0])) if len(running) else 0.0
         queued = sum(s.num_tokens + self._remaining(s) for s in waiting)
         return (squash(float(remaining.sum()) / capacity, 1.0), squash(peak / capacity, 1.0),
                 squash(queued / capacity, 1.0))

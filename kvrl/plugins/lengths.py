@@ -1,5 +1,5 @@
-"""Output-length prediction from finished requests, shared by the eviction plugins and the
-environments' features (:mod:`kvrl.envs.features`)."""
+"""Output-length prediction from finished requests, and the KV demand it implies, shared by the
+eviction and watermark plugins and the environments' features (:mod:`kvrl.envs.features`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
@@ -48,3 +48,15 @@ class RemainingOutput:
         if i == len(lens):
             return float(max(generated, 1))
         return float(suffix_sums[i] / (len(lens) - i) - generated)
+
+
+def completion_demand(tokens: np.ndarray, remaining: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's KV demand at each predicted completion, if nothing else is admitted: sequences
+    ordered by ``remaining`` (predicted output tokens still to come), at the ``i``-th completion the
+    tokens of those still running plus their growth until then (tokens), and how many are running
+    (``alive``). Its maximum is the batch's peak demand (independent of the order among equal
+    ``remaining``: within a tie the first position is the largest)."""
+    order = np.argsort(remaining, kind="stable")
+    tokens, remaining = tokens[order], remaining[order]
+    alive = len(tokens) - np.arange(len(tokens))
+    return np.cumsum(tokens[::-1])[::-1] + alive * remaining, alive

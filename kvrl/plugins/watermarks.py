@@ -14,6 +14,7 @@ from typing import Literal
 import numpy as np
 
 from kvrl.plugins.base import WatermarkPolicy, check_range
+from kvrl.plugins.lengths import completion_demand
 from kvrl.plugins.registry import register
 
 
@@ -183,11 +184,6 @@ class PastFutureWatermark(WatermarkPolicy):
         tokens = np.fromiter((s.num_tokens for s in running), dtype=np.int64, count=len(running))
         generated = np.fromiter((s.num_output for s in running), dtype=np.int64, count=len(running))
         cap = np.fromiter((s.max_tokens for s in running), dtype=np.int64, count=len(running))
-        remaining = self._predict_running(running, generated, cap)
-        order = np.argsort(remaining)
-        remaining, tokens = remaining[order], tokens[order]
-        alive = len(running) - np.arange(len(running))                 # requests alive at each completion
-        suffix_tokens = np.cumsum(tokens[::-1])[::-1]
-        demand_blocks = (suffix_tokens + alive * remaining) / bs + alive   # + one partial block each
-        peak = int(math.ceil(demand_blocks.max()))
+        demand, alive = completion_demand(tokens, self._predict_running(running, generated, cap))
+        peak = int(math.ceil((demand / bs + alive).max()))               # + one partial block each
         return min(max(peak - self.engine.num_used_blocks, 0), self.engine.num_blocks)
