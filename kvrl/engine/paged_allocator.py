@@ -82,9 +82,6 @@ class PagedAllocator:
         self._tokens_in_use = 0                # sum of fills over used blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
         self.num_cpu_blocks = num_cpu_blocks
-        # blocks reclaimed from the prefix cache in bulk (:meth:`_reclaim`) unless a subclass
-        # reclaims its own way (the CPU tier offloads each reclaimed block)
-        self._bulk_reclaim = type(self)._allocate is PagedAllocator._allocate
 
     # ----------------------------------------------------------------- counters
     @property
@@ -283,17 +280,14 @@ class PagedAllocator:
                     table.append(block)
                 self._num_used += take
             if need > take:
-                if self._bulk_reclaim:
-                    self._reclaim(table, need - take)
-                else:
-                    for _ in range(need - take):
-                        table.append(self._allocate())
+                self._reclaim(table, need - take)
         return copies
 
     def _reclaim(self, table: list[int], n: int) -> None:
         """Append to ``table`` ``n`` blocks taken from the prefix cache's evictable ones, as ``n``
         calls of :meth:`_allocate` on an empty free list take them (same blocks, same order, the
-        same :class:`OutOfBlocks` after the blocks there were), with one guarded call for the lot."""
+        same :class:`OutOfBlocks` after the blocks there were), with one guarded call for the lot.
+        A subclass whose :meth:`_allocate` does more per reclaimed block overrides this too."""
         blocks = self.prefix_cache.evict_blocks(n)
         cached, identity, ref, fill = self._cached, self._identity, self.ref_counts, self._fill
         for block in blocks:

@@ -138,6 +138,11 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
             self.disk_store = DiskStore(self.disk.num_blocks, self._host.shape[1], self._disk_dir, self._disk_threads)
 
     # ----------------------------------------------------------------- reclaim -> offload
+    def _reclaim(self, table: list[int], n: int) -> None:
+        """Reclaimed blocks one at a time through :meth:`_allocate`, which offloads each."""
+        for _ in range(n):
+            table.append(self._allocate())
+
     def _allocate(self) -> int:
         if self._free:
             return super()._allocate()
