@@ -1,0 +1,255 @@
+#!/usr/bin/env python
+"""Numbers quoted in the running prose of README.md and docs/, computed from committed data, so a
+sentence cannot keep a number its data no longer gives.
+
+In the Markdown a quoted number (or a short phrase of numbers) sits in an inline span naming its
+fact, ``<source>.<key>``::
+
+    TTFT p50 falls on every seed (<!-- fact: tiers.llama_ttft_p50_cpu -->55 -> 21, 38 -> 18, 1734 -> 83<!-- /fact --> ms)
+
+A source is a function below that reads committed result files (its ``inputs``) and returns its
+facts as ``{key: text}``; ``python scripts/docs_facts.py <source>`` prints them as JSON, and that
+command is what scripts/docs_tables.py runs to check the spans (``check``: the CI drift test
+tests/test_docs.py for ``cheap`` sources) or rewrite them (``update``: scripts/regen_docs.sh).
+Sources read their files only; a source that needs a simulation run would be of kind ``sim``
+(none yet: the sim results quoted in prose are committed first and read from there).
+
+    python scripts/docs_facts.py list            # every source: kind, inputs
+    python scripts/docs_facts.py tiers           # its facts, as JSON
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("cheap", "sim")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A fact source: its kind (``cheap``: reads committed files in well under a second), the
+    committed files it reads (relative to the repository root) and the function computing its
+    facts (``{key: text}``, the text exactly as the prose quotes it)."""
+
+    kind: str
+    inputs: tuple[str, ...]
+    facts: Callable[[], dict[str, str]]
+
+
+SOURCES: dict[str, Source] = {}
+
+
+def source(name: str, kind: str, *inputs: str):
+    """Register the decorated function as the fact source ``name``."""
+    if kind not in KINDS:
+        raise ValueError(f"source {name}: unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+    def register(fn: Callable[[], dict[str, str]]):
+        SOURCES[name] = Source(kind, inputs, fn)
+        return fn
+    return register
+
+
+def command(name: str) -> str:
+    """The shell command (from the repository root) that prints the facts of source ``name``."""
+    return f"python scripts/docs_facts.py {name}"
+
+
+def _json(path: str):
+    return json.loads((ROOT / path).read_text())
+
+
+def _csv(path: str) -> list[dict[str, str]]:
+    with open(ROOT / path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _span(values: Sequence[float], fmt: str, sep: str = "-") -> str:
+    """``lo-hi`` of ``values`` in ``fmt`` (one value when they round alike; ``lo to hi`` with a
+    minus sign when the range has a negative end)."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    if lo == hi:
+        return lo.replace("-", "−")
+    if min(values) < 0 or fmt.startswith("+"):
+        return f"{lo} to {hi}".replace("-", "−")
+    return f"{lo}{sep}{hi}"
+
+
+# --- docs/tiers.md and README: the CPU tier in the sim (scripts/tiers_study.py results.json) ------
+
+TIERS = {"qwen": "docs/results/tiers/qwen3-0.6b/results.json", "llama": "docs/results/tiers/llama-3-8b/results.json"}
+
+
+def _runs(path: str) -> dict[str, list[dict]]:
+    """results.json's runs by variant, each list in seed order."""
+    by: dict[str, list[dict]] = {}
+    for run in sorted(_json(path), key=lambda r: r["seed"]):
+        by.setdefault(run["variant"], []).append(run)
+    return by
+
+
+
+
+@source("tiers", "cheap", *TIERS.values())
+def tiers() -> dict[str, str]:
+    out = {}
+    for shape, path in TIERS.items():
+        runs = _runs(path)
+        seeds = [r["seed"] for r in runs["gpu"]]
+        out[f"{shape}_per_seed"] = "; ".join(
+            f"seed {s}: " + ", ".join(f"{v} {runs[v][i]['ttft_p50_s'] * 1e3:.1f} / {runs[v][i]['ttft_p99_s'] * 1e3:.0f} ms"
+                                      for v in ("gpu", "cpu", "cost"))
+            for i, s in enumerate(seeds))
+        gpu, cpu = runs["gpu"], runs["cpu"]
+        out[f"{shape}_working_set"] = (f"mean {gpu[0]['working_set_mean_x_pool']:.1f}x the GPU pool, "
+                                       f"peak {gpu[0]['working_set_peak_x_pool']:.1f}x (seed {gpu[0]['seed']})")
+        out[f"{shape}_ttft_p50_cpu"] = ", ".join(
+            f"{g['ttft_p50_s'] * 1e3:.0f} -> {c['ttft_p50_s'] * 1e3:.0f}" for g, c in zip(gpu, cpu))
+        out[f"{shape}_ttft_p99_drop"] = _span([100 * (1 - c["ttft_p99_s"] / g["ttft_p99_s"]) for g, c in zip(gpu, cpu)],
+                                              ".0f") + "%"
+        out[f"{shape}_ttft_p99_change"] = _span([100 * (c["ttft_p99_s"] / g["ttft_p99_s"] - 1) for g, c in zip(gpu, cpu)],
+                                                "+.0f") + "%"
+        out[f"{shape}_gpu_hit"] = _span([r["tier_gpu_hit_rate"] for r in cpu], ".2f")
+        out[f"{shape}_total_hit"] = _span([r["prefix_hit_rate"] for r in cpu], ".2f")
+        out[f"{shape}_cpu_hit_pct"] = _span([100 * r["tier_cpu_hit_rate"] for r in cpu], ".0f") + "%"
+        out[f"{shape}_cost_equals"] = "gpu" if all(
+            c["tier_loaded_blocks"] == 0 for c in runs["cost"]) else "cpu" if all(
+            c["ttft_p50_s"] == p["ttft_p50_s"] for c, p in zip(runs["cost"], cpu)) else "neither"
+    both_cpu = [r for p in TIERS.values() for r in _runs(p)["cpu"]]
+    out["gpu_hit"] = _span([r["tier_gpu_hit_rate"] for r in both_cpu], ".2f")
+    out["total_hit"] = _span([r["prefix_hit_rate"] for r in both_cpu], ".2f")
+    out["cpu_hit_pct"] = _span([100 * r["tier_cpu_hit_rate"] for r in both_cpu], ".0f") + "%"
+    return out
+
+
+# --- docs/sweeps.md: the worked examples' readings (kvrl-report summaries, scripts/sweeps_docs.sh) --
+
+SWEEPS = "docs/figures/sweeps"
+
+
+def _summary(sweep: str) -> list[dict[str, str]]:
+    return _csv(f"{SWEEPS}/{sweep}/summary.csv")
+
+
+def _f(row: dict, key: str) -> float:
+    return float(row[key]) if row.get(key) not in ("", None) else math.nan
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1f}%".replace("-", "−")
+
+
+@source("sweeps", "cheap", *(f"{SWEEPS}/{s}/summary.csv" for s in ("opt_factor", "avg_block_len", "fixed",
+                                                                      "eviction_prefix")))
+def sweeps() -> dict[str, str]:
+    out = {}
+    fixed = {_f(r, "watermark.fraction"): r for r in _summary("fixed")}
+    best = max(fixed.values(), key=lambda r: _f(r, "goodput_tok_s_mean"))
+    out["fixed_best"] = f"{_f(best, 'watermark.fraction'):g}"
+    out["fixed_best_vs_001"] = _pct(_f(best, "goodput_tok_s_pct_change"))
+    out["fixed_best_preempt"] = (f"{_f(fixed[0.01], 'preemptions_mean'):.0f} -> "
+                                 f"{_f(best, 'preemptions_mean'):.0f}")
+    opt = _summary("opt_factor")
+    obest = max(opt, key=lambda r: _f(r, "goodput_tok_s_mean"))
+    out["opt_best_a"] = f"{_f(obest, 'watermark.a'):g}"
+    out["opt_best_vs_a0"] = _pct(_f(obest, "goodput_tok_s_pct_change"))
+    base_pre = next(_f(r, "preemptions_mean") for r in opt if _f(r, "watermark.a") == 0)
+    out["opt_best_preempt"] = f"{base_pre:.0f} -> {_f(obest, 'preemptions_mean'):.0f}"
+    rows = opt + _summary("avg_block_len") + list(fixed.values())
+    compared = [r for r in rows if r.get("goodput_tok_s_verdict")]
+    significant = [r for r in compared if r["goodput_tok_s_verdict"] != "no significant difference"]
+    out["holm_significant"] = f"{len(significant)} of {len(compared)}"
+    abl = {_f(r, "watermark.t"): r for r in _summary("avg_block_len")}
+    out["abl_74_vs_fixed_001"] = _pct(100 * (_f(abl[7.4], "goodput_tok_s_mean") / _f(fixed[0.01], "goodput_tok_s_mean") - 1))
+    ep = _summary("eviction_prefix")
+    none = [r for r in ep if r["prefix_cache"] == "none"]
+    out["ep_none_loss"] = _span([-_f(r, "goodput_tok_s_pct_change") for r in none], ".0f", "–") + "%"
+    base = next(r for r in ep if not r.get("goodput_tok_s_verdict"))
+    out["ep_none_ttft_p99_x"] = _span([_f(r, "ttft_p99_s_mean") / _f(base, "ttft_p99_s_mean") for r in none], ".1f", "–") + "x"
+    cached = [r for r in ep if r["prefix_cache"] != "none"]
+    others = [r for r in cached if r["eviction"] != "cost_aware" and r is not base]
+    out["ep_cached_within"] = f"{max(abs(_f(r, 'goodput_tok_s_pct_change')) for r in others):.1f}%"
+    cost = [r for r in cached if r["eviction"] == "cost_aware"]
+    out["ep_cost_aware"] = _span([-_f(r, "goodput_tok_s_pct_change") for r in cost], ".1f", "–") + "%"
+    p_none = [_f(r, "goodput_tok_s_p_holm") for r in none]
+    out["ep_none_p_holm"] = _span(p_none, ".3f", "–")
+    return out
+
+
+# --- docs/rl.md: the session-4 scenario tables (rl_scenario_table.py output, committed) ----------
+
+SCENARIO = "docs/results/rl_scenario"
+
+
+def _cells(path: str) -> tuple[list[str], dict[str, dict[str, list[str]]]]:
+    """An rl_scenario_table.py output's column heads and, per split, head -> the cell's fields
+    (SLO attainment, p50 TTFT s, p50 TPOT ms, preemptions, engine s)."""
+    text = (ROOT / path).read_text()
+    heads = re.search(r"^\| split \| (.+) \|$", text, re.M)[1].split(" | ")
+    cells = {}
+    for split, line in re.findall(r"^(\w+): (.+)$", text, re.M):
+        if split in ("scenario", "suggested"):
+            continue
+        cells[split] = dict(zip(heads, (c.split(" ", 1)[1].split("/") for c in line.split("; "))))
+    return heads, cells
+
+
+def _goodput(path: str) -> dict[str, dict[str, float]]:
+    text = (ROOT / path).read_text()
+    heads = re.search(r"^\| split \| (.+) \|$", text, re.M)[1].split(" | ")
+    return {m[1]: dict(zip(heads, (float(v.strip("*")) for v in m[2].split(" | "))))
+            for m in re.finditer(r"^\| (\w+) \| ([\d.*| ]+) \|$", text, re.M)}
+
+
+@source("scenario", "cheap", f"{SCENARIO}/d5ff5ad/watermark.txt", f"{SCENARIO}/d5ff5ad/preemption.txt")
+def scenario() -> dict[str, str]:
+    out = {}
+    splits = ("train", "val", "test")
+    path = f"{SCENARIO}/d5ff5ad/watermark.txt"
+    _, cells = _cells(path)
+    out["wm_slo_001"] = ", ".join(f"{s} {100 * float(cells[s]['0.01'][0]):.0f}%" for s in splits)
+    out["wm_ttft_001"] = ", ".join(f"{float(cells[s]['0.01'][1]):.{1 if float(cells[s]['0.01'][1]) >= 1 else 2}f} s"
+                                   for s in splits)
+    good = _goodput(path)
+    for s in splits:
+        out[f"wm_{s}_best"] = max(good[s], key=good[s].get)
+    test = good["test"]
+    out["wm_val_pick_loss"] = f"{100 * (1 - test[out['wm_val_best']] / test[out['wm_test_best']]):.0f}%"
+    pre = f"{SCENARIO}/d5ff5ad/preemption.txt"
+    _, pcells = _cells(pre)
+    out["pre_slo_lifo"] = ", ".join(f"{s} {100 * float(pcells[s]['lifo'][0]):.0f}%" for s in splits)
+    out["pre_slo_cost"] = ", ".join(f"{100 * float(pcells[s]['cost_aware'][0]):.0f}%" for s in splits)
+    out["pre_lifo_test_preempt"] = f"{float(pcells['test']['lifo'][3]):,.0f}"
+    out["pre_lifo_train_preempt"] = f"{float(pcells['train']['lifo'][3]):,.0f}"
+    out["pre_lifo_train_ttft"] = f"{float(pcells['train']['lifo'][1]):.0f} s"
+    pgood = _goodput(pre)
+    out["pre_cost_wins"] = "every split" if all(max(pgood[s], key=pgood[s].get) == "cost_aware" for s in splits) else \
+        "not every split"
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="a source name, or 'list'")
+    args = parser.parse_args(argv)
+    if args.source == "list":
+        for name, src in SOURCES.items():
+            print(f"{name}  [{src.kind}]  {command(name)}  reads {', '.join(src.inputs)}")
+        return 0
+    if args.source not in SOURCES:
+        parser.error(f"unknown source {args.source!r} (known: {', '.join(SOURCES)})")
+    json.dump(SOURCES[args.source].facts(), sys.stdout, indent=1, ensure_ascii=False, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
