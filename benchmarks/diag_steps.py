@@ -17,7 +17,8 @@ import time
 import numpy as np
 from kvrl import plugins
 from kvrl.builder import warm_up
-from kvrl.fidelity.pairs import load_config, pair_engine, shared_engine, workload_engine, workload_requests
+from kvrl.apps.live_schema import compose_fidelity
+from kvrl.fidelity.pairs import pair_engine, shared_engine, workload_engine, workload_requests
 from kvrl.executors.live_build import build_live
 from kvrl.engine.callbacks import EngineCallback
 from kvrl.engine.request import SeqStatus
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=0)
     args = ap.parse_args()
     plugins.load_entry_points()
-    cfg = load_config(args.model)
+    cfg = compose_fidelity([f"model={args.model}"])
     live = build_live(cfg["model"], cfg["live"])
     w = cfg["workloads"][args.workload]
     # the modes below set the collector up themselves: the engine must not pause it

@@ -16,7 +16,8 @@ import traceback
 
 from kvrl import plugins
 from kvrl.builder import warm_up
-from kvrl.fidelity.pairs import load_config, pair_engine, shared_engine, workload_engine, workload_requests
+from kvrl.apps.live_schema import compose_fidelity
+from kvrl.fidelity.pairs import pair_engine, shared_engine, workload_engine, workload_requests
 from kvrl.executors.live_build import build_live
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=0)
     args = ap.parse_args()
     plugins.load_entry_points()
-    cfg = load_config(args.model)
+    cfg = compose_fidelity([f"model={args.model}"])
     live = build_live(cfg["model"], cfg["live"])
     base = shared_engine(cfg, live)
     print(f"before anything: gc enabled {gc.isenabled()}, frozen {gc.get_freeze_count()}, "

@@ -25,6 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from kvrl.apps.live_schema import register_live_schemas, validate_bench
 from kvrl.apps.outputs import atomic_write
 
 log = logging.getLogger("kvrl.bench")
@@ -204,11 +205,15 @@ def render(rows: list[dict], header: str) -> str:
     return "\n".join(lines)
 
 
+register_live_schemas()      # bench_schema in Hydra's ConfigStore before Hydra composes
+
+
 @hydra.main(config_path="pkg://kvrl.conf", config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from kvrl.executors.live_build import random_checkpoint_for, resolve_device
     from kvrl.model import ModelConfig
 
+    validate_bench(cfg)                     # every key checked before any model is built
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.torch_device)
     checkpoint = cfg.checkpoint or random_checkpoint_for(

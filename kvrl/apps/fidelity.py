@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import hydra
+from omegaconf import DictConfig
+
+from kvrl.apps.live_schema import register_live_schemas, validate_fidelity
 from kvrl.fidelity.compare import rel_err
 from kvrl.fidelity.pairs import run_pair, shared_engine, workload_engine, workload_requests
 from kvrl.fidelity.report import pct, write_report
@@ -32,6 +36,8 @@ log = logging.getLogger("kvrl.fidelity")
 
 
 def main_impl(cfg: dict, out_dir: Path) -> dict:
+    """Run every pair of ``cfg`` (a plain dict checked by
+    :func:`~kvrl.apps.live_schema.validate_fidelity`) and write the report into ``out_dir``."""
     import torch
 
     from kvrl import plugins
@@ -41,33 +47,23 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     from kvrl.profiling.timing import configure_cpu, device_name
 
     plugins.load_entry_points()
-    seed = int(cfg.get("seed", 0))
-    live = build_live(cfg["model"], cfg["live"], seed=seed, weights=cfg.get("weights", "memory"))
-    configure_cpu(live.device.type, int(cfg.get("cpu_threads", 1)), bool(cfg.get("flush_denormal", True)))
+    seed = cfg["seed"]
+    live = build_live(cfg["model"], cfg["live"], seed=seed, weights=cfg["weights"])
+    configure_cpu(live.device.type, cfg["cpu_threads"], cfg["flush_denormal"])
     shape, dev = live.cost_model.model, live.cost_model.device
     graphs = bool(live.use_cuda_graphs)
-    first = SimExecutor(shape, dev, seed, profile=cfg.get("profile", "auto"), cuda_graphs=graphs)
+    first = SimExecutor(shape, dev, seed, profile=cfg["profile"], cuda_graphs=graphs)
     spec = first.profile if first.profile is not None else "none"
     make_sim = lambda: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
-    slo = dict(cfg.get("slo") or {})
+    slo = dict(cfg["slo"])
 
     base = shared_engine(cfg, live)
-    workloads = dict(cfg["workloads"])
-    policies = dict(cfg["policies"])
-    only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
-    if only_w:
-        unknown = sorted(set(only_w) - set(workloads))
-        if unknown:
-            raise ValueError(f"unknown workload(s) {unknown}; known: {sorted(workloads)}")
-        workloads = {k: workloads[k] for k in only_w}
-    if only_p:
-        unknown = sorted(set(only_p) - set(policies))
-        if unknown:
-            raise ValueError(f"unknown policy(ies) {unknown}; known: {sorted(policies)}")
-        policies = {k: policies[k] for k in only_p}
-    if len(policies) < 1 or len(workloads) < 1:
-        raise ValueError("need at least one workload and one policy")
+    workloads, policies = dict(cfg["workloads"]), dict(cfg["policies"])
+    if cfg["only_workloads"] is not None:            # names checked by validate_fidelity
+        workloads = {k: workloads[k] for k in cfg["only_workloads"]}
+    if cfg["only_policies"] is not None:
+        policies = {k: policies[k] for k in cfg["only_policies"]}
 
     results: dict[tuple[str, str], dict] = {}
     warmed: Optional[tuple] = None
@@ -82,7 +78,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     def header_lines() -> list[str]:
         import platform
         return [f"# kvrl-fidelity: sim vs live on {gpu}", "",
-                f"model {cfg['model'].get('name')} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
+                f"model {cfg['model']['name']} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
                 f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
                 + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
                 f"torch {torch.__version__}, triton {tv}; host {platform.node()}; {time.perf_counter() - t_all:.0f} s so far.",
@@ -90,19 +86,19 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
     for wname, w in workloads.items():
         ecfg = workload_engine(base, w)
-        requests = workload_requests(w, cfg.get("max_requests"), live.vocab_size,
+        requests = workload_requests(w, cfg["max_requests"], live.vocab_size,
                                      ecfg.get("max_model_len") or live.max_model_len)
         key = (ecfg["num_blocks"], ecfg.get("num_cpu_blocks"), ecfg.get("swap_space_gb"), ecfg["block_size"])
         if key != warmed:
-            if int(cfg.get("warmup_requests", 0)) > 0:
-                warm_up(live, ecfg, int(cfg["warmup_requests"]), seed=seed + 101)
+            if cfg["warmup_requests"] > 0:
+                warm_up(live, ecfg, cfg["warmup_requests"], seed=seed + 101)
             warmed = key
         for pname, pcfg in policies.items():
             title = f"{wname} / {pname}: {len(requests)} requests, {ecfg['num_blocks']} blocks ({device_name(live)})"
             log.info("running %s", title)
             out = out_dir / "runs" / wname / pname
-            res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg.get("max_live_wall_s"),
-                           bool(cfg.get("plots", True)), title, int(cfg.get("live_repeats", 1)))
+            res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg["max_live_wall_s"],
+                           cfg["plots"], title, cfg["live_repeats"])
             results[(wname, pname)] = res
             write_report(results, out_dir, header_lines(), final=False)   # partial results survive a timeout
             if "error" not in res:
@@ -116,23 +112,20 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     return results
 
 
-try:
-    import hydra
-    from omegaconf import DictConfig, OmegaConf
+register_live_schemas()      # fidelity_schema in Hydra's ConfigStore before Hydra composes
 
-    @hydra.main(config_path="pkg://kvrl.conf", config_name="fidelity", version_base="1.3")
-    def main(cfg: DictConfig) -> None:
-        from hydra.core.hydra_config import HydraConfig
 
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        if cfg.get("resim"):
-            from kvrl.apps.resim import resim_impl
-            resim_impl(OmegaConf.to_container(cfg, resolve=True), out_dir)
-        else:
-            main_impl(OmegaConf.to_container(cfg, resolve=True), out_dir)
-except ImportError:       # pragma: no cover
-    def main() -> None:
-        raise SystemExit("kvrl-fidelity needs hydra-core")
+@hydra.main(config_path="pkg://kvrl.conf", config_name="fidelity", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    plain = validate_fidelity(cfg)          # every key checked before the live executor is built
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    if plain["resim"]:
+        from kvrl.apps.resim import resim_impl
+        resim_impl(plain, out_dir)
+    else:
+        main_impl(plain, out_dir)
 
 
 if __name__ == "__main__":

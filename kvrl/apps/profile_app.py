@@ -27,6 +27,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import hydra
+from omegaconf import DictConfig
+
+from kvrl.apps.live_schema import register_live_schemas, validate_profile
 from kvrl.profiling.batches import GRIDS
 from kvrl.profiling.run import install_name, render_report, run_profile
 from kvrl.profiling.timing import configure_cpu
@@ -35,39 +39,33 @@ log = logging.getLogger("kvrl.profile")
 
 
 def main_impl(cfg: dict, out_dir: Path) -> Any:
+    """Profile the live executor of ``cfg`` (a plain dict checked by
+    :func:`~kvrl.apps.live_schema.validate_profile`); write the outputs into ``out_dir``."""
     from kvrl.apps.outputs import atomic_write
     from kvrl.executors.live_build import build_live
 
-    ex = build_live(cfg["model"], cfg["backend"], seed=int(cfg.get("seed", 0)), weights=cfg.get("weights", "memory"))
-    configure_cpu(ex.device.type, int(cfg.get("cpu_threads", 1)), bool(cfg.get("flush_denormal", True)))
-    preset = cfg.get("grid_preset", "auto")
+    ex = build_live(cfg["model"], cfg["backend"], seed=cfg["seed"], weights=cfg["weights"])
+    configure_cpu(ex.device.type, cfg["cpu_threads"], cfg["flush_denormal"])
+    preset = cfg["grid_preset"]
     if preset == "auto":
         preset = "gpu" if ex.device.type == "cuda" else "cpu"
-    if preset not in GRIDS:
-        raise ValueError(f"grid_preset must be auto or one of {sorted(GRIDS)}, got {preset!r}")
-    grid = dict(GRIDS[preset])
-    overrides = {k: v for k, v in (cfg.get("grid") or {}).items() if v is not None}
-    unknown = sorted(set(overrides) - set(grid))
-    if unknown:
-        raise ValueError(f"unknown grid key(s) {unknown}; known: {sorted(grid)}")
-    grid.update(overrides)
-    prof = run_profile(ex, grid, block_size=int(cfg.get("block_size", 16)), num_blocks=int(cfg.get("num_blocks", 0)),
-                       gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.9)),
-                       seed=int(cfg.get("seed", 0)), model_name=str(cfg["model"].get("name", "")),
-                       progress=bool(cfg.get("progress", True)))
-    disk = cfg.get("disk") or {}
-    if disk.get("measure", True):     # the disk tier's bandwidth (kvrl.engine.disk_tier; the sim prices disk I/O from it)
+    grid = {**GRIDS[preset], **{k: v for k, v in cfg["grid"].items() if v is not None}}
+    prof = run_profile(ex, grid, block_size=cfg["block_size"], num_blocks=cfg["num_blocks"],
+                       gpu_memory_utilization=cfg["gpu_memory_utilization"], seed=cfg["seed"],
+                       model_name=cfg["model"]["name"], progress=cfg["progress"])
+    disk = cfg["disk"]
+    if disk["measure"]:     # the disk tier's bandwidth (kvrl.engine.disk_tier; the sim prices disk I/O from it)
         from kvrl.engine.disk_tier import measure_disk_bandwidth
-        block_bytes = ex.kv_block_bytes(int(cfg.get("block_size", 16)))
-        files = min(512, max(8, int(float(disk.get("mb", 256)) * 2**20 // block_bytes)))
-        prof.meta["disk"] = measure_disk_bandwidth(disk.get("dir"), block_bytes=block_bytes, num_blocks=files)
+        block_bytes = ex.kv_block_bytes(cfg["block_size"])
+        files = min(512, max(8, int(disk["mb"] * 2**20 // block_bytes)))
+        prof.meta["disk"] = measure_disk_bandwidth(disk["dir"], block_bytes=block_bytes, num_blocks=files)
         log.info("disk: read %.2f GB/s, write %.2f GB/s", prof.meta["disk"]["read_bytes_per_s"] / 1e9,
                  prof.meta["disk"]["write_bytes_per_s"] / 1e9)
     out_dir.mkdir(parents=True, exist_ok=True)
     prof.save(out_dir / "profile.json")
     report = render_report(prof)
     atomic_write(out_dir / "profile.md", lambda f: f.write(report + "\n"))
-    if cfg.get("install_dir"):
+    if cfg["install_dir"]:
         dest = Path(cfg["install_dir"]) / install_name(prof)
         prof.save(dest)
         log.info("installed %s", dest)
@@ -76,18 +74,15 @@ def main_impl(cfg: dict, out_dir: Path) -> Any:
     return prof
 
 
-try:
-    import hydra
-    from omegaconf import DictConfig, OmegaConf
+register_live_schemas()      # profile_schema in Hydra's ConfigStore before Hydra composes
 
-    @hydra.main(config_path="pkg://kvrl.conf", config_name="profile", version_base="1.3")
-    def main(cfg: DictConfig) -> None:
-        from hydra.core.hydra_config import HydraConfig
 
-        main_impl(OmegaConf.to_container(cfg, resolve=True), Path(HydraConfig.get().runtime.output_dir))
-except ImportError:       # pragma: no cover - hydra is a dependency; kept importable without it
-    def main() -> None:
-        raise SystemExit("kvrl-profile needs hydra-core")
+@hydra.main(config_path="pkg://kvrl.conf", config_name="profile", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    plain = validate_profile(cfg)           # every key checked before the live executor is built
+    main_impl(plain, Path(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ class ConfigError(ValueError):
     """A config value out of range or not among its choices; the message names the key."""
 
 
-def _check_slo(slo: dict) -> None:
+def check_slo(slo: dict) -> None:
+    """``slo.*``: each objective > 0 or null."""
     for key, value in slo.items():
         if value is not None and not value > 0:
             raise ValueError(f"slo.{key} must be > 0 or null, got {value}")
@@ -110,7 +111,7 @@ def _check_plugin(kind: str) -> Callable[[dict], None]:
 _SECTION_CHECKS: dict[str, Callable[[dict], Any]] = {
     "engine": lambda node: EngineConfig(**node),
     "device": lambda node: DeviceSpec(**node),
-    "slo": _check_slo,
+    "slo": check_slo,
     "logger": _check_logger,
     "workload": resolve_config,
     **{kind: _check_plugin(kind) for kind in plugins.KINDS},

@@ -22,11 +22,11 @@ log = logging.getLogger("kvrl.fidelity")
 
 def pair_engine(ecfg: dict, executor, pcfg: dict, slo: dict, record_steps: bool = True):
     """The engine of one (workload, policy) pair: engine config ``ecfg``, the plugin kinds of
-    ``pcfg`` (every kind needed; other keys ignored), ``slo``."""
+    ``pcfg`` (every kind needed; ``tier`` absent or null: the default tier policy), ``slo``."""
     from kvrl import plugins
     from kvrl.builder import build_engine
 
-    kinds = {kind: dict(pcfg[kind]) for kind in (*plugins.KINDS, "tier") if kind in pcfg}
+    kinds = {kind: dict(pcfg[kind]) for kind in (*plugins.KINDS, "tier") if pcfg.get(kind) is not None}
     return build_engine({"engine": ecfg, **kinds, "slo": slo}, executor=executor, record_steps=record_steps)
 
 
@@ -102,21 +102,6 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
         plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
                   f"steps_{out.parent.name}_{out.name}.png", title)
     return res
-
-
-def load_config(model: str) -> dict:
-    """``conf/fidelity.yaml`` composed with ``conf/model/<model>.yaml``, resolved, without Hydra's
-    own section: the configuration kvrl-fidelity runs with by default (for scripts)."""
-    import importlib.resources
-
-    from omegaconf import OmegaConf
-
-    conf = importlib.resources.files("kvrl.conf")
-    cfg = OmegaConf.load(str(conf.joinpath("fidelity.yaml")))
-    cfg.pop("hydra")
-    cfg.pop("defaults")
-    cfg["model"] = OmegaConf.load(str(conf.joinpath("model", f"{model}.yaml")))
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def shared_engine(cfg: dict, live) -> dict:
