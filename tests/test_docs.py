@@ -5,6 +5,7 @@ what its command prints now fails the suite."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import sys
@@ -77,6 +78,62 @@ def test_documented_numbers_have_not_drifted(tmp_path):
     flagged = docs_tables.check([copy], ("cheap",), run)
     assert len(flagged) == 1 and f"{copy}:{block.line}" in flagged[0] and block.command in flagged[0]
     assert f"-{edited.splitlines()[content[:number.start()].count(chr(10))]}" in flagged[0]
+
+    # the same for a number quoted in prose (a fact span): edit its first digit in a copy
+    facts = [(b, t) for b, t in blocks if b.fact]
+    assert facts, "no fact span in README.md or docs/"
+    fact, text = facts[0]
+    quoted = text[fact.start:fact.end]
+    digit = re.search(r"\d", quoted)
+    assert digit, f"no digit in the fact span at {fact.where()}"
+    wrong = quoted[:digit.start()] + str((int(digit.group()) + 1) % 10) + quoted[digit.end():]
+    copy = tmp_path / f"fact_{fact.path.name}"
+    copy.write_text(text[:fact.start] + wrong + text[fact.end:])
+    flagged = docs_tables.check([copy], ("cheap",), run)
+    assert len(flagged) == 1 and f"{copy}:{fact.line}: the fact {fact.fact!r}" in flagged[0], flagged
+    assert repr(wrong) in flagged[0] and repr(quoted) in flagged[0]
+
+
+def test_fact_spans_name_a_known_source_and_key(tmp_path):
+    """A fact span is ``<!-- fact: <source>.<key> -->text<!-- /fact -->`` (scripts/docs_facts.py);
+    spans shown in code blocks are not checked; a malformed, unclosed, nested or unknown one, or
+    one inside a generated block, is an error naming the file and line."""
+    text = ("a <!-- fact: tiers.llama_ttft_p99_drop -->21%<!-- /fact --> b\n"
+            "```\n<!-- fact: nosuch.key -->shown<!-- /fact -->\n```\n"
+            "c <!-- fact: tiers.gpu_hit -->0.49-\n0.55<!-- /fact -->\n")
+    facts = docs_tables.find_facts(text, Path("f.md"))
+    assert [(f.line, f.fact, f.kind, f.command, text[f.start:f.end]) for f in facts] == [
+        (1, "llama_ttft_p99_drop", "cheap", "python scripts/docs_facts.py tiers", "21%"),
+        (5, "gpu_hit", "cheap", "python scripts/docs_facts.py tiers", "0.49-\n0.55")]
+    for bad, message in (("x\n<!-- fact: nosuch.k -->1<!-- /fact -->", "f.md:2: unknown fact source 'nosuch' (known: "),
+                         ("<!-- fact: tiers -->1<!-- /fact -->", "f.md:1: fact name 'tiers' is not <source>.<key>"),
+                         ("<!-- fact: tiers.gpu_hit -->1", "f.md:1: fact span without its <!-- /fact -->"),
+                         ("<!-- fact: tiers.a --><!-- fact: tiers.b -->1<!-- /fact -->", "f.md:1: fact span inside a fact span")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            docs_tables.find_facts(bad, Path("f.md"))
+    doc = tmp_path / "g.md"
+    doc.write_text("<!-- BEGIN GENERATED: echo 1 | cheap -->\n<!-- fact: tiers.gpu_hit -->1<!-- /fact -->\n<!-- END GENERATED -->\n")
+    with pytest.raises(ValueError, match=re.escape(f"{doc}:2: fact span inside the generated block at line 1")):
+        docs_tables.selected([doc], ("cheap",))
+
+
+def test_fact_spans_update_and_check_round_trip(tmp_path):
+    """``update`` writes each span's fact from its source (a wrapped span whose words match is left
+    alone), ``check`` then passes; a key the source lacks is an error listing the keys it has."""
+    facts = json.loads(docs_tables.run_command("python scripts/docs_facts.py tiers", ROOT))
+    doc = tmp_path / "doc.md"
+    doc.write_text("p99 by <!-- fact: tiers.llama_ttft_p99_drop -->20-26%<!-- /fact -->, seeds\n"
+                   "(<!-- fact: tiers.llama_ttft_p50_cpu -->" + facts["llama_ttft_p50_cpu"].replace(", ", ",\n", 1)
+                   + "<!-- /fact --> ms)\n")
+    problems = docs_tables.check([doc])
+    assert len(problems) == 1 and "the text says '20-26%'" in problems[0]
+    assert docs_tables.update([doc]) == [doc]
+    assert f"p99 by <!-- fact: tiers.llama_ttft_p99_drop -->{facts['llama_ttft_p99_drop']}<!-- /fact -->" in doc.read_text()
+    assert ",\n" in doc.read_text()          # the wrapped span was equal: left as written
+    assert docs_tables.check([doc]) == [] and docs_tables.update([doc]) == []
+    doc.write_text("<!-- fact: tiers.no_such_key -->1<!-- /fact -->\n")
+    with pytest.raises(KeyError, match=re.escape("has no fact 'no_such_key' (it has: cpu_hit_pct, gpu_hit, ")):
+        docs_tables.check([doc])
 
 
 rl_spec = importlib.util.spec_from_file_location("rl_tables", ROOT / "scripts" / "rl_tables.py")
