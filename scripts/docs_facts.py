@@ -98,6 +98,12 @@ def _runs(path: str) -> dict[str, list[dict]]:
 
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds, one decimal below 100 ms, none above."""
+    ms = seconds * 1e3
+    return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
 @source("tiers", "cheap", *TIERS.values())
 def tiers() -> dict[str, str]:
     out = {}
@@ -111,8 +117,7 @@ def tiers() -> dict[str, str]:
         gpu, cpu = runs["gpu"], runs["cpu"]
         out[f"{shape}_working_set"] = (f"mean {gpu[0]['working_set_mean_x_pool']:.1f}x the GPU pool, "
                                        f"peak {gpu[0]['working_set_peak_x_pool']:.1f}x (seed {gpu[0]['seed']})")
-        out[f"{shape}_ttft_p50_cpu"] = ", ".join(
-            f"{g['ttft_p50_s'] * 1e3:.0f} -> {c['ttft_p50_s'] * 1e3:.0f}" for g, c in zip(gpu, cpu))
+        out[f"{shape}_ttft_p50_cpu"] = ", ".join(f"{_ms(g['ttft_p50_s'])} -> {_ms(c['ttft_p50_s'])}" for g, c in zip(gpu, cpu))
         out[f"{shape}_ttft_p99_drop"] = _span([100 * (1 - c["ttft_p99_s"] / g["ttft_p99_s"]) for g, c in zip(gpu, cpu)],
                                               ".0f") + "%"
         out[f"{shape}_ttft_p99_change"] = _span([100 * (c["ttft_p99_s"] / g["ttft_p99_s"] - 1) for g, c in zip(gpu, cpu)],
