@@ -134,7 +134,14 @@ class FeatureConfig:
     peak KV demand, the waiting queue's predicted KV demand) after those. ``length_key``: what
     the remaining-output prediction is conditioned on: ``none`` (every finished request) or
     ``tenant`` (the finished requests of the same tenant, once it has ``min_class_history`` of
-    them; the request class a server knows at admission).
+    them; the request class a server knows at admission). ``slo``: append
+    :data:`~kvrl.envs.features.SLO_CANDIDATE_FEATURES` to each candidate row (TTFT missed; SLO
+    slack, :func:`~kvrl.plugins.slack.slo_slack` with future tokens at ``slo_pace`` x the TPOT
+    objective, squashed around ``slack_ref_s``). ``slot_rules``: eviction plugins (a name, or a
+    mapping with ``name`` and its parameters) whose victims fill the first candidate slots, one
+    slot each in this order (slot ``i`` = the candidate plugin ``i`` would preempt, so choosing
+    slot ``i`` imitates it; the same candidate may fill several slots); the remaining slots hold
+    the newest admissions not shown yet. Empty (default): every slot by newest admission.
     """
 
     tau_s: float = 10.0
@@ -151,8 +158,17 @@ class FeatureConfig:
     demand: bool = False
     length_key: str = "none"
     min_class_history: int = 8
+    slo: bool = False
+    slo_pace: float = 0.8
+    slack_ref_s: float = 0.25
+    slot_rules: List[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.slot_rules = [_slot_rule(rule) for rule in self.slot_rules]
+        if len(self.slot_rules) > self.top_k:
+            raise ValueError(f"features.slot_rules: {len(self.slot_rules)} rules but features.top_k is {self.top_k}")
+        check_range("features.slo_pace", self.slo_pace, 1e-6, 1.0)
+        check_range("features.slack_ref_s", self.slack_ref_s, 1e-9)
         if self.length_key not in LENGTH_KEYS:
             raise ValueError(f"features.length_key must be one of {', '.join(LENGTH_KEYS)}, got {self.length_key!r}")
         check_range("features.min_class_history", self.min_class_history, 1)
@@ -163,6 +179,22 @@ class FeatureConfig:
             if getattr(self, name) is not None:
                 check_range(f"features.{name}", getattr(self, name), 1e-9)
         check_range("features.top_k", self.top_k, 1)
+
+
+def _slot_rule(rule: Any) -> dict:
+    """A ``features.slot_rules`` entry as ``{"name": ..., **params}``, checked by building the plugin."""
+    from kvrl import plugins
+
+    spec = {"name": rule} if isinstance(rule, str) else {str(k): v for k, v in dict(rule).items()}
+    if "name" not in spec:
+        raise ValueError(f"features.slot_rules: each rule needs a name (an eviction plugin), got {rule!r}")
+    try:
+        plugins.create_from_config("eviction", spec)
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"features.slot_rules: {err}") from err
+    if spec["name"] == "agent":
+        raise ValueError("features.slot_rules: 'agent' cannot fill a slot (it is what chooses among them)")
+    return spec
 
 
 AUTO_BINS = "auto"

@@ -43,7 +43,12 @@ Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate
 the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
 (fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
 output (predicted from finished requests, or the trace's oracle value); age; priority;
-preemptions so far; fits the CPU swap pool; recompute time over swap-out-and-in time.
+preemptions so far; fits the CPU swap pool; recompute time over swap-out-and-in time. With
+``features.slo`` (:data:`SLO_CANDIDATE_FEATURES`, appended to each row): missed its TTFT already;
+SLO slack (:func:`~kvrl.plugins.slack.slo_slack`, how long it can still be stalled and meet its
+SLO; 0.5 at none left, below when it is behind, 1 for a failed-never objective). With
+``features.slot_rules`` the first slots hold the victims of those eviction plugins, one each
+(imitating a heuristic is one fixed action), the others the newest admissions not shown yet.
 """
 from __future__ import annotations
 
@@ -52,8 +57,10 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from kvrl import plugins
 from kvrl.envs.config import FeatureConfig
 from kvrl.plugins.lengths import RemainingOutput, completion_demand
+from kvrl.plugins.slack import slo_slack
 
 if TYPE_CHECKING:
     from kvrl.engine.views import EngineView, SeqView
@@ -72,6 +79,7 @@ CANDIDATE_FEATURES = (
     "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
     "swap_fits", "recompute_vs_swap",
 )
+SLO_CANDIDATE_FEATURES = ("ttft_missed", "slo_slack")
 GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
 
 
@@ -79,6 +87,11 @@ def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of :meth:`FeatureTracker.engine_features`' entries under ``config``."""
     return (ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
             + (PREFIX_FEATURES if config.prefix else ()) + (DEMAND_FEATURES if config.demand else ()))
+
+
+def candidate_feature_names(config: FeatureConfig) -> tuple[str, ...]:
+    """The names of one candidate row of :meth:`FeatureTracker.candidate_features` under ``config``."""
+    return CANDIDATE_FEATURES + (SLO_CANDIDATE_FEATURES if config.slo else ())
 
 
 def squash(x: float, ref: float) -> float:
@@ -130,9 +143,12 @@ class FeatureTracker:
         self.hit_tokens = 0.0                # ... of those, found cached / s
         self._last_prefix = (0, 0)
         self.remaining_output = RemainingOutput(config.length_key, config.min_class_history)
+        self.slot_rules = [plugins.create_from_config("eviction", rule) for rule in config.slot_rules]
 
     def bind(self, view: "EngineView") -> None:
         self.view = view
+        for rule in self.slot_rules:
+            rule.bind(view)
         self._last_t = view.now
         self._last = self._counters()
         if self.config.prefix:
@@ -184,6 +200,8 @@ class FeatureTracker:
         met = ttft <= cfg.ttft_ref_s and tpot <= cfg.tpot_ref_s
         self.slo_attainment += a * (float(met) - self.slo_attainment)
         self.remaining_output.add(seq)
+        for rule in self.slot_rules:
+            rule.on_finish(seq)
 
     # ------------------------------------------------------------------ features
     def engine_features(self) -> np.ndarray:
@@ -244,15 +262,21 @@ class FeatureTracker:
                 squash(queued / capacity, 1.0))
 
     def candidate_slots(self, candidates: Sequence["SeqView"]) -> list["SeqView"]:
-        """The ``top_k`` candidates shown to the agent, newest admission first (slot 0 = LIFO)."""
-        return sorted(candidates, key=lambda s: -s.admit_order)[: self.config.top_k]
+        """The candidates shown to the agent, one per slot (at most ``top_k``): the victims of the
+        ``slot_rules`` plugins in order, then the newest admissions not shown yet (without rules:
+        newest first, slot 0 = LIFO)."""
+        by_id = {s.seq_id: s for s in candidates}
+        slots = [by_id[rule.select(candidates).seq_id] for rule in self.slot_rules]
+        shown = {s.seq_id for s in slots}
+        newest = sorted((s for s in candidates if s.seq_id not in shown), key=lambda s: -s.admit_order)
+        return slots + newest[: self.config.top_k - len(slots)]
 
     def candidate_features(self, candidates: Sequence["SeqView"], slots: Sequence["SeqView"]) -> np.ndarray:
         """A ``(top_k, len(CANDIDATE_FEATURES))`` float32 array for ``slots`` (from
         :meth:`candidate_slots`); rows past the candidates are zero. ``candidates[0]`` is the
         sequence that needs the block (the engine's contract)."""
         cfg, v = self.config, self.view
-        out = np.zeros((cfg.top_k, len(CANDIDATE_FEATURES)), dtype=np.float32)
+        out = np.zeros((cfg.top_k, len(candidate_feature_names(cfg))), dtype=np.float32)
         capacity = float(v.num_blocks * v.block_size)
         free_cpu = v.num_free_cpu_blocks
         needer = candidates[0].seq_id
@@ -260,7 +284,7 @@ class FeatureTracker:
             blocks = s.num_blocks
             swap_s = 2.0 * v.estimate_swap_s(blocks)
             recompute_s = v.estimate_recompute_s(s.num_computed)
-            out[i] = (
+            row = (
                 1.0,
                 float(s.seq_id == needer),
                 blocks / v.num_blocks,
@@ -273,7 +297,16 @@ class FeatureTracker:
                 float(0 < blocks <= free_cpu),
                 squash(recompute_s / swap_s, 1.0) if swap_s > 0 else 0.0,
             )
+            if cfg.slo:
+                row += self._slo_features(s)
+            out[i] = row
         return out
+
+    def _slo_features(self, s: "SeqView") -> tuple[float, float]:
+        """:data:`SLO_CANDIDATE_FEATURES` of one candidate (see the module docstring)."""
+        slack = slo_slack(s, self.view.now, self._remaining(s), self.config.slo_pace)
+        ttft_missed = float(slack == -math.inf)
+        return ttft_missed, 0.5 + 0.5 * math.tanh(slack / self.config.slack_ref_s) if slack != -math.inf else 0.0
 
     def _remaining(self, s: "SeqView") -> float:
         """Remaining output tokens: the trace's value with ``oracle_lengths``, else

@@ -8,7 +8,8 @@ shortage (drawing another window when one has none, unless the window is fixed).
 eviction plugin tracks the features and builds the observation; it is not asked to decide.
 
 Observation: the engine features (:func:`~kvrl.envs.features.engine_feature_names`) followed by ``top_k`` rows of
-:data:`~kvrl.envs.features.CANDIDATE_FEATURES` (slot 0 = newest admission, the LIFO victim).
+:func:`~kvrl.envs.features.candidate_feature_names` (slot 0 = newest admission, the LIFO victim, or with
+``features.slot_rules`` the first rule's victim).
 :meth:`action_masks` gives the valid actions (sb3-contrib's MaskablePPO calls it); a masked
 action is served by the fallback of :meth:`~kvrl.envs.actions.PreemptionActions.decode` and
 counted in ``info["masked_actions"]``.
@@ -23,7 +24,7 @@ from gymnasium import spaces
 from kvrl.envs.actions import PreemptionActions
 from kvrl.envs.common import KvrlEnv
 from kvrl.envs.config import PreemptionEnvConfig
-from kvrl.envs.features import CANDIDATE_FEATURES, engine_feature_names
+from kvrl.envs.features import candidate_feature_names, engine_feature_names
 from kvrl.plugins.base import EvictionDecision
 
 MAX_EPISODE_DRAWS = 20
@@ -40,7 +41,7 @@ class PreemptionEnv(KvrlEnv):
         k = self.features.top_k
         self.actions = PreemptionActions(self.config.action, k)
         self.action_space = self.actions.space
-        size = len(engine_feature_names(self.features)) + k * len(CANDIDATE_FEATURES)
+        size = len(engine_feature_names(self.features)) + k * len(candidate_feature_names(self.features))
         self.observation_space = spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
         self._steps: Optional[Generator] = None   # the episode's serving loop, suspended at a shortage
         self._slots: list = []                    # the pending shortage's candidates by slot

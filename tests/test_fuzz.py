@@ -361,7 +361,7 @@ WATERMARKS = [("fixed", {}), ("fixed", {"fraction": 0.0}), ("opt_factor", {"a": 
               ("thrash_guard", {"threshold": 1, "window_s": 5.0, "step_fraction": 0.3, "half_life_s": 0.01}),
               ("thrash_guard", {"inner": "past_future", "inner_params": {"min_history": 2}})]
 EVICTIONS = [("lifo", {"mode": "auto"}), ("fewest_computed", {"mode": "swap"}), ("most_blocks", {}),
-             ("priority", {"mode": "swap"}), ("longest_remaining", {"key": "tenant", "mode": "auto"}), ("cost_aware", {}), ("tenant_fair", {"mode": "auto"}),
+             ("priority", {"mode": "swap"}), ("longest_remaining", {"key": "tenant", "mode": "auto"}), ("slo_slack", {"key": "tenant", "mode": "swap"}), ("cost_aware", {}), ("tenant_fair", {"mode": "auto"}),
              ("capped", {"max_preemptions": 0}), ("capped", {"max_preemptions": 1, "inner": "tenant_fair", "inner_mode": "swap"}),
              ("capped", {"inner": "cost_aware"})]
 PREFIX_CACHES = ["none", "hash_lru", "hash_lfu", "radix_lru"]

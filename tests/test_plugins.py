@@ -18,7 +18,7 @@ from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
 BUILTINS = {
     "scheduler": {"fcfs", "priority", "sjf", "lpm"},
     "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit"},
-    "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "longest_remaining", "cost_aware"},
+    "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "longest_remaining", "slo_slack", "cost_aware"},
     "prefix_cache": {"none", "hash_lru", "hash_lfu", "radix_lru"},
 }
 

@@ -134,8 +134,9 @@ Decider = Callable[[np.ndarray, np.ndarray], tuple[int, PreemptionMode]]
 
 @register("eviction", "agent")
 class AgentEviction(EvictionPolicy):
-    """Victim and mode chosen by an agent among the ``top_k`` newest-admitted candidates (slot 0 =
-    the LIFO victim). Parameters: ``policy_path`` (a saved preemption agent; null = driven by
+    """Victim and mode chosen by an agent among the candidate slots of its features (the
+    ``top_k`` newest admissions, slot 0 = the LIFO victim; with ``features.slot_rules`` the
+    rules' victims first). Parameters: ``policy_path`` (a saved preemption agent; null = driven by
     ``kvrl/Preemption-v0``), ``deterministic``. A chosen swap for a victim that does not fit the
     CPU pool becomes recompute (the engine's rule)."""
 

@@ -1,5 +1,5 @@
 """Built-in eviction (preemption) policies: ``lifo``, ``fewest_computed``, ``most_blocks``,
-``priority``, ``longest_remaining``, ``cost_aware``.
+``priority``, ``longest_remaining``, ``slo_slack``, ``cost_aware``.
 
 Each picks a victim among the candidates (running sequences not yet scheduled this step, always
 including the one that needs a block) and a mode. ``mode`` is ``recompute``, ``swap``, or ``auto``
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, check_choice, check_range
 from kvrl.plugins.lengths import LENGTH_KEYS, RemainingOutput
 from kvrl.plugins.registry import register
+from kvrl.plugins.slack import slo_slack
 
 _MODES = ("recompute", "swap", "auto")
 
@@ -81,24 +82,9 @@ class PriorityEviction(_ByKey):
         return (seq.priority, seq.admit_order)
 
 
-@register("eviction", "longest_remaining")
-class LongestRemaining(_ByKey):
-    """The sequence predicted to generate the most tokens still: it would hold its blocks longest,
-    so preempting it frees memory for the most future work per preemption. Remaining output is
-    predicted from the finished requests (:class:`~kvrl.plugins.lengths.RemainingOutput`: the mean
-    length of those that outlived the sequence's output so far, minus it), with ``key=tenant``
-    from the sequence's own tenant once it has ``min_class_history`` finished requests. Ties go to
-    the newest. Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8)."""
-
-    @dataclass
-    class Params(ModeParams):
-        key: str = "none"
-        min_class_history: int = 8
-
-        def __post_init__(self):
-            super().__post_init__()
-            check_choice("key", self.key, LENGTH_KEYS)
-            check_range("min_class_history", self.min_class_history, 1)
+class _Predicting(_ByKey):
+    """A key that uses the predicted remaining output (:class:`~kvrl.plugins.lengths.RemainingOutput`),
+    fed by this plugin's ``on_finish``."""
 
     def __init__(self, params) -> None:
         super().__init__(params)
@@ -107,8 +93,56 @@ class LongestRemaining(_ByKey):
     def on_finish(self, seq) -> None:
         self.remaining.add(seq)
 
+
+@dataclass
+class PredictingParams(ModeParams):
+    key: str = "none"
+    min_class_history: int = 8
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("key", self.key, LENGTH_KEYS)
+        check_range("min_class_history", self.min_class_history, 1)
+
+
+@register("eviction", "longest_remaining")
+class LongestRemaining(_Predicting):
+    """The sequence predicted to generate the most tokens still: it would hold its blocks longest,
+    so preempting it frees memory for the most future work per preemption. Remaining output is
+    predicted from the finished requests (:class:`~kvrl.plugins.lengths.RemainingOutput`: the mean
+    length of those that outlived the sequence's output so far, minus it), with ``key=tenant``
+    from the sequence's own tenant once it has ``min_class_history`` finished requests. Ties go to
+    the newest. Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8)."""
+
+    Params = PredictingParams
+
     def key(self, seq):
         return (self.remaining(seq.num_output, seq.tenant), seq.admit_order)
+
+
+@register("eviction", "slo_slack")
+class SloSlack(_Predicting):
+    """SLO-aware: a sequence that has already failed its SLO (missed its TTFT, or behind its TPOT
+    objective on the predicted course) first, the one holding most blocks among those; else the
+    one with the most slack (:func:`~kvrl.plugins.slack.slo_slack`: how long it can be stalled and
+    still meet its SLO, its remaining output predicted as for ``longest_remaining``). A preemption
+    then costs goodput only when every candidate's slack is short. Ties go to the newest.
+    Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8), ``pace`` (time per
+    future token as a fraction of the TPOT objective, (0, 1], default 0.8)."""
+
+    @dataclass
+    class Params(PredictingParams):
+        pace: float = 0.8
+
+        def __post_init__(self):
+            super().__post_init__()
+            check_range("pace", self.pace, 1e-6, 1.0)
+
+    def key(self, seq):
+        slack = slo_slack(seq, self.engine.now, self.remaining(seq.num_output, seq.tenant), self.params.pace)
+        if slack < 0:
+            return (1, seq.num_blocks, seq.admit_order)
+        return (0, slack, seq.admit_order)
 
 
 @register("eviction", "cost_aware")
