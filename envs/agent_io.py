@@ -54,7 +54,7 @@ def algo_class(name: str) -> type:
 
 def write_meta(run_dir: Path, algo: str, env_id: str, env_config: Any) -> None:
     """Write ``agent.json`` into ``run_dir``."""
-    from kvrl.apps.outputs import atomic_write
+    from kvrl.files import atomic_write
 
     meta = {"algo": algo, "env_id": env_id, "env": to_dict(env_config), "kvrl_version": __version__}
     atomic_write(Path(run_dir) / META_NAME, lambda f: json.dump(meta, f, indent=2, sort_keys=True))

@@ -80,7 +80,7 @@ class LiveBackendConfig(LiveSettings):
 
 # ------------------------------------------------------------------------------------ kvrl-fidelity
 @dataclass
-class FidelityEngine(EngineConfig):
+class SharedEngineConfig(EngineConfig):
     """The engine keys every workload shares, plus the CPU executor's pool size when
     ``num_blocks`` is 0 (on CUDA the pool is sized from free memory)."""
 
@@ -119,7 +119,7 @@ class FidelitySchema:
     seed: int = 0
     cpu_threads: int = 1
     flush_denormal: bool = True
-    engine: FidelityEngine = field(default_factory=FidelityEngine)
+    engine: SharedEngineConfig = field(default_factory=SharedEngineConfig)
     slo: SLOConfig = field(default_factory=lambda: SLOConfig(ttft_s=1.0, tpot_s=0.05))
     workloads: Dict[str, Any] = field(default_factory=dict)
     policies: Dict[str, Any] = field(default_factory=dict)
