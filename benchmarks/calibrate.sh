@@ -15,7 +15,7 @@
 # Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama summary
 # Needs hydra-core/omegaconf/antlr4 (+ xxhash) as wheels in .whl/ when the image lacks them, like
 # benchmarks/gpu_session.sh; matplotlib is optional (without it the PNGs are skipped; re-draw them
-# anywhere with: python -c "from kvrl.apps.fidelity import replot; replot('$OUT/fidelity_qwen3-0.6b')").
+# anywhere with: python -c "from kvrl.fidelity.report import replot; replot('$OUT/fidelity_qwen3-0.6b')").
 # Knobs (environment): FID_ARGS="..." extra kvrl-fidelity overrides, e.g.
 #   FID_ARGS="workloads.poisson.workload.arrival.rate=200 max_requests=300"
 # PROF_ARGS="..." extra kvrl-profile overrides; QWEN=qwen3-0.6b LLAMA=llama-3-8b DTYPE=bfloat16 DEV=auto

@@ -24,7 +24,7 @@ def plot_pair(live_steps, sim_steps, replay_live, replay_sim, path: Path, title:
     try:
         import matplotlib
     except ImportError:
-        log.warning("matplotlib is not installed: %s not written (re-plot later with kvrl.apps.fidelity.replot)",
+        log.warning("matplotlib is not installed: %s not written (re-plot later with kvrl.fidelity.report.replot)",
                     path.name)
         return
     matplotlib.use("Agg")
