@@ -211,3 +211,17 @@ def test_scenario_table_joins_task_outputs_with_preemptions(tmp_path):
     (tmp_path / "other.txt").write_text(_SCENARIO.replace("| 0.1 |\n", "| 0.2 |\n"))
     with pytest.raises(ValueError, match="other.txt: columns"):
         rl_tables.scenario([str(tmp_path / "pressure.txt"), str(tmp_path / "other.txt")])
+
+
+def test_prose_numbers_lists_what_no_fact_span_checks():
+    """``docs_tables.py numbers`` counts fact spans and, by a heuristic, the other numbers of the
+    running prose: not code, generated blocks, tables, headings, link targets, dates or the digits
+    of identifiers."""
+    text = ("# Run 17 on 2 GPUs\n"
+            "Goodput rose 12.5% to 6,449 tok/s (<!-- fact: tiers.gpu_hit -->0.49-0.55<!-- /fact -->) on H200 at 2520d47,\n"
+            "2026-11-24 03:27-03:30 UTC, `kvrl-run engine.num_blocks=160`, [x](runs/3/a.md).\n"
+            "| 1 | 2 |\n```\n99 bottles\n```\n"
+            "<!-- BEGIN GENERATED: echo 5 | cheap -->\n5\n<!-- END GENERATED -->\n4-6x faster.\n")
+    facts, loose = docs_tables.prose_numbers(text, Path("f.md"))
+    assert [f.fact for f in facts] == ["gpu_hit"]
+    assert loose == [(2, "12.5"), (2, "6,449"), (11, "4")]         # a range "4-6x" counts once
