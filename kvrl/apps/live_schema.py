@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf, errors
+from omegaconf import MISSING, OmegaConf
 
 from kvrl import plugins
-from kvrl.apps.schema import ConfigError, SLOConfig, check_slo, register_schemas
+from kvrl.apps.schema import ConfigError, SLOConfig, check_node, check_slo, register_schemas
 from kvrl.engine.config import EngineConfig
 from kvrl.executors.hardware import ModelShape
 
@@ -226,21 +226,6 @@ class BenchSchema:
 
 
 # ------------------------------------------------------------------------------------- validation
-def check_node(schema: type, node: Any, where: str = "") -> None:
-    """Raise ``ValueError`` naming the key (prefixed with ``where``) when the plain mapping ``node``
-    has a key ``schema`` lacks, a value of the wrong type, or lacks a required key."""
-    prefix = f"{where}." if where else ""
-    if not isinstance(node, Mapping):
-        raise ValueError(f"{where or 'config'} must be a mapping of {[f.name for f in fields(schema)]}, got {node!r}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-    except errors.OmegaConfBaseException as exc:
-        raise ValueError(f"{prefix}{exc.full_key}: {str(exc.msg).splitlines()[0]}") from None
-    missing = sorted(OmegaConf.missing_keys(merged))
-    if missing:
-        raise ValueError(f"{', '.join(prefix + k for k in missing)} required")
-
-
 def _check_model(model: dict) -> None:
     from kvrl.model.random_checkpoint import preset_config
 

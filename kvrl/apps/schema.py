@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.experimental.callback import Callback
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, errors
 
 from kvrl import plugins
 from kvrl.apps.tracking import TRACKERS
@@ -89,6 +89,21 @@ class ConfigError(ValueError):
     """A config value out of range or not among its choices; the message names the key."""
 
 
+def check_node(schema: type, node: Any, where: str = "") -> None:
+    """Raise ``ValueError`` naming the key (prefixed with ``where``) when the plain mapping ``node``
+    has a key ``schema`` lacks, a value of the wrong type, or lacks a required key."""
+    prefix = f"{where}." if where else ""
+    if not isinstance(node, Mapping):
+        raise ValueError(f"{where or 'config'} must be a mapping of {[f.name for f in fields(schema)]}, got {node!r}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+    except errors.OmegaConfBaseException as exc:
+        raise ValueError(f"{prefix}{exc.full_key}: {str(exc.msg).splitlines()[0]}") from None
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        raise ValueError(f"{', '.join(prefix + k for k in missing)} required")
+
+
 def check_slo(slo: dict) -> None:
     """``slo.*``: each objective > 0 or null."""
     for key, value in slo.items():
@@ -120,12 +135,19 @@ _SECTION_CHECKS: dict[str, Callable[[dict], Any]] = {
 
 def validate_config(cfg: DictConfig) -> None:
     """Check every section of ``cfg`` that an app config may have (engine, device, slo, logger,
-    workload, the four plugin kinds, ``seed``, ``max_steps``) beyond what its types enforce.
+    workload, the four plugin kinds, ``seed``, ``max_steps``) beyond what its types enforce, and
+    (when ``cfg`` was composed onto a schema) every key against the schema: Hydra's ``+key=...``
+    goes past the types, so a misspelt ``+max_step=5`` would otherwise be ignored.
 
     Raises :class:`ConfigError` naming the key. Cheap: builds no executor, engine or workload,
     so it may run before every job of a sweep.
     """
     try:
+        schema = OmegaConf.get_type(cfg) if OmegaConf.is_config(cfg) else None
+        if schema is not None and is_dataclass(schema):     # keys added with + (Hydra lets them through)
+            node = OmegaConf.to_container(cfg, resolve=False)      # interpolations stay as written
+            node.pop("hydra", None)
+            check_node(schema, node)
         for key, check in _SECTION_CHECKS.items():
             if key in cfg:
                 check(OmegaConf.to_container(cfg[key], resolve=True))
