@@ -1,30 +1,54 @@
 #!/usr/bin/env bash
 # Regenerate every number of README.md and docs/ that comes from the sim, on this tree:
 #   1. the sweeps of docs/sweeps.md (scripts/sweeps_docs.sh: docs/figures/sweeps/*, ~10-20 min on 2 cores);
-#   2. the committed sim outputs that docs/rl.md's scenario tables and facts read
-#      (docs/results/rl_scenario/d5ff5ad/*.txt: scripts/rl_scenario_table.py on the archived profile, ~2 min);
+#   2. the committed sim outputs that generated blocks and fact spans read (~5 min on 2 cores):
+#      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones on the archived
+#      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
+#      results used: taken from git history, so this step needs a clone with history) and
+#      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes);
 #   3. every generated block and fact span (scripts/docs_tables.py update: README.md and docs/**/*.md,
 #      `cheap` and `sim` kinds; a block names its command in its BEGIN marker, a fact span its source
 #      in scripts/docs_facts.py, which reads the committed result files).
 # Then `git diff` shows what moved. GPU runs are not re-run here: their tables are rendered from the
 # committed result files (cheap blocks) or carry their command, device, versions and commit
-# (see docs/design.md, "Documented numbers").
+# (see docs/design.md, "Documented numbers"). Not re-run either, each quoted with its command and
+# commit: the RL task suite's kvrl-eval leaderboards (docs/results/rl_sim_suite, rl_classes,
+# rl_sim_rcpi: hours of CPU; run them on a many-core host) and the runs docs/rl.md and docs/results.md
+# mark "not regenerable".
 #
 #   scripts/regen_docs.sh                 # everything
 #   SKIP_SWEEPS=1 scripts/regen_docs.sh   # without step 1 (the sweeps' summaries as committed)
-#   SKIP_RESULTS=1 scripts/regen_docs.sh  # without step 2 (the scenario outputs as committed)
+#   SKIP_RESULTS=1 scripts/regen_docs.sh  # without step 2 (the result files as committed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${SKIP_SWEEPS:-}" ]; then
   scripts/sweeps_docs.sh
 fi
+
+rerun() {   # rerun <output file> <command...>: the command's stdout replaces the file only if it succeeds
+  local out=$1; shift
+  echo "running $* > $out" >&2
+  "$@" > "$out.new" && mv "$out.new" "$out"
+}
+
 if [ -z "${SKIP_RESULTS:-}" ]; then
+  mkdir -p runs/profiles
+  git show 0ffecd4:kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16.json > runs/profiles/h200_qwen3-0.6b_bfloat16_0ffecd4.json
+  scenario=docs/results/rl_scenario
   archived=backend.profile=archive/h200_qwen3-0.6b_bfloat16_d5ff5ad.json
-  out=docs/results/rl_scenario/d5ff5ad
-  python scripts/rl_scenario_table.py "$archived" > "$out/watermark.txt.new"
-  python scripts/rl_scenario_table.py --task preemption "$archived" > "$out/preemption.txt.new"
-  mv "$out/watermark.txt.new" "$out/watermark.txt"
-  mv "$out/preemption.txt.new" "$out/preemption.txt"
+  suite=backend.profile=runs/profiles/h200_qwen3-0.6b_bfloat16_0ffecd4.json
+  rerun $scenario/d5ff5ad/watermark.txt python scripts/rl_scenario_table.py "$archived"
+  rerun $scenario/d5ff5ad/preemption.txt python scripts/rl_scenario_table.py --task preemption "$archived"
+  rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
+  rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
+  turns=(workload=multi_turn workload.system_prompt_len=1024 workload.first_prompt_len.mean=512
+         workload.user_turn_len.mean=128 workload.max_turns=8)
+  python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \
+    model=qwen3-0.6b "${turns[@]}" workload.num_conversations=200 workload.arrival.rate=4.0 \
+    workload.mean_turn_gap_s=5.0 engine.num_blocks=512
+  python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
+    model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
+    workload.mean_turn_gap_s=10.0 engine.num_blocks=448
 fi
 python scripts/docs_tables.py update
 python scripts/docs_tables.py check
