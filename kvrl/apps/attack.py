@@ -72,7 +72,7 @@ def _hydra_entry() -> None:
 
     from kvrl import plugins
     from kvrl.apps.outputs import atomic_write
-    from kvrl.apps.schema import register_schemas
+    from kvrl.apps.schema import register_schemas, validate_config
 
     plugins.load_entry_points()
     plugins.available("scheduler")
@@ -81,6 +81,7 @@ def _hydra_entry() -> None:
 
     @hydra.main(config_path="pkg://kvrl.conf", config_name="attack", version_base="1.3")
     def _main(cfg) -> None:
+        validate_config(cfg)             # every key checked before any experiment runs
         out_dir = Path(HydraConfig.get().runtime.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
