@@ -241,6 +241,34 @@ def scenario() -> dict[str, str]:
     return out
 
 
+# --- docs/security.md: fill-and-squeeze (kvrl-attack fill-squeeze's JSON, committed) -------------
+
+SECURITY = "docs/results/security"
+
+
+@source("security", "cheap", f"{SECURITY}/fill_squeeze.json")
+def security() -> dict[str, str]:
+    run = _json(f"{SECURITY}/fill_squeeze.json")
+    rows = {r["defence"]: r for r in run["rows"]}
+    base = rows[run["baseline"]]["no_attack"]["benign_goodput_tok_s"]
+    frac = {name: r["attack"]["benign_goodput_tok_s"] / base for name, r in rows.items()}
+    out = {f"fs_{name.replace('+', '_')}_fraction": f"{f:.3f}" for name, f in frac.items()}
+    out["fs_baseline_goodput"] = f"{base:.0f}"
+    for name in ("undefended", "recommended"):
+        attack = rows[name]["attack"]
+        out[f"fs_{name}_max_preempt"] = f"{attack['benign_max_preemptions']}"
+        out[f"fs_{name}_ttft_p99"] = f"{attack['benign_ttft_p99_s']:.3g} s"
+    served = {r["attack"]["attacker_output_tokens"] for r in rows.values()}
+    finished = all(r["attack"]["attacker_finished"] == r["attack"]["attacker_requests"] for r in rows.values())
+    out["fs_attacker_tokens"] = (f"{served.pop():,} attacker tokens served in each" if len(served) == 1
+                                 else "attacker tokens served differ between defences")
+    out["fs_attacker_finished"] = "finishes every attacker request" if finished else "does not finish every attacker request"
+    out["fs_no_attack_cost"] = ("nothing with any defence: {:.0f} tok/s everywhere".format(base)
+                                if all(abs(r["no_attack"]["benign_goodput_tok_s"] - base) < 0.5 for r in rows.values())
+                                else "something: the defences' no-attack goodput differs")
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", help="a source name, or 'list'")

@@ -5,7 +5,8 @@
 #      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
-#      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes);
+#      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes) and docs/security.md's
+#      fill-and-squeeze (kvrl-attack fill-squeeze, ~4 min);
 #   3. every generated block and fact span (scripts/docs_tables.py update: README.md and docs/**/*.md,
 #      `cheap` and `sim` kinds; a block names its command in its BEGIN marker, a fact span its source
 #      in scripts/docs_facts.py, which reads the committed result files).
@@ -49,6 +50,11 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
     model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
     workload.mean_turn_gap_s=10.0 engine.num_blocks=448
+  attack=$(mktemp -d)
+  python -m kvrl.apps.attack fill-squeeze hydra.run.dir="$attack" > /dev/null
+  cp "$attack"/fill_squeeze.json "$attack"/fill_squeeze.md docs/results/security/
+  cp "$attack"/fill_squeeze.png docs/figures/fill_squeeze.png
+  rm -rf "$attack"
 fi
 python scripts/docs_tables.py update
 python scripts/docs_tables.py check
