@@ -269,6 +269,36 @@ def security() -> dict[str, str]:
     return out
 
 
+BENIGN = {"mt": "benign_cost_multi_tenant", "r6": "benign_cost_synthetic_rate6", "r12": "benign_cost_synthetic_rate12"}
+
+
+def _signed(pct: float) -> str:
+    """A % change as the tables print it: one decimal, a sign, ``±0.0%`` when it rounds to zero."""
+    text = f"{pct:+.1f}%"
+    return "±0.0%" if text in ("+0.0%", "-0.0%") else text.replace("-", "−")
+
+
+@source("benign", "cheap", *(f"{SECURITY}/{name}.json" for name in BENIGN.values()))
+def benign() -> dict[str, str]:
+    out = {}
+    runs = {key: {r["defence"]: r for r in _json(f"{SECURITY}/{name}.json")["rows"]} for key, name in BENIGN.items()}
+    for key, rows in runs.items():
+        for name, r in rows.items():
+            stem = f"{key}_{name.replace('+', '_')}"
+            out[f"{stem}_goodput"] = _signed(100 * r["goodput_vs_baseline"])
+            out[f"{stem}_slo"] = f"{r['slo_attainment']:.3f}"
+            out[f"{stem}_preempt"] = f"{r['preemptions']} (max {r['max_preemptions']} per request)"
+    for name in ("capped", "thrash_guard", "recommended", "all"):
+        values = [100 * rows[name]["goodput_vs_baseline"] for rows in runs.values()]
+        lo, hi = _signed(min(values)), _signed(max(values))
+        out[f"{name.replace('+', '_')}_goodput_range"] = (lo if lo == hi else f"{lo.rstrip('%')} to {hi}").replace("±", "")
+    cut = [rows["undefended"]["preemptions"] / rows["thrash_guard"]["preemptions"] for rows in runs.values()]
+    out["thrash_guard_preempt_cut"] = _span(cut, ".1f", "–") + "×"
+    mt = runs["mt"]
+    out["mt_recommended_slo_points"] = f"{100 * (mt['recommended']['slo_attainment'] - mt['undefended']['slo_attainment']):+.1f}"
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", help="a source name, or 'list'")

@@ -6,7 +6,7 @@
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
 #      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes) and docs/security.md's
-#      fill-and-squeeze (kvrl-attack fill-squeeze, ~4 min);
+#      fill-and-squeeze and benign-cost runs (kvrl-attack, ~5 min);
 #   3. every generated block and fact span (scripts/docs_tables.py update: README.md and docs/**/*.md,
 #      `cheap` and `sim` kinds; a block names its command in its BEGIN marker, a fact span its source
 #      in scripts/docs_facts.py, which reads the committed result files).
@@ -54,6 +54,17 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   python -m kvrl.apps.attack fill-squeeze hydra.run.dir="$attack" > /dev/null
   cp "$attack"/fill_squeeze.json "$attack"/fill_squeeze.md docs/results/security/
   cp "$attack"/fill_squeeze.png docs/figures/fill_squeeze.png
+  benign() {   # benign <name> <overrides...>: kvrl-attack benign-cost's JSON and table as docs/results/security/<name>.*
+    local name=$1; shift
+    python -m kvrl.apps.attack benign-cost hydra.run.dir="$attack/$name" "$@" > /dev/null
+    cp "$attack/$name/benign_cost.json" "docs/results/security/$name.json"
+    cp "$attack/$name/benign_cost.md" "docs/results/security/$name.md"
+  }
+  benign benign_cost_multi_tenant workload.rate_scale=3 engine.num_blocks=1024 engine.max_model_len=8192
+  for rate in 6 12; do
+    benign "benign_cost_synthetic_rate$rate" workload=synthetic workload.num_requests=400 \
+      workload.arrival.rate=$rate workload.output_len.mean=512 engine.num_blocks=512
+  done
   rm -rf "$attack"
 fi
 python scripts/docs_tables.py update
