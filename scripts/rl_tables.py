@@ -6,6 +6,8 @@
     python scripts/rl_tables.py suite docs/results/rl_sim_suite/tenants_leaderboard.csv \
         --results docs/results/rl_sim_suite/tenants_results.csv --metrics slo_attainment,preemptions,prefix_hit_rate
     python scripts/rl_tables.py scenario docs/results/rl_scenario/pressure.txt docs/results/rl_scenario/phased.txt
+    python scripts/rl_tables.py cells docs/results/rl_scenario/tenants.txt --split test \
+        --fields "prefix hit rate,preemptions,SLO attainment,p50 TTFT s"
     python scripts/rl_tables.py live docs/results/rl_live_h200/pressure/{sim,live}_results.csv pressure
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
@@ -17,7 +19,9 @@ over the test-split rows of ``--results``, kvrl-eval's ``results.csv``, for a me
 lacks), and per reference the paired difference in tok/s with its 95% CI, % change, p and verdict.
 ``scenario``: the stdout of scripts/rl_scenario_table.py (one file per task, named after it) as one
 table, a row per (task, split): goodput of each fixed watermark with the preemptions of that run in
-brackets, the row's best in bold as that script marks it. ``live``: scripts/rl_live_compare.py's
+brackets, the row's best in bold as that script marks it. ``cells``: the per-cell line of one split of
+such a file as a table, a row per field of its "per cell:" legend (``--fields``, by their legend
+names), a column per constant. ``live``: scripts/rl_live_compare.py's
 sim-beside-live table of one scenario, its heading as a bold caption (to sit inside a section).
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
@@ -180,6 +184,30 @@ def scenario(paths: list[str]) -> str:
     return "\n".join(out)
 
 
+def cells(path: str, split: str, fields: list[str]) -> str:
+    """One split's per-cell fields (rl_scenario_table.py's "per cell:" legend names) as rows."""
+    legend, line = None, None
+    with open(path) as f:
+        for text in f:
+            if text.startswith("per cell:"):
+                legend = [x.strip(" []\n") for x in text[len("per cell:"):].split("/")]
+            elif legend and text.startswith(f"{split}: "):
+                line = text[len(split) + 2:].strip()
+    if legend is None or line is None:
+        raise ValueError(f"{path}: no 'per cell:' legend or no line of split {split!r}")
+    unknown = [x for x in fields if x not in legend]
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {unknown} (the legend has {legend})")
+    parsed = [cell.strip().split(" ", 1) for cell in line.split(";")]
+    heads = [head for head, _ in parsed]
+    values = [values.split("/") for _, values in parsed]
+    out = [f"| {split} | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
+    for field in fields:
+        i = legend.index(field)
+        out.append(f"| {field} | " + " | ".join(v[i] if i < len(v) else "" for v in values) + " |")
+    return "\n".join(out)
+
+
 def live(sim: str, live_: str, name: str) -> str:
     from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
 
@@ -197,6 +225,10 @@ def main() -> None:
     s.add_argument("--metrics", default="slo_attainment,preemptions", help=f"comma-separated, of {', '.join(METRICS)}")
     s.add_argument("--results", help="kvrl-eval results.csv, for metrics the leaderboard lacks")
     sub.add_parser("scenario").add_argument("paths", nargs="+")
+    c = sub.add_parser("cells")
+    c.add_argument("path")
+    c.add_argument("--split", required=True)
+    c.add_argument("--fields", required=True, help="comma-separated names of the file's 'per cell:' legend")
     lv = sub.add_parser("live")
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
@@ -209,6 +241,8 @@ def main() -> None:
         print(suite(a.path, tuple(m for m in a.metrics.split(",") if m), a.results))
     elif a.table == "scenario":
         print(scenario(a.paths))
+    elif a.table == "cells":
+        print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:
         print(live(a.sim, a.live, a.scenario))
 

@@ -225,3 +225,16 @@ def test_prose_numbers_lists_what_no_fact_span_checks():
     facts, loose = docs_tables.prose_numbers(text, Path("f.md"))
     assert [f.fact for f in facts] == ["gpu_hit"]
     assert loose == [(2, "12.5"), (2, "6,449"), (11, "4")]         # a range "4-6x" counts once
+
+
+def test_cells_table_shows_one_splits_per_cell_fields(tmp_path):
+    """``rl_tables.py cells``: a split's per-cell line as rows named by the file's legend; an unknown
+    field or split is an error naming the file."""
+    path = tmp_path / "tenants.txt"
+    path.write_text(_SCENARIO.replace("/ engine s", "/ engine s [/ prefix hit rate]").replace("0.1 1.00/0.36/2.3/10/7", "0.1 1.00/0.36/2.3/10/7/0.7"))
+    out = rl_tables.cells(str(path), "test", ["preemptions", "prefix hit rate"]).splitlines()
+    assert out == ["| test | 0.0 | 0.1 |", "|---|---|---|", "| preemptions | 80 | 10 |", "| prefix hit rate |  | 0.7 |"]
+    with pytest.raises(ValueError, match=re.escape("unknown field(s) ['hits']")):
+        rl_tables.cells(str(path), "test", ["hits"])
+    with pytest.raises(ValueError, match="no line of split 'train'"):
+        rl_tables.cells(str(path), "train", ["preemptions"])
