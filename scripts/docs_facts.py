@@ -214,7 +214,8 @@ def _goodput(path: str) -> dict[str, dict[str, float]]:
             for m in re.finditer(r"^\| (\w+) \| ([\d.*| ]+) \|$", text, re.M)}
 
 
-@source("scenario", "cheap", f"{SCENARIO}/d5ff5ad/watermark.txt", f"{SCENARIO}/d5ff5ad/preemption.txt")
+@source("scenario", "cheap", f"{SCENARIO}/d5ff5ad/watermark.txt", f"{SCENARIO}/d5ff5ad/preemption.txt",
+        f"{SCENARIO}/tenants.txt")
 def scenario() -> dict[str, str]:
     out = {}
     splits = ("train", "val", "test")
@@ -235,6 +236,19 @@ def scenario() -> dict[str, str]:
     out["pre_lifo_test_preempt"] = f"{float(pcells['test']['lifo'][3]):,.0f}"
     out["pre_lifo_train_preempt"] = f"{float(pcells['train']['lifo'][3]):,.0f}"
     out["pre_lifo_train_ttft"] = f"{float(pcells['train']['lifo'][1]):.0f} s"
+    tenants = f"{SCENARIO}/tenants.txt"
+    _, tcells = _cells(tenants)
+    tgood = _goodput(tenants)
+    test, val = tgood["test"], tgood["val"]
+    vbest, tbest = max(val, key=val.get), max(test, key=test.get)
+    out["tn_val_best"], out["tn_test_best"] = vbest, tbest
+    out["tn_val_pick_loss"] = f"{100 * (1 - test[vbest] / test[tbest]):.1f}%"
+    out["tn_val_pick_vs"] = f"{test[vbest]:,.0f} vs {test[tbest]:,.0f}"
+    out["tn_loss_05"] = f"{100 * (test['0.5'] / test[tbest] - 1):.0f}%".replace("-", "−")
+    preempting = [int(c[3]) for c in tcells["test"].values() if int(c[3]) > 0]
+    out["tn_test_preempt_range"] = _span(preempting, "d", "–")
+    out["tn_val_hits"] = f"{tcells['val']['0.0'][-1]} at 0 to {tcells['val']['0.2'][-1]} at 0.2"
+    out["tn_val_preempt_0"] = tcells["val"]["0.0"][3]
     pgood = _goodput(pre)
     out["pre_cost_wins"] = "every split" if all(max(pgood[s], key=pgood[s].get) == "cost_aware" for s in splits) else \
         "not every split"
