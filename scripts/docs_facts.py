@@ -215,7 +215,7 @@ def _goodput(path: str) -> dict[str, dict[str, float]]:
 
 
 @source("scenario", "cheap", f"{SCENARIO}/d5ff5ad/watermark.txt", f"{SCENARIO}/d5ff5ad/preemption.txt",
-        f"{SCENARIO}/tenants.txt")
+        f"{SCENARIO}/tenants.txt", f"{SCENARIO}/joint.txt")
 def scenario() -> dict[str, str]:
     out = {}
     splits = ("train", "val", "test")
@@ -249,6 +249,16 @@ def scenario() -> dict[str, str]:
     out["tn_test_preempt_range"] = _span(preempting, "d", "–")
     out["tn_val_hits"] = f"{tcells['val']['0.0'][-1]} at 0 to {tcells['val']['0.2'][-1]} at 0.2"
     out["tn_val_preempt_0"] = tcells["val"]["0.0"][3]
+    joint = _goodput(f"{SCENARIO}/joint.txt")
+    gains = [100 * (g[f"{w}/s"] / g[f"{w}/r"] - 1) for g in joint.values() for w in ("0.0", "0.01")]
+    out["jt_swap_gain"] = _span(gains, ".0f", "–") + "%"
+    jtest = joint["test"]
+    out["jt_test_0"] = f"{jtest['0.0/s']:,.0f} vs {jtest['0.0/r']:,.0f}"
+    jbest = max(jtest, key=jtest.get)
+    out["jt_loss_02"] = f"{100 * (1 - max(jtest['0.2/r'], jtest['0.2/s']) / jtest[jbest]):.0f}%"
+    out["jt_fewest"] = f"{jtest['0.01+fewest_computed']:,.0f}"
+    out["jt_best"] = f"({jbest.split('/')[0]}, {'swap' if jbest.endswith('/s') else 'recompute'})"
+    out["jt_same_best"] = "the same" if max(joint["val"], key=joint["val"].get) == jbest else "not the same"
     pgood = _goodput(pre)
     out["pre_cost_wins"] = "every split" if all(max(pgood[s], key=pgood[s].get) == "cost_aware" for s in splits) else \
         "not every split"

@@ -43,6 +43,7 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
   rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
   rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test
+  rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test
   turns=(workload=multi_turn workload.system_prompt_len=1024 workload.first_prompt_len.mean=512
          workload.user_turn_len.mean=128 workload.max_turns=8)
   python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \
