@@ -323,6 +323,40 @@ def benign() -> dict[str, str]:
     return out
 
 
+# --- docs/results.md: the watermark agent live on an H200 beside the sim ---------------------------
+
+LIVE = ("docs/results/rl_live_h200_results.csv", "docs/results/rl_live_h200_sim_results.csv")
+
+
+def _by_policy(path: str, metric: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for row in _csv(path):
+        if row["split"] == "test":
+            out.setdefault(row["policy"], {})[int(row["seed"])] = float(row[metric])
+    return out
+
+
+@source("live_h200", "cheap", *LIVE)
+def live_h200() -> dict[str, str]:
+    out = {}
+    mean = lambda values: sum(values) / len(values)          # noqa: E731
+    live, sim = _by_policy(LIVE[0], "goodput_tok_s"), _by_policy(LIVE[1], "goodput_tok_s")
+    agent = next(p for p in live if p.startswith("agent"))
+    out["agent_live_vs_sim"] = f"{mean(list(live[agent].values())):.1f} live vs {mean(list(sim[agent].values())):.1f} sim"
+    fixed = [p for p in live if p.startswith("fixed(fraction=0.01)")]
+    both = [v for p in fixed for v in live[p].values()]
+    out["fixed_runs_mean"] = f"{mean(both):.1f}"
+    out["agent_above_fixed"] = f"{100 * (mean(list(live[agent].values())) / mean(both) - 1):.0f}%"
+    plain, again = fixed
+    gaps = [(abs(live[again][s] - live[plain][s]), min(live[again][s], live[plain][s])) for s in live[plain]]
+    gap, low = max(gaps)
+    out["same_policy_gap"] = f"{gap:.0f} tok/s ({100 * gap / low:.0f}%)"
+    for name, path in zip(("live", "sim"), LIVE):
+        thr = _by_policy(path, "throughput_tok_s")
+        out[f"throughput_{name}"] = _span([mean(list(v.values())) for v in thr.values()], ".0f")
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", help="a source name, or 'list'")

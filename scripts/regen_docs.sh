@@ -2,7 +2,8 @@
 # Regenerate every number of README.md and docs/ that comes from the sim, on this tree:
 #   1. the sweeps of docs/sweeps.md (scripts/sweeps_docs.sh: docs/figures/sweeps/*, ~10-20 min on 2 cores);
 #   2. the committed sim outputs that generated blocks and fact spans read (~5 min on 2 cores):
-#      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones on the archived
+#      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones, and the sim beside
+#      docs/results.md's live H200 run (kvrl-eval, 2 seeds), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
 #      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes) and docs/security.md's
@@ -44,6 +45,12 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
   rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test
   rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test
+  live_sim=$(mktemp -d)   # the sim beside docs/results.md's live H200 watermark run
+  python -m kvrl.apps.eval env=watermark "$archived" 'agents=[docs/results/agents/watermark-dqn]' 'seeds=[0,1]' \
+    'baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio}]' fixed_best=0.01 tune=null \
+    oracle=false workers=1 plots=false hydra.run.dir="$live_sim" > /dev/null
+  cp "$live_sim/results.csv" docs/results/rl_live_h200_sim_results.csv
+  rm -rf "$live_sim"
   turns=(workload=multi_turn workload.system_prompt_len=1024 workload.first_prompt_len.mean=512
          workload.user_turn_len.mean=128 workload.max_turns=8)
   python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \

@@ -9,6 +9,7 @@
     python scripts/rl_tables.py cells docs/results/rl_scenario/tenants.txt --split test \
         --fields "prefix hit rate,preemptions,SLO attainment,p50 TTFT s"
     python scripts/rl_tables.py live docs/results/rl_live_h200/pressure/{sim,live}_results.csv pressure
+    python scripts/rl_tables.py per_seed docs/results/rl_live_h200_sim_results.csv docs/results/rl_live_h200_results.csv
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -23,6 +24,9 @@ brackets, the row's best in bold as that script marks it. ``cells``: the per-cel
 such a file as a table, a row per field of its "per cell:" legend (``--fields``, by their legend
 names), a column per constant. ``live``: scripts/rl_live_compare.py's
 sim-beside-live table of one scenario, its heading as a bold caption (to sit inside a section).
+``per_seed``: goodput per test seed, live and in the sim, a row per live policy; a policy the sim
+ran once under another label (kvrl-eval merges a given val-best constant with the same baseline)
+is matched by its name without the bracketed label.
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
@@ -208,6 +212,34 @@ def cells(path: str, split: str, fields: list[str]) -> str:
     return "\n".join(out)
 
 
+def _per_seed(path: str, metric: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row["split"] == "test":
+                out[row["policy"]][int(row["seed"])] = float(row[metric])
+    return out
+
+
+def per_seed(sim: str, live_: str, metric: str = "goodput_tok_s") -> str:
+    """Per test seed and mean, live and in the sim (see the module doc)."""
+    live_rows, sim_rows = _per_seed(live_, metric), _per_seed(sim, metric)
+    by_base = {policy.split(" [")[0]: values for policy, values in sim_rows.items()}
+    seeds = sorted({seed for values in live_rows.values() for seed in values})
+    cols = [f"live seed {s}" for s in seeds] + ["live mean"] + [f"sim seed {s}" for s in seeds] + ["sim mean"]
+    out = ["| policy | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for policy, values in live_rows.items():
+        simmed = sim_rows.get(policy) or by_base.get(policy.split(" [")[0])
+        if simmed is None:
+            raise KeyError(f"{sim}: no sim rows for {policy!r} (nor its name without the label)")
+        cells = []
+        for source in (values, simmed):
+            cells += [f"{source[s]:.1f}" if s in source else "" for s in seeds]
+            cells.append(f"{sum(source[s] for s in seeds if s in source) / sum(s in source for s in seeds):.1f}")
+        out.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def live(sim: str, live_: str, name: str) -> str:
     from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
 
@@ -225,6 +257,9 @@ def main() -> None:
     s.add_argument("--metrics", default="slo_attainment,preemptions", help=f"comma-separated, of {', '.join(METRICS)}")
     s.add_argument("--results", help="kvrl-eval results.csv, for metrics the leaderboard lacks")
     sub.add_parser("scenario").add_argument("paths", nargs="+")
+    ps = sub.add_parser("per_seed")
+    ps.add_argument("sim")
+    ps.add_argument("live")
     c = sub.add_parser("cells")
     c.add_argument("path")
     c.add_argument("--split", required=True)
@@ -241,6 +276,8 @@ def main() -> None:
         print(suite(a.path, tuple(m for m in a.metrics.split(",") if m), a.results))
     elif a.table == "scenario":
         print(scenario(a.paths))
+    elif a.table == "per_seed":
+        print(per_seed(a.sim, a.live))
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:

@@ -238,3 +238,22 @@ def test_cells_table_shows_one_splits_per_cell_fields(tmp_path):
         rl_tables.cells(str(path), "test", ["hits"])
     with pytest.raises(ValueError, match="no line of split 'train'"):
         rl_tables.cells(str(path), "train", ["preemptions"])
+
+
+def test_per_seed_table_matches_a_relabelled_sim_policy_by_its_name(tmp_path):
+    """``rl_tables.py per_seed``: live and sim goodput per test seed and their means, a row per live
+    policy; the sim's "<name> [val-best, given]" serves a live plain "<name>"; a policy the sim
+    lacks entirely is an error naming it."""
+    head = "policy,kind,split,seed,goodput_tok_s\n"
+    live = tmp_path / "live.csv"
+    live.write_text(head + "fixed(fraction=0.01),heuristic,test,0,10\nfixed(fraction=0.01),heuristic,test,1,20\n"
+                    "agent a,agent,test,0,30\nagent a,agent,test,1,50\nagent a,agent,val,0,99\n")
+    sim = tmp_path / "sim.csv"
+    sim.write_text(head + '"fixed(fraction=0.01) [val-best, given]",val-best,test,0,11\n'
+                   '"fixed(fraction=0.01) [val-best, given]",val-best,test,1,13\nagent a,agent,test,0,31\nagent a,agent,test,1,33\n')
+    out = rl_tables.per_seed(str(sim), str(live)).splitlines()
+    assert out[2] == "| fixed(fraction=0.01) | 10.0 | 20.0 | 15.0 | 11.0 | 13.0 | 12.0 |"
+    assert out[3] == "| agent a | 30.0 | 50.0 | 40.0 | 31.0 | 33.0 | 32.0 |"
+    sim.write_text(head + "agent a,agent,test,0,31\n")
+    with pytest.raises(KeyError, match=re.escape("no sim rows for 'fixed(fraction=0.01)'")):
+        rl_tables.per_seed(str(sim), str(live))
