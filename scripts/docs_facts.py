@@ -323,6 +323,36 @@ def benign() -> dict[str, str]:
     return out
 
 
+# --- docs/rl.md: the task suite's test leaderboards (kvrl-eval leaderboard.csv, committed) -------
+
+SUITE = "docs/results/rl_sim_suite"
+
+
+def _vs(row: dict, ref: str) -> tuple[float, str]:
+    return float(row[f"{ref}_pct_change"]), row[f"{ref}_verdict"]
+
+
+@source("suite", "cheap", f"{SUITE}/pressure_leaderboard.csv", f"{SUITE}/phased_leaderboard.csv")
+def suite() -> dict[str, str]:
+    out = {}
+    for task in ("pressure", "phased"):
+        rows = _csv(f"{SUITE}/{task}_leaderboard.csv")
+        oracle = next(k[:-len("_pct_change")] for k in rows[0] if k.endswith("_pct_change") and "[oracle" in k)
+        agents = [_vs(r, oracle)[0] for r in rows if r["kind"] == "agent"]
+        out[f"{task}_agents_vs_oracle"] = _span([0.0 - x for x in agents], ".1f", "–") + "%"
+        controllers = [r for r in rows if r["policy"].startswith(("pi", "bandit"))]
+        out[f"{task}_controllers_loss"] = _span([-_vs(r, oracle)[0] for r in controllers], ".1f", "–") + "%"
+        worse = [("tuned " if "[val-tuned]" in r["policy"] else "") + r["policy"].split("(")[0] for r in controllers
+                 if _vs(r, oracle)[1] == "worse"]
+        out[f"{task}_controllers_worse"] = ", ".join(worse) if worse else "none"
+        for name in ("token_ratio", "past_future"):
+            default = next(r for r in rows if r["policy"] == name)
+            tuned = next(r for r in rows if r["policy"].startswith(f"{name}(") and "[val-tuned]" in r["policy"])
+            out[f"{task}_{name}_default"] = f"{_vs(default, oracle)[0]:.0f}%".replace("-", "−")
+            out[f"{task}_{name}_tuned"] = f"{_vs(tuned, oracle)[0]:.0f}%".replace("-", "−")
+    return out
+
+
 # --- docs/results.md: the watermark agent live on an H200 beside the sim ---------------------------
 
 LIVE = ("docs/results/rl_live_h200_results.csv", "docs/results/rl_live_h200_sim_results.csv")
