@@ -353,6 +353,53 @@ def suite() -> dict[str, str]:
     return out
 
 
+# --- docs/results.md: the session-4 leaderboards, re-run on the archived profile (committed) -----
+
+SESSION4 = "docs/results/rl_session4"
+
+
+def _delta(row: dict, ref: str, digits: int = 1) -> str:
+    """``+39.8 ± 11.3 tok/s, +11%``: the paired goodput difference against ``ref``."""
+    mean, ci = float(row[f"Δgoodput_tok_s {ref}_mean"]), float(row[f"Δgoodput_tok_s {ref}_ci95"])
+    return f"{mean:+.{digits}f} ± {ci:.{digits}f} tok/s, {float(row[f'{ref}_pct_change']):+.0f}%".replace("-", "−")
+
+
+@source("session4", "cheap", *(f"{SESSION4}/{n}_leaderboard.csv" for n in ("watermark", "watermark_hindsight",
+                                                                            "preemption")),
+        f"{SESSION4}/preemption_results.csv")
+def session4() -> dict[str, str]:
+    out = {}
+    rows = {r["kind"]: r for r in _csv(f"{SESSION4}/watermark_leaderboard.csv")}
+    ref = next(k[:-len("_pct_change")] for k in rows["agent"] if k.endswith("_pct_change") and "val-best" in k)
+    out["wm_agent_vs_001"] = _delta(rows["agent"], ref)
+    beaten = all(float(r[f"Δgoodput_tok_s {ref}_mean"]) < float(rows["agent"][f"Δgoodput_tok_s {ref}_mean"])
+                 for kind, r in rows.items() if kind != "agent")
+    out["wm_agent_beats_all"] = "and every heuristic" if beaten else "but not every heuristic"
+    hind = {r["kind"]: r for r in _csv(f"{SESSION4}/watermark_hindsight_leaderboard.csv")}
+    best = hind["val-best"]
+    href = next(k[:-len("_pct_change")] for k in best if k.endswith("_pct_change") and "val-best" in k)
+    out["wm_hindsight"] = (f"{best['policy'].split('=')[1].split(')')[0]}: {float(best['goodput_tok_s_mean']):.1f} ± "
+                           f"{float(best['goodput_tok_s_ci95']):.1f}, paired {_delta(hind['agent'], href).split(' tok/s')[0]} tok/s")
+    pre = {r["policy"]: r for r in _csv(f"{SESSION4}/preemption_leaderboard.csv")}
+    agent = next(r for r in pre.values() if r["kind"] == "agent")
+    pref = next(k[:-len("_pct_change")] for k in agent if k.endswith("_pct_change"))
+    out["pre_agent_vs_lifo"] = _delta(agent, pref, 0).split(" tok/s")[0] + " tok/s"
+    runs = _by_policy(f"{SESSION4}/preemption_results.csv", "goodput_tok_s")
+    for name, key in (("cost_aware", "cost_aware"), ("lifo(mode=swap)", "lifo_swap")):
+        out[f"pre_agent_vs_{key}"] = _paired(runs[agent["policy"]], runs[name])
+    return out
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> str:
+    """``+212 ± 315``: mean per-seed difference a - b with its 95% t half-width (scipy)."""
+    from scipy import stats
+
+    diffs = [a[s] - b[s] for s in sorted(a) if s in b]
+    mean = sum(diffs) / len(diffs)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * stats.sem(diffs)
+    return f"{mean:+.0f} ± {half:.0f}".replace("-", "−")
+
+
 # --- docs/results.md: the watermark agent live on an H200 beside the sim ---------------------------
 
 LIVE = ("docs/results/rl_live_h200_results.csv", "docs/results/rl_live_h200_sim_results.csv")
