@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerate every number of README.md and docs/ that comes from the sim, on this tree:
 #   1. the sweeps of docs/sweeps.md (scripts/sweeps_docs.sh: docs/figures/sweeps/*, ~10-20 min on 2 cores);
-#   2. the committed sim outputs that generated blocks and fact spans read (~5 min on 2 cores):
-#      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones, and the sim beside
-#      docs/results.md's live H200 run (kvrl-eval, 2 seeds), on the archived
+#   2. the committed sim outputs that generated blocks and fact spans read (~15 min on 2 cores):
+#      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones, docs/results.md's
+#      session-4 leaderboards and the sim beside its live H200 run (kvrl-eval), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
 #      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes) and docs/security.md's
@@ -15,7 +15,8 @@
 # committed result files (cheap blocks) or carry their command, device, versions and commit
 # (see docs/design.md, "Documented numbers"). Not re-run either, each quoted with its command and
 # commit: the RL task suite's kvrl-eval leaderboards (docs/results/rl_sim_suite, rl_classes,
-# rl_sim_rcpi: hours of CPU; run them on a many-core host) and the runs docs/rl.md and docs/results.md
+# rl_sim_rcpi: minutes to hours of CPU each; their commands are beside their tables; run them on a
+# many-core host) and the runs docs/rl.md and docs/results.md
 # mark "not regenerable".
 #
 #   scripts/regen_docs.sh                 # everything
@@ -51,6 +52,20 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
     oracle=false workers=1 plots=false hydra.run.dir="$live_sim" > /dev/null
   cp "$live_sim/results.csv" docs/results/rl_live_h200_sim_results.csv
   rm -rf "$live_sim"
+  session4() {   # session4 <name> <kvrl-eval overrides...>: docs/results.md's session-4 leaderboards (~8 min in all)
+    local name=$1 dir; shift
+    dir=$(mktemp -d)
+    python -m kvrl.apps.eval "$archived" tune=null oracle=false workers=1 plots=false hydra.run.dir="$dir" "$@" > /dev/null
+    for f in leaderboard.csv leaderboard.md results.csv; do cp "$dir/$f" "docs/results/rl_session4/${name}_$f"; done
+    rm -rf "$dir"
+  }
+  seeds20='seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]'
+  session4 watermark env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
+    'baselines.watermark=[{name: fixed, fraction: 0.01},{name: opt_factor},{name: avg_block_len},{name: token_ratio},{name: past_future}]'
+  session4 watermark_hindsight env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
+    'baselines.watermark=[{name: fixed, fraction: 0.01}]' fixed_best=0.3
+  session4 preemption env=preemption 'agents=[docs/results/agents/preemption-maskable_ppo]' 'seeds=[0,1,2,3,4,5,6,7,8,9]' \
+    'baselines.eviction=[{name: lifo},{name: lifo, mode: swap},{name: fewest_computed},{name: cost_aware}]'
   turns=(workload=multi_turn workload.system_prompt_len=1024 workload.first_prompt_len.mean=512
          workload.user_turn_len.mean=128 workload.max_turns=8)
   python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \
