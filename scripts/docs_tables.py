@@ -46,6 +46,7 @@ BEGIN = re.compile(r"^<!-- BEGIN GENERATED: (?P<command>.+?) \| (?P<kind>\w+) --
 END = "<!-- END GENERATED -->"
 FACT = re.compile(r"<!-- fact: (?P<name>[^ ]*?) -->(?P<text>.*?)<!-- /fact -->", re.S)
 FACT_OPEN, FACT_CLOSE = "<!-- fact:", "<!-- /fact -->"
+INLINE_CODE = re.compile(r"`[^`\n]*`")
 FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```[^\n]*$", re.S | re.M)
 
 
@@ -107,12 +108,12 @@ def _facts_module():
 
 
 def find_facts(text: str, path: Path) -> list[Block]:
-    """The fact spans of ``text`` outside fenced code blocks, as blocks whose command is their
+    """The fact spans of ``text`` outside code (fenced blocks, inline code), as blocks whose command is their
     source's (scripts/docs_facts.py); an unknown source, a malformed name, an unclosed or nested
     span raises ``ValueError`` naming ``path`` and the line."""
     facts = _facts_module()
-    fenced = [(m.start(), m.end()) for m in FENCE.finditer(text)]
-    shown = lambda i: any(a <= i < b for a, b in fenced)      # noqa: E731  (a span shown in a code block)
+    fenced = [(m.start(), m.end()) for m in FENCE.finditer(text)] + [(m.start(), m.end()) for m in INLINE_CODE.finditer(text)]
+    shown = lambda i: any(a <= i < b for a, b in fenced)      # noqa: E731  (a span shown as code)
     line = lambda i: text.count("\n", 0, i) + 1              # noqa: E731
     out, covered = [], []
     for m in FACT.finditer(text):

@@ -100,7 +100,8 @@ def test_fact_spans_name_a_known_source_and_key(tmp_path):
     one inside a generated block, is an error naming the file and line."""
     text = ("a <!-- fact: tiers.llama_ttft_p99_drop -->21%<!-- /fact --> b\n"
             "```\n<!-- fact: nosuch.key -->shown<!-- /fact -->\n```\n"
-            "c <!-- fact: tiers.gpu_hit -->0.49-\n0.55<!-- /fact -->\n")
+            "c <!-- fact: tiers.gpu_hit -->0.49-\n0.55<!-- /fact -->\n"
+            "shown inline: `<!-- fact: nosuch.key -->1<!-- /fact -->`\n")
     facts = docs_tables.find_facts(text, Path("f.md"))
     assert [(f.line, f.fact, f.kind, f.command, text[f.start:f.end]) for f in facts] == [
         (1, "llama_ttft_p99_drop", "cheap", "python scripts/docs_facts.py tiers", "21%"),
