@@ -135,6 +135,47 @@ def tiers() -> dict[str, str]:
     return out
 
 
+# --- docs/tiers.md: swap-in prefetching (scripts/swap_prefetch_study.py outputs, committed) -------
+
+SWAP = "docs/results/swap_prefetch"
+
+
+@source("swap", "cheap", f"{SWAP}/traces.json", f"{SWAP}/predictors.json", f"{SWAP}/plugin.json")
+def swap() -> dict[str, str]:
+    out = {}
+    traces = _json(f"{SWAP}/traces.json")
+    workloads = sorted({k.rsplit("-", 1)[0] for k in traces}, key=lambda w: w != "long_outputs")
+    out["swap_outs"] = " and ".join(_span([t["swap_out"] for k, t in traces.items() if k.startswith(w + "-")], "d")
+                                    for w in workloads)
+    out["all_back"] = "every one" if all(t["swap_in"] == t["swap_out"] for t in traces.values()) else "not every one"
+    shares = {t["fifo_share"] for t in traces.values()}
+    out["fifo_share"] = (f"FIFO share {shares.pop():.3f} in all {len(traces)}" if len(shares) == 1
+                         else f"FIFO share {_span(list(shares), '.3f')} over the {len(traces)}")
+    rows = _json(f"{SWAP}/predictors.json")
+    peaks, windows, in_window, reg = [], set(), [], []
+    for w in workloads:
+        mine = [r for r in rows if r["workload"] == w]
+        best = max(max(r["mlp_cla"], r["lstm_cla"]) for r in mine)
+        peaks.append(f"{best:.2f} ({w})")
+        top = [r for r in mine if max(r["mlp_cla"], r["lstm_cla"]) >= best - 0.05]
+        windows.update(r["window"] for r in top)
+        in_window += [r["in_window"] for r in top]
+        reg += [v for r in mine for v in (r["mlp_reg"], r["lstm_reg"])]
+    out["cla_peaks"] = " and ".join(peaks)
+    out["cla_windows"] = _span(sorted(windows), "d")
+    out["cla_in_window"] = _span(in_window, ".2f")
+    out["reg_range"] = _span(reg, ".2f")
+    plugin = _json(f"{SWAP}/plugin.json")
+    latency = [r for r in plugin if r["metric"] != "preemptions"]
+    out["plugin_latency"] = ("no TTFT, TPOT or throughput difference is significant" if
+                             all(r["verdict"] == "no significant difference" for r in latency)
+                             else "some latency or throughput difference is significant")
+    pre = [r for r in plugin if r["metric"] == "preemptions"]
+    out["plugin_preempt"] = _span([r["pct"] for r in pre], ".0f") + "%" + (
+        " (significant)" if all(r["verdict"] == "worse" for r in pre) else " (not all significant)")
+    return out
+
+
 # --- docs/sweeps.md: the worked examples' readings (kvrl-report summaries, scripts/sweeps_docs.sh) --
 
 SWEEPS = "docs/figures/sweeps"

@@ -6,7 +6,8 @@
 #      session-4 leaderboards and the sim beside its live H200 run (kvrl-eval), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
-#      docs/tiers.md's CPU-tier study (scripts/tiers_study.py, both shapes) and docs/security.md's
+#      docs/tiers.md's CPU-tier and swap-prefetch studies (scripts/tiers_study.py, swap_prefetch_study.py)
+#      and docs/security.md's
 #      fill-and-squeeze and benign-cost runs (kvrl-attack, ~5 min);
 #   3. every generated block and fact span (scripts/docs_tables.py update: README.md and docs/**/*.md,
 #      `cheap` and `sim` kinds; a block names its command in its BEGIN marker, a fact span its source
@@ -74,6 +75,10 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
     model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
     workload.mean_turn_gap_s=10.0 engine.num_blocks=448
+  swap=$(mktemp -d)   # docs/tiers.md's swap-in prefetching study (~2 min)
+  python scripts/swap_prefetch_study.py --out "$swap" --seeds 0 1 2 3 4 > /dev/null
+  cp "$swap"/{predictors.md,predictors.json,plugin.md,plugin.json,traces.json} docs/results/swap_prefetch/
+  rm -rf "$swap"
   attack=$(mktemp -d)
   python -m kvrl.apps.attack fill-squeeze hydra.run.dir="$attack" > /dev/null
   cp "$attack"/fill_squeeze.json "$attack"/fill_squeeze.md docs/results/security/
