@@ -135,6 +135,39 @@ def tiers() -> dict[str, str]:
     return out
 
 
+DISK = {"ld": "docs/results/tiers/llama-3-8b_disk/results.json", "qd": "docs/results/tiers/qwen3-0.6b_disk/results.json"}
+
+
+@source("tiers_disk", "cheap", *DISK.values())
+def tiers_disk() -> dict[str, str]:
+    out = {}
+    mean = lambda values: sum(values) / len(values)          # noqa: E731
+    for key, path in DISK.items():
+        runs = _runs(path)
+        shown = [v for v in ("gpu", "cpu", "disk", "prefetch") if v in runs]
+        out[f"{key}_per_seed"] = ", ".join(f"{v} " + " / ".join(_ms(r["ttft_p50_s"]) for r in runs[v]) for v in shown)
+        same = next((v for v in ("cpu", "gpu") if [r["ttft_p50_s"] for r in runs["disk_cost"]] ==
+                     [r["ttft_p50_s"] for r in runs[v]]), None)
+        out[f"{key}_disk_cost_equals"] = f"disk_cost = {same}" if same else "disk_cost differs from gpu and cpu"
+        out[f"{key}_saved"] = ("CPU tier " + " / ".join(f"{r['tier_cpu_ttft_saved_s']:+.2g}" for r in runs["cpu"]) + " s, disk tier "
+                               + " / ".join(f"{r['tier_disk_ttft_saved_s']:+.1f}" for r in runs["disk"]) + " s").replace("-", "−")
+        disk = runs["disk"]
+        out[f"{key}_tier_hits"] = (f"GPU {mean([r['tier_gpu_hit_rate'] for r in disk]):.2f}, CPU "
+                                   f"{mean([r['tier_cpu_hit_rate'] for r in disk]):.2f}, disk {mean([r['tier_disk_hit_rate'] for r in disk]):.2f}")
+        out[f"{key}_total_hit"] = (f"{mean([r['prefix_hit_rate'] for r in runs['cpu']]):.2f} to "
+                                   f"{mean([r['prefix_hit_rate'] for r in disk]):.2f}")
+        out[f"{key}_disk_hit"] = f"{mean([r['tier_disk_hit_rate'] for r in disk]):.2f}"
+        ratios = [mean([r[m] for r in disk]) / mean([r[m] for r in runs["gpu"]]) for m in ("preemptions", "recomputed_tokens")]
+        out[f"{key}_disk_vs_gpu_preempt"] = _span(ratios, ".1f") + "x"
+        out[f"{key}_cpu_p50_change"] = _span([100 * (c["ttft_p50_s"] / g["ttft_p50_s"] - 1)
+                                              for g, c in zip(runs["gpu"], runs["cpu"])], "+.1f") + "%"
+        if "prefetch" in runs:
+            pre = runs["prefetch"]
+            out[f"{key}_prefetched"] = _span([r["tier_prefetched_blocks"] / 1e3 for r in pre], ".0f") + "k"
+            out[f"{key}_prefetch_used"] = _span([r["tier_prefetch_used_blocks"] for r in pre], "d")
+    return out
+
+
 # --- docs/tiers.md: swap-in prefetching (scripts/swap_prefetch_study.py outputs, committed) -------
 
 SWAP = "docs/results/swap_prefetch"

@@ -6,7 +6,7 @@
 #      session-4 leaderboards and the sim beside its live H200 run (kvrl-eval), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
 #      results used: taken from git history, so this step needs a clone with history) and
-#      docs/tiers.md's CPU-tier and swap-prefetch studies (scripts/tiers_study.py, swap_prefetch_study.py)
+#      docs/tiers.md's CPU/disk-tier and swap-prefetch studies (scripts/tiers_study.py, swap_prefetch_study.py)
 #      and docs/security.md's
 #      fill-and-squeeze and benign-cost runs (kvrl-attack, ~5 min);
 #   3. every generated block and fact span (scripts/docs_tables.py update: README.md and docs/**/*.md,
@@ -75,6 +75,14 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
     model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
     workload.mean_turn_gap_s=10.0 engine.num_blocks=448
+  python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b_disk --seeds 0 1 2 \
+    --variants gpu cpu disk prefetch disk_cost --tier-blocks 1024 --disk-blocks 8192 -- \
+    model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
+    workload.mean_turn_gap_s=10.0 engine.num_blocks=448
+  python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b_disk --seeds 0 1 2 \
+    --variants gpu cpu disk disk_cost --tier-blocks 1024 --disk-blocks 8192 -- \
+    model=qwen3-0.6b "${turns[@]}" workload.num_conversations=200 workload.arrival.rate=4.0 \
+    workload.mean_turn_gap_s=5.0 engine.num_blocks=512
   swap=$(mktemp -d)   # docs/tiers.md's swap-in prefetching study (~2 min)
   python scripts/swap_prefetch_study.py --out "$swap" --seeds 0 1 2 3 4 > /dev/null
   cp "$swap"/{predictors.md,predictors.json,plugin.md,plugin.json,traces.json} docs/results/swap_prefetch/
