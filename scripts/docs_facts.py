@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import re
@@ -63,13 +64,18 @@ def command(name: str) -> str:
     return f"python scripts/docs_facts.py {name}"
 
 
+def _text(path: str) -> str:
+    """The committed file ``path`` (relative to the repository root): every read of a source goes
+    through here, so a test can check that a source reads only its declared ``inputs``."""
+    return (ROOT / path).read_text()
+
+
 def _json(path: str):
-    return json.loads((ROOT / path).read_text())
+    return json.loads(_text(path))
 
 
 def _csv(path: str) -> list[dict[str, str]]:
-    with open(ROOT / path, newline="") as f:
-        return list(csv.DictReader(f))
+    return list(csv.DictReader(io.StringIO(_text(path), newline="")))
 
 
 def _span(values: Sequence[float], fmt: str, sep: str = "-") -> str:
@@ -271,7 +277,7 @@ SCENARIO = "docs/results/rl_scenario"
 def _cells(path: str) -> tuple[list[str], dict[str, dict[str, list[str]]]]:
     """An rl_scenario_table.py output's column heads and, per split, head -> the cell's fields
     (SLO attainment, p50 TTFT s, p50 TPOT ms, preemptions, engine s)."""
-    text = (ROOT / path).read_text()
+    text = _text(path)
     heads = re.search(r"^\| split \| (.+) \|$", text, re.M)[1].split(" | ")
     cells = {}
     for split, line in re.findall(r"^(\w+): (.+)$", text, re.M):
@@ -282,7 +288,7 @@ def _cells(path: str) -> tuple[list[str], dict[str, dict[str, list[str]]]]:
 
 
 def _goodput(path: str) -> dict[str, dict[str, float]]:
-    text = (ROOT / path).read_text()
+    text = _text(path)
     heads = re.search(r"^\| split \| (.+) \|$", text, re.M)[1].split(" | ")
     return {m[1]: dict(zip(heads, (float(v.strip("*")) for v in m[2].split(" | "))))
             for m in re.finditer(r"^\| (\w+) \| ([\d.*| ]+) \|$", text, re.M)}

@@ -258,3 +258,20 @@ def test_per_seed_table_matches_a_relabelled_sim_policy_by_its_name(tmp_path):
     sim.write_text(head + "agent a,agent,test,0,31\n")
     with pytest.raises(KeyError, match=re.escape("no sim rows for 'fixed(fraction=0.01)'")):
         rl_tables.per_seed(str(sim), str(live))
+
+
+def test_fact_sources_read_only_their_declared_committed_inputs(monkeypatch):
+    """Every fact source (scripts/docs_facts.py) reads only the files it declares, and each of them
+    is tracked by git: a prose number comes from committed data, never from a local run."""
+    import subprocess
+
+    facts = docs_tables._facts_module()
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split())
+    read: list[str] = []
+    real = facts._text
+    monkeypatch.setattr(facts, "_text", lambda path: read.append(path) or real(path))
+    for name, src in facts.SOURCES.items():
+        read.clear()
+        assert src.facts(), f"source {name} gives no facts"
+        assert set(read) <= set(src.inputs), f"source {name} read {sorted(set(read) - set(src.inputs))} it does not declare"
+        assert set(src.inputs) <= tracked, f"source {name} reads untracked {sorted(set(src.inputs) - tracked)}"
