@@ -367,7 +367,8 @@ EVICTIONS = [("lifo", {"mode": "auto"}), ("fewest_computed", {"mode": "swap"}), 
 PREFIX_CACHES = ["none", "hash_lru", "hash_lfu", "radix_lru"]
 FAULTS = ("reserved_blocks", "admit", "select", "order", "key", "hooks", "garbage_reserved", "garbage_select",
           "garbage_key", "prefix_raise", "prefix_garbage")
-PREFIX_CALLS = ("lookup", "insert", "on_hit", "on_release", "on_acquire", "evict")
+PREFIX_CALLS = ("lookup", "insert", "on_hit", "on_release", "on_acquire", "evict", "insert_blocks",
+                "on_release_blocks", "evict_blocks")
 
 ADD = st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 16), st.integers(1, 3), st.integers(0, 3),
                 st.integers(0, 2))
@@ -429,15 +430,18 @@ class Faults:
         return call
 
     def _prefix(self, name, fn):
-        """Prefix-cache entry points: raise, or (lookup / evict) name a block that is in use,
-        not cached or not a block at all."""
+        """Prefix-cache entry points: raise, or (lookup / evict / evict_blocks) name a block that is
+        in use, not cached or not a block at all, or (insert_blocks) answer once too often."""
         def call(*args):
             if self._take("prefix_raise"):
                 raise RuntimeError(f"injected crash in prefix_cache.{name}")
-            if name in ("lookup", "evict") and self._take("prefix_garbage"):
+            if name in ("lookup", "evict", "evict_blocks") and self._take("prefix_garbage"):
                 used = [b for b, rc in enumerate(self.alloc.ref_counts) if rc > 0]
                 self.n += 1
-                return [used[0] if used else 0, -3, "block", 10**6][self.n % 4]
+                garbage = [used[0] if used else 0, -3, "block", 10**6][self.n % 4]
+                return [garbage] * args[0] if name == "evict_blocks" else garbage
+            if name == "insert_blocks" and self._take("prefix_garbage"):
+                return [True] * (len(args[0]) + 1)      # one answer too many
             return fn(*args)
         return call
 

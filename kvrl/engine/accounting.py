@@ -58,9 +58,11 @@ class AccountingMixin:
 
         One loop for the whole batch, the per-step hot path of the engine: a decode token inside a
         block (most of them) is recorded on the pool's :attr:`block_fill` without a call
-        (see ``on_computed`` of the allocators); everything else goes through ``on_computed``."""
+        (see ``on_computed`` of the allocators); everything else is handed to the pool in one
+        ``on_computed_batch`` call, in batch order, before anything that could read or change the
+        prefix cache (an abort, the finishes)."""
         alloc = self.allocator
-        on_computed, fill, bs = alloc.on_computed, alloc.block_fill, alloc.block_size
+        computed, fill, bs = [], alloc.block_fill, alloc.block_size
         failed = {id(batch.seqs[i]): reason for i, reason in errors.items()} if errors else None
         groups = self._groups
         done: list[Sequence] = []
@@ -76,6 +78,9 @@ class AccountingMixin:
             if seq.status is not running:
                 continue
             if failed and id(item) in failed:
+                if computed:
+                    alloc.on_computed_batch(computed)
+                    computed = []
                 self.abort(seq.request.request_id, failed[id(item)])
                 continue
             old = item.start
@@ -87,7 +92,7 @@ class AccountingMixin:
                     added += f
                     fill[block] += f
             else:
-                on_computed(seq, old, new)
+                computed.append((seq, old, new))
             seq.num_computed = new
             if not tokens:
                 continue
@@ -101,6 +106,8 @@ class AccountingMixin:
             if len(tokens) > 1:
                 done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
         alloc.add_stored_tokens(added)
+        if computed:
+            alloc.on_computed_batch(computed)
         for seq in done:
             if seq.status is running:     # not aborted by a later item's error
                 self._finish(seq)

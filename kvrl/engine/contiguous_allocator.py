@@ -146,6 +146,11 @@ class ContiguousAllocator:
                 self._tokens_in_use += f - self._fill[block]
                 self._fill[block] = f
 
+    def on_computed_batch(self, items) -> None:
+        """:meth:`on_computed` of each ``(seq, old, new)`` in order."""
+        for seq, old, new in items:
+            self.on_computed(seq, old, new)
+
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
         """Give ``child`` one of the parent's spare reservations; returns block copies of the
         parent's computed blocks into it."""

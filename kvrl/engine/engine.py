@@ -344,7 +344,8 @@ class Engine(PlanningMixin, AccountingMixin):
     def step(self) -> ScheduledBatch:
         """Schedule, execute and apply one step, the eviction plugin answering every block
         shortage; returns the executed batch."""
-        return self._answered(self.step_iter())
+        aborts = self._planned_aborts
+        return self._execute(self._answered(self._plan()), aborts)
 
     def step_iter(self) -> Generator[Shortage, object, ScheduledBatch]:
         """One step as a generator: yields a :class:`~kvrl.engine.decisions.Shortage` each time
@@ -353,14 +354,19 @@ class Engine(PlanningMixin, AccountingMixin):
         returns the executed batch (``StopIteration.value``). :meth:`step` is this generator
         answered by the eviction plugin, so both compute the same step for the same decisions."""
         aborts = self._planned_aborts
-        batch = yield from self._plan()
+        return self._execute((yield from self._plan()), aborts)
+
+    def _execute(self, batch: ScheduledBatch, aborts: int) -> ScheduledBatch:
+        """Execute a planned ``batch`` and apply it (``aborts``: :attr:`_planned_aborts` before
+        planning it, to tell an empty batch that aborted requests from a stall)."""
         if batch.is_empty:
             if self.has_unfinished and self._planned_aborts == aborts:
                 raise RuntimeError("engine made no progress although requests are pending (engine bug)")
             return batch
-        t0 = perf_counter()
+        callbacks = self._callbacks
+        t0 = perf_counter() if callbacks else 0.0
         out = self.executor.execute(batch)
-        execute_wall_s = perf_counter() - t0
+        execute_wall_s = perf_counter() - t0 if callbacks else 0.0
         if len(out.sampled) != len(batch.seqs):
             raise RuntimeError(f"executor returned {len(out.sampled)} samples for {len(batch.seqs)} sequences")
         duration = out.elapsed_s
@@ -372,14 +378,19 @@ class Engine(PlanningMixin, AccountingMixin):
         self.now += duration
         self.step_index += 1
         prefill, decodes = self.apply(batch, out.sampled, out.errors)
-        self.metrics.record_step(
-            self.step_index, self.now, duration, len(self.running), len(self.waiting) + len(self.preempted),
-            len(self.swapped), prefill, decodes, self.allocator.num_used_blocks,
-            self.allocator.tokens_stored, self._reserved_blocks() if self.metrics.record_steps else 0)
-        self._run_hooks(self._on_step_end)
-        if self._callbacks:
+        metrics = self.metrics
+        if metrics.record_steps:
+            metrics.record_step(
+                self.step_index, self.now, duration, len(self.running), len(self.waiting) + len(self.preempted),
+                len(self.swapped), prefill, decodes, self.allocator.num_used_blocks,
+                self.allocator.tokens_stored, self._reserved_blocks())
+        else:
+            metrics.record_occupancy(self.now, duration, self.allocator.num_used_blocks, self.allocator.tokens_stored)
+        if self._on_step_end:
+            self._run_hooks(self._on_step_end)
+        if callbacks:
             event = StepEvent(self.step_index, self.now, batch, out, duration, execute_wall_s)
-            for callback in list(self._callbacks):
+            for callback in list(callbacks):
                 go_on = callback.on_step(event)
                 if not isinstance(go_on, bool):
                     raise TypeError(f"engine callback {callback!r}: on_step returned {go_on!r}, not a bool "

@@ -12,7 +12,9 @@ own record of which block holds which hash and which cached blocks are evictable
 
 - ``lookup`` must return a block that was registered under that hash and not evicted since;
 - ``evict`` must return an evictable block (one still in use would be handed to a second owner),
-  and may return None only when no block is evictable;
+  and may return None only when no block is evictable; ``evict_blocks(n)`` must return ``n``
+  distinct evictable blocks, or every evictable one if fewer are left;
+- ``insert_blocks`` must answer once per block;
 - a call that raises counts as failing.
 
 A failing call is reported through ``on_error`` (which raises under
@@ -100,37 +102,51 @@ class GuardedPrefixCache:
         return bool(ok)
 
     def insert_blocks(self, entries: list[tuple], now: float) -> list[int]:
-        """:meth:`insert` of each ``(hash, parent hash, block, tag)`` in order (``tag`` is the
-        caller's, ignored here), timed as one call (a full sequence's blocks register together);
-        returns the blocks that were registered."""
-        timer, insert, hash_of = self._timer, self.policy.insert, self._hash_of
+        """The policy's :meth:`~PrefixCachePolicy.insert_blocks` of ``(hash, parent hash, block)``
+        entries, one timed call (a sequence's new full blocks register together); returns the
+        blocks that were registered, in order. An answer that is not one truth value per entry
+        is a policy error, and then no block is registered."""
+        timer = self._timer
         t0 = perf_counter()
+        try:
+            answers = self.policy.insert_blocks(entries, now)
+            if len(answers) != len(entries):
+                raise ValueError(f"insert_blocks answered {len(answers)} times for {len(entries)} blocks")
+        except Exception as exc:
+            answers, error = (), exc
+        else:
+            error = None
+        if not timer.depth:
+            timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("insert_blocks", error)
+            return []
+        hash_of = self._hash_of
         done = []
-        for block_hash, parent_hash, block_id, _ in entries:
-            try:
-                ok = insert(block_hash, parent_hash, block_id, now)
-            except Exception as exc:
-                self._fail("insert", exc)
-                continue
+        for (block_hash, _, block_id), ok in zip(entries, answers):
             if ok:
                 hash_of[block_id] = block_hash
                 done.append(block_id)
-        if not timer.depth:
-            timer.total_s += perf_counter() - t0
         return done
 
     def on_release_blocks(self, blocks: list[int], now: float) -> None:
-        """:meth:`on_release` of each block in order, timed as one call."""
-        timer, release, evictable = self._timer, self.policy.on_release, self._evictable
+        """Make ``blocks`` evictable, in order, and tell the policy in one timed
+        :meth:`~PrefixCachePolicy.on_release_blocks` call."""
+        evictable = self._evictable
+        for block in blocks:
+            evictable[block] = None
+        timer = self._timer
         t0 = perf_counter()
-        for block_id in blocks:
-            evictable[block_id] = None
-            try:
-                release(block_id, now)
-            except Exception as exc:
-                self._fail("on_release", exc)
+        try:
+            self.policy.on_release_blocks(blocks, now)
+        except Exception as exc:
+            error = exc
+        else:
+            error = None
         if not timer.depth:
             timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("on_release_blocks", error)
 
     def on_hit(self, block_id: int, now: float) -> None:
         timer = self._timer
@@ -170,31 +186,36 @@ class GuardedPrefixCache:
         return blocks[0] if blocks else None
 
     def evict_blocks(self, n: int) -> list[int]:
-        """Up to ``n`` of the policy's ``evict()`` calls, timed as one call; each answer must be an
-        evictable block, or None only when none is (else it is a policy error, and the evictable
-        block released longest ago is taken instead). Stops at the first that yields no block, so
-        fewer than ``n`` blocks means none was left."""
-        timer, evict, evictable, hash_of = self._timer, self.policy.evict, self._evictable, self._hash_of
+        """Up to ``n`` blocks reclaimed by one timed :meth:`~PrefixCachePolicy.evict_blocks` call:
+        its answer must be distinct evictable blocks, ``n`` of them or every evictable one. If not
+        (or it raises), that is a policy error and the blocks are the evictable ones released
+        longest ago instead. Fewer than ``n`` blocks means none was left."""
+        timer, evictable, hash_of = self._timer, self._evictable, self._hash_of
         t0 = perf_counter()
-        blocks = []
-        for _ in range(n):
-            try:
-                block = evict()
-                if (block is None and evictable) or (block is not None and block not in evictable):
-                    raise ValueError(f"evict returned {block!r}, not one of the {len(evictable)} evictable "
-                                     f"blocks (a block in use or not cached, or nothing)")
-            except Exception as exc:
-                self._fail("evict", exc)
-                block = self._fallback_evict()
-            else:
-                if block is not None:
-                    del evictable[block]
-                    del hash_of[block]
-            if block is None:
-                break
-            blocks.append(block)
+        try:
+            blocks = self.policy.evict_blocks(n)
+            if type(blocks) is not list:
+                blocks = list(blocks)
+            want = n if n < len(evictable) else len(evictable)
+            valid = len(blocks) == want and (want < 2 or len(set(blocks)) == want)
+            for block in blocks:
+                valid = valid and block in evictable
+            if not valid:
+                raise ValueError(f"evict_blocks({n}) returned {blocks[:8]!r}{'...' if len(blocks) > 8 else ''}, "
+                                 f"not {want} distinct evictable blocks (a block in use or not cached, or too few)")
+        except Exception as exc:
+            blocks, error = [], exc
+        else:
+            error = None
+            for block in blocks:
+                del evictable[block]
+                del hash_of[block]
         if not timer.depth:
             timer.total_s += perf_counter() - t0
+        if error is not None:
+            self._fail("evict_blocks", error)
+            for _ in range(min(n, len(evictable))):
+                blocks.append(self._fallback_evict())
         return blocks
 
     def _fallback_evict(self) -> Optional[int]:

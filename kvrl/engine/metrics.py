@@ -129,6 +129,19 @@ class MetricsCollector:
     def record_step(self, step: int, now: float, duration_s: float, num_running: int, num_waiting: int,
                     num_swapped: int, prefill_tokens: int, decode_tokens: int, used_blocks: int,
                     tokens_stored: int, reserved_blocks: int) -> None:
+        """One executed step ending at ``now``: :meth:`record_occupancy`, and its row (with
+        ``record_steps``)."""
+        util, occ = self.record_occupancy(now, duration_s, used_blocks, tokens_stored)
+        if self.record_steps:
+            self.steps.append((step, now, duration_s, num_running, num_waiting, num_swapped, prefill_tokens,
+                               decode_tokens, used_blocks, self.num_blocks - used_blocks, tokens_stored, util,
+                               occ, reserved_blocks, self.preemptions, self.num_finished))
+
+    def record_occupancy(self, now: float, duration_s: float, used_blocks: int,
+                         tokens_stored: int) -> tuple[float, float]:
+        """What every step adds to the run's totals, rows or not: the KV utilization and
+        occupancy integrals over its ``duration_s`` and the run's end ``now``; returns the step's
+        (utilization, occupancy). The engine calls only this when no rows are recorded."""
         util = tokens_stored / (used_blocks * self.block_size) if used_blocks else 0.0
         occ = used_blocks / self.num_blocks
         if used_blocks:
@@ -136,10 +149,7 @@ class MetricsCollector:
             self.busy_time_s += duration_s
         self._occ_time += occ * duration_s
         self.end_s = now
-        if self.record_steps:
-            self.steps.append((step, now, duration_s, num_running, num_waiting, num_swapped, prefill_tokens,
-                               decode_tokens, used_blocks, self.num_blocks - used_blocks, tokens_stored, util,
-                               occ, reserved_blocks, self.preemptions, self.num_finished))
+        return util, occ
 
     def record_host_gap(self, gap_s: float, counted: bool) -> None:
         """A live executor's host gap before a step; ``counted``: included in the step's duration."""

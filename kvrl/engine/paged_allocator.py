@@ -311,70 +311,65 @@ class PagedAllocator:
         self._tokens_in_use += n
 
     def on_computed(self, seq: Sequence, old: int, new: int) -> None:
-        """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks.
+        """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks
+        (:meth:`on_computed_batch` of this one item).
 
         One decode token inside a block (``new - old == 1``, ``new % block_size != 0``) only raises
         its block's fill to ``new % block_size``; a caller may do that itself on
         :attr:`block_fill` (and count the increase with :meth:`add_stored_tokens`) instead of
         calling this, as the engine's ``apply`` does: subclasses must keep that case that way."""
-        bs = self.block_size
-        table, fill = seq.block_table, self._fill
-        if new - old == 1 and new % bs:    # one decode token inside a block: the common case
-            block = table[old // bs]
-            if fill[block] < new % bs:
-                self._tokens_in_use += new % bs - fill[block]
-                fill[block] = new % bs
-            return
-        if new - old == 1:                 # a decode token completes its block: register that one
-            i = old // bs
-            block = table[i]
-            self._tokens_in_use += bs - fill[block]
-            fill[block] = bs
-            if not self.prefix_cache.enabled:
-                return
-            self._ensure_hashes(seq, i + 1)
-            if self._cached[block]:
-                return
-            hashes = seq.block_hashes
-            if self.prefix_cache.insert(hashes[i], hashes[i - 1] if i else None, block, self._clock()):
-                self._cached[block] = True
-                if self._checked:
-                    self._identity[block] = (seq, i)
-            return
-        first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
+        self.on_computed_batch(((seq, old, new),))
+
+    def on_computed_batch(self, items) -> None:
+        """:meth:`on_computed` of each ``(seq, old, new)`` of ``items``, in order, with the newly
+        full blocks of all of them registered in one bulk call to the prefix cache, in that
+        order. The same as separate calls: the items write to distinct blocks (a block being
+        written is private, see copy-on-write in :meth:`extend`), so only the registration order
+        could matter, and it is kept."""
+        bs, fill = self.block_size, self._fill
+        enabled, cached = self.prefix_cache.enabled, self._cached
         added = 0
-        for block in table[first_full:last_full]:
-            added += bs - fill[block]
-            fill[block] = bs
-        if new % bs:
-            block = table[last_full]
-            added += new % bs - fill[block]
-            fill[block] = new % bs
+        entries, owners = [], []       # blocks to register, and their (sequence, block index)
+        for seq, old, new in items:
+            table = seq.block_table
+            tail = new % bs
+            if new - old == 1 and tail:    # one decode token inside a block: fill only raised
+                block = table[old // bs]
+                if fill[block] < tail:
+                    added += tail - fill[block]
+                    fill[block] = tail
+                continue
+            first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
+            for block in table[first_full:last_full]:
+                added += bs - fill[block]
+                fill[block] = bs
+            if tail:
+                block = table[last_full]
+                added += tail - fill[block]
+                fill[block] = tail
+            if enabled and last_full > first_full:
+                self._ensure_hashes(seq, last_full)
+                hashes = seq.block_hashes
+                for i in range(first_full, last_full):
+                    if not cached[table[i]]:
+                        entries.append((hashes[i], hashes[i - 1] if i else None, table[i]))
+                        owners.append((seq, i))
         self._tokens_in_use += added
-        if not self.prefix_cache.enabled:
+        if not entries:
             return
-        if last_full > first_full:
-            self._ensure_hashes(seq, last_full)
-            now = self._clock()
-            hashes = seq.block_hashes
-            cached = self._cached
-            entries = [(hashes[i], hashes[i - 1] if i else None, table[i], i)
-                       for i in range(first_full, last_full) if not cached[table[i]]]
-            if not entries:
-                return
-            registered = self.prefix_cache.insert_blocks(entries, now)
-            for block in registered:
-                cached[block] = True
-            if self._checked:
-                identity = self._identity
-                if len(registered) == len(entries):     # the usual: every block was new to the cache
-                    for _, _, block, i in entries:
-                        identity[block] = (seq, i)
-                else:
-                    done = set(registered)
-                    for _, _, block, i in entries:
-                        if block in done:
-                            identity[block] = (seq, i)
+        registered = self.prefix_cache.insert_blocks(entries, self._clock())
+        for block in registered:
+            cached[block] = True
+        if self._checked:
+            identity = self._identity
+            if len(registered) == len(entries):     # the usual: every block was new to the cache
+                for (_, _, block), owner in zip(entries, owners):
+                    identity[block] = owner
+            else:
+                done = set(registered)
+                for (_, _, block), owner in zip(entries, owners):
+                    if block in done:
+                        identity[block] = owner
 
     # ----------------------------------------------------------------- sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:

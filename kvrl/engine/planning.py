@@ -88,13 +88,16 @@ class PlanningMixin:
             return seq.request.n
         return 1
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> tuple[int, bool]:
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        """Schedule the running sequences in order until the budget is spent, all are scheduled,
+        or one needs more blocks than are free (no preemption here: most steps have no shortage);
+        returns the budget left. ``batch.seqs[j].seq`` is ``running[j]`` for every item added, so
+        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``."""
         alloc = self.allocator
         needs_blocks, append = alloc.needs_blocks, batch.seqs.append
         bs = self.config.block_size
         refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
         running = self.running
-        preempted = False
         copies = batch.copies
         for seq in running:   # until the first block shortage (most steps have none): no preemption here
             if budget <= 0:
@@ -115,12 +118,21 @@ class PlanningMixin:
             upto = computed + k
             if needs_blocks(seq, upto):
                 if alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
-                    break                      # a shortage: the general loop below takes it from here
+                    break                      # a shortage: _schedule_shortage takes it from here
                 copies.extend(alloc.extend(seq, upto))
             append(ScheduledSeq(seq, computed, k, self._num_samples(seq, upto)))
             budget -= k
+        return budget
+
+    def _schedule_shortage(self, batch: ScheduledBatch, budget: int) -> Generator[Shortage, object, tuple[int, bool]]:
+        """Go on scheduling from the first running sequence that found too few free blocks,
+        yielding each shortage for a decision (preemption may remove sequences); returns the
+        budget left and whether anything was preempted."""
+        alloc = self.allocator
+        running = self.running
+        preempted = False
         i = len(batch.seqs)                    # batch.seqs[j].seq is running[j] for every j < i
-        while i < len(running) and budget > 0:   # from the first shortage on: preemption may remove sequences
+        while i < len(running) and budget > 0:
             seq = running[i]
             k = min(seq.num_tokens - seq.num_computed, budget)
             upto = seq.num_computed + k
@@ -229,9 +241,8 @@ class PlanningMixin:
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit recompute-preempted sequences, then new arrivals in scheduler order (the scan stops
         at the first one that does not fit; a watermark veto skips one). Linear in the sequences
-        scanned, not in the queue length: admitted ones leave their queue in O(1) each."""
-        if not (self.waiting or self.preempted):
-            return
+        scanned, not in the queue length: admitted ones leave their queue in O(1) each. The caller
+        checks that one of the two queues is not empty."""
         cfg, alloc = self.config, self.allocator
         stop = False
         for queue, order in ((self.preempted, self.preempted), (self.waiting, self._waiting_order())):
@@ -283,10 +294,15 @@ class PlanningMixin:
                                num_finished=finished - self._finished_at_schedule)
         self._finished_at_schedule = finished
         self._pending_copies = []
-        budget, preempted = yield from self._schedule_running(batch, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        preempted = False
+        if budget > 0 and len(batch.seqs) < len(self.running):
+            budget, preempted = yield from self._schedule_shortage(batch, budget)
         if not preempted:
-            self._schedule_swap_in(batch)
-            self._schedule_waiting(batch, budget)
+            if self.swapped:
+                self._schedule_swap_in(batch)
+            if self.waiting or self.preempted:
+                self._schedule_waiting(batch, budget)
         if self._tiered:
             batch.tier_out, batch.tier_in, batch.disk_out, batch.disk_in = self.allocator.take_tier_ops()
         batch.num_admitted = self._admit_counter - admits

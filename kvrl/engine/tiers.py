@@ -216,20 +216,20 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         self.stats.demoted_blocks += 1
 
     # ----------------------------------------------------------------- registration keeps identities exclusive
-    def on_computed(self, seq: Sequence, old: int, new: int) -> None:
-        super().on_computed(seq, old, new)
-        bs = self.block_size
-        first, last = old // bs, new // bs
-        if last <= first:
-            return
-        table, meta, cached, hashes = seq.block_table, self._meta, self._cached, seq.block_hashes
+    def on_computed_batch(self, items) -> None:
+        """The pool's registration, then each newly registered block's identity leaves the CPU tier
+        and the disk (their copies are stale duplicates now), item by item in order."""
+        super().on_computed_batch(items)
+        bs, meta, cached = self.block_size, self._meta, self._cached
         discard, disk = self.tier.discard, self.disk
-        for i in range(first, last):
-            block = table[i]
-            if cached[block] and meta[block] is None:
-                meta[block] = (hashes[i], i)
-                if not discard(hashes[i]) and disk is not None:
-                    disk.discard(hashes[i])
+        for seq, old, new in items:
+            table, hashes = seq.block_table, seq.block_hashes
+            for i in range(old // bs, new // bs):
+                block = table[i]
+                if cached[block] and meta[block] is None:
+                    meta[block] = (hashes[i], i)
+                    if not discard(hashes[i]) and disk is not None:
+                        disk.discard(hashes[i])
 
     # ----------------------------------------------------------------- matching into the tiers
     def match_prefix(self, seq: Sequence) -> TieredMatch:

@@ -144,9 +144,29 @@ class PrefixCachePolicy(Policy):
     caches, copy-on-write forks (which share a parent's own blocks) and the swap pool (whose
     blocks re-enter the cache only by :meth:`insert` from their own sequence) all go through it,
     and so must any tier added later.
+
+    Bulk calls: the block pool registers a sequence's new full blocks, releases a finished
+    sequence's blocks and reclaims blocks for an allocation through :meth:`insert_blocks`,
+    :meth:`on_release_blocks` and :meth:`evict_blocks`, one call per batch of blocks (a long trace
+    moves about a million blocks through each). Their defaults call the per-block methods in
+    order, so a policy that implements only those behaves as it would block by block. A policy
+    may override a bulk method for speed and must then give the same answers and leave the same
+    state as the per-block calls would. A bulk call that raises (or answers outside its contract)
+    is one policy error, and none of its answers is used: no block of it is registered, and an
+    eviction's blocks come from the fallback order (see :mod:`kvrl.engine.guards`). A bulk method
+    stands for the per-block method of its own class: a subclass that overrides ``insert``,
+    ``on_release`` or ``evict`` but not the matching bulk method gets the default bulk method
+    (the loop over its own per-block one), so subclassing a built-in never bypasses an override.
     """
 
     enabled: bool = True
+    _BULK_OF = {"insert": "insert_blocks", "on_release": "on_release_blocks", "evict": "evict_blocks"}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for single, bulk in PrefixCachePolicy._BULK_OF.items():
+            if single in vars(cls) and bulk not in vars(cls):
+                setattr(cls, bulk, getattr(PrefixCachePolicy, bulk))
 
     @abc.abstractmethod
     def lookup(self, block_hash: int) -> Optional[int]:
@@ -170,6 +190,28 @@ class PrefixCachePolicy(Policy):
     @abc.abstractmethod
     def evict(self) -> Optional[int]:
         """Forget and return one evictable block chosen by the policy, or None if there is none."""
+
+    def insert_blocks(self, entries: list[tuple], now: float) -> list[bool]:
+        """:meth:`insert` of each ``(block_hash, parent_hash, block_id)`` of ``entries`` in order;
+        returns its answer per entry (True: registered)."""
+        insert = self.insert
+        return [insert(block_hash, parent_hash, block_id, now) for block_hash, parent_hash, block_id in entries]
+
+    def on_release_blocks(self, block_ids: list[int], now: float) -> None:
+        """:meth:`on_release` of each of ``block_ids`` in order."""
+        for block_id in block_ids:
+            self.on_release(block_id, now)
+
+    def evict_blocks(self, n: int) -> list[int]:
+        """Up to ``n`` calls of :meth:`evict`, stopping at the first None: the blocks reclaimed, in
+        order (fewer than ``n`` only when no evictable block is left)."""
+        blocks = []
+        for _ in range(n):
+            block = self.evict()
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
 
     @property
     @abc.abstractmethod

@@ -31,6 +31,15 @@ What the engine enforces for every plugin, built-in or third-party (issue #15):
   `reserved_blocks`; `eviction` `select`; `prefix_cache` `lookup`, `insert`, `on_release`,
   `on_acquire`, `evict`, `num_evictable`, `num_cached`; `tier` `offload`. A plugin that lacks one (or misspells it)
   fails at creation, naming it, before any request is served.
+- **Bulk prefix-cache calls.** The block pool registers, releases and reclaims blocks in batches
+  (a sequence's new full blocks, a finished sequence's blocks, an allocation's reclaims) through
+  `insert_blocks(entries, now)` (entries `(block_hash, parent_hash, block_id)`; one truth value per
+  entry), `on_release_blocks(block_ids, now)` and `evict_blocks(n)` (`n` distinct evictable blocks,
+  or all that are left). Their defaults loop over `insert`, `on_release` and `evict`, so a plugin
+  with only the per-block methods works unchanged; one that overrides a bulk method must answer as
+  the per-block calls would. A subclass that overrides a per-block method but not its bulk one
+  gets the default loop, so subclassing a built-in never bypasses the override. A bulk call that
+  raises or answers outside its contract is one policy error and none of its answers is used.
 - **Parameters.** A plugin's `Params` dataclass is validated from its declarations when the plugin
   is created, for third-party plugins exactly as for the built-ins: `Literal[...]` fields accept
   only the listed values (`mode: Literal["recompute", "swap"] = "recompute"` makes

@@ -95,6 +95,32 @@ class HashLRU(_HashTable):
         del self._block_of[self._hash_of.pop(block_id)]
         return block_id
 
+    # the bulk calls, as the per-block ones above would answer them (one call per sequence's blocks)
+    def insert_blocks(self, entries, now):
+        block_of, hash_of = self._block_of, self._hash_of
+        out = []
+        for block_hash, _, block_id in entries:
+            ok = block_of.setdefault(block_hash, block_id) == block_id
+            if ok:
+                hash_of[block_id] = block_hash
+            out.append(ok)
+        return out
+
+    def on_release_blocks(self, block_ids, now):
+        evictable = self._evictable
+        for block_id in block_ids:
+            evictable[block_id] = None
+
+    def evict_blocks(self, n):
+        evictable, block_of, hash_of = self._evictable, self._block_of, self._hash_of
+        popitem = evictable.popitem
+        blocks = []
+        for _ in range(min(n, len(evictable))):
+            block_id, _ = popitem(last=False)
+            del block_of[hash_of.pop(block_id)]
+            blocks.append(block_id)
+        return blocks
+
     num_evictable = property(lambda self: len(self._evictable))
 
 
