@@ -5,7 +5,7 @@
 #      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones, docs/results.md's
 #      session-4 leaderboards and the sim beside its live H200 run (kvrl-eval), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
-#      results used: taken from git history, so this step needs a clone with history) and
+#      results used, archived as kvrl/executors/profiles/archive/h200_qwen3-0.6b_bfloat16_0ffecd4.json) and
 #      docs/tiers.md's CPU/disk-tier and swap-prefetch studies (scripts/tiers_study.py, swap_prefetch_study.py)
 #      and docs/security.md's
 #      fill-and-squeeze and benign-cost runs (kvrl-attack, ~5 min);
@@ -36,11 +36,9 @@ rerun() {   # rerun <output file> <command...>: the command's stdout replaces th
 }
 
 if [ -z "${SKIP_RESULTS:-}" ]; then
-  mkdir -p runs/profiles
-  git show 0ffecd4:kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16.json > runs/profiles/h200_qwen3-0.6b_bfloat16_0ffecd4.json
   scenario=docs/results/rl_scenario
   archived=backend.profile=archive/h200_qwen3-0.6b_bfloat16_d5ff5ad.json
-  suite=backend.profile=runs/profiles/h200_qwen3-0.6b_bfloat16_0ffecd4.json
+  suite=backend.profile=archive/h200_qwen3-0.6b_bfloat16_0ffecd4.json
   rerun $scenario/d5ff5ad/watermark.txt python scripts/rl_scenario_table.py "$archived"
   rerun $scenario/d5ff5ad/preemption.txt python scripts/rl_scenario_table.py --task preemption "$archived"
   rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
