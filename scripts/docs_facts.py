@@ -433,6 +433,26 @@ def suite() -> dict[str, str]:
     return out
 
 
+LIVE_SUITE = "docs/results/rl_live_h200/pressure"
+
+
+@source("live_suite", "cheap", f"{LIVE_SUITE}/sim_leaderboard.csv", f"{LIVE_SUITE}/live_leaderboard.csv")
+def live_suite() -> dict[str, str]:
+    """docs/rl.md's sentence on the `pressure` task live on an H200 beside the sim (rl_live.sh's leaderboards)."""
+    out, means = {}, {}
+    for side in ("sim", "live"):
+        rows = _csv(f"{LIVE_SUITE}/{side}_leaderboard.csv")
+        ref = next(k[:-len("_pct_change")] for k in rows[0] if k.endswith("_pct_change"))
+        agents = sorted((r for r in rows if r["kind"] == "agent"), key=lambda r: r["policy"])   # by training seed
+        out[f"agents_{side}"] = ", ".join(f"{float(r[f'{ref}_pct_change']):.1f}%" for r in agents).replace("-", "−")
+        out[f"any_significant_{side}"] = "no" if all(r[f"{ref}_verdict"] == "no significant difference" for r in rows) else "some"
+        base = next(r for r in rows if not r["kind"] == "agent" and r["policy"].startswith("fixed(fraction=0.01)"))
+        means[side] = float(base["goodput_tok_s_mean"])
+        out[f"fixed_{side}"] = f"{means[side]:,.0f} ± {float(base['goodput_tok_s_ci95']):,.0f}"
+    out["sim_optimistic"] = f"{100 * (means['sim'] / means['live'] - 1):.0f}%"
+    return out
+
+
 # --- docs/results.md: the session-4 leaderboards, re-run on the archived profile (committed) -----
 
 SESSION4 = "docs/results/rl_session4"
