@@ -52,11 +52,10 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   cp "$live_sim/results.csv" docs/results/rl_live_h200_sim_results.csv
   rm -rf "$live_sim"
   session4() {   # session4 <name> <kvrl-eval overrides...>: docs/results.md's session-4 leaderboards (~8 min in all)
-    local name=$1 dir; shift
-    dir=$(mktemp -d)
+    local name=$1 dir=runs/regen/session4/$1; shift   # a fixed (ignored) run dir: leaderboard.md quotes the command
+    rm -rf "$dir"
     python -m kvrl.apps.eval "$archived" tune=null oracle=false workers=1 plots=false hydra.run.dir="$dir" "$@" > /dev/null
     for f in leaderboard.csv leaderboard.md results.csv; do cp "$dir/$f" "docs/results/rl_session4/${name}_$f"; done
-    rm -rf "$dir"
   }
   seeds20='seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]'
   session4 watermark env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
