@@ -67,7 +67,7 @@ class KvrlEnv(gym.Env):
         engine = driver.engine
         self.clipped_actions += int(clipped)
         self.decisions += 1
-        parts = driver.collect()
+        parts = driver.collect(final=ended)
         reward, components = parts.reward(self.config.reward)
         failures = engine.metrics.policy_errors
         info = {**components, **dataclasses.asdict(parts), "engine_time_s": engine.now,

@@ -8,6 +8,8 @@ bit for bit.
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -27,6 +29,7 @@ class RewardParts:
     good_tokens: int = 0         # output tokens of those that met their TTFT/TPOT SLOs
     recomputed_tokens: int = 0   # tokens whose KV was dropped by recompute preemptions
     swapped_tokens: int = 0      # blocks swapped out or in, times the block size
+    baseline_tokens: int = 0     # the reward baseline's served tokens that finished in the same interval
 
     def reward(self, cfg: RewardConfig) -> tuple[float, dict[str, float]]:
         """``(reward, components)``; the components sum to the reward."""
@@ -36,7 +39,23 @@ class RewardParts:
             "reward_recompute_penalty": -cfg.recompute_penalty * self.recomputed_tokens / cfg.token_scale,
             "reward_swap_penalty": -cfg.swap_penalty * self.swapped_tokens / cfg.token_scale,
         }
+        if cfg.baseline is not None:
+            components["reward_baseline"] = -self.baseline_tokens / cfg.token_scale
         return sum(components.values()), components
+
+
+@dataclass(frozen=True)
+class TokenCurve:
+    """A reference run's served tokens (goodput or all output) as a step function of engine time:
+    ``cum_tokens[i]`` tokens had finished by ``finish_s[i]`` (ascending)."""
+
+    finish_s: tuple[float, ...]
+    cum_tokens: tuple[int, ...]
+
+    def upto(self, t: float) -> int:
+        """Tokens of the requests that finished at or before engine time ``t`` (s)."""
+        i = bisect.bisect_right(self.finish_s, t)
+        return self.cum_tokens[i - 1] if i else 0
 
 
 class EngineDriver:
@@ -46,10 +65,13 @@ class EngineDriver:
     engine time reached ``end_s`` (a time limit; what is in flight stays unfinished).
     """
 
-    def __init__(self, engine: Engine, requests: Sequence[Request], end_s: Optional[float] = None) -> None:
+    def __init__(self, engine: Engine, requests: Sequence[Request], end_s: Optional[float] = None,
+                 baseline: Optional[TokenCurve] = None) -> None:
         if not requests:
             raise ValueError("an episode needs at least one request")
         self.engine = engine
+        self.baseline = baseline
+        self._baseline_seen = 0
         self._open: list[RequestRecord] = []
         self._seen_recomputed = 0
         self._seen_swapped = 0
@@ -80,8 +102,10 @@ class EngineDriver:
         """Finished, or a limit of the loop reached (the episode's ``end_s``)."""
         return self.loop.done
 
-    def collect(self) -> RewardParts:
-        """What finished and what was recomputed or swapped since the last call."""
+    def collect(self, final: bool = False) -> RewardParts:
+        """What finished and what was recomputed or swapped since the last call; with a
+        ``baseline``, its tokens that finished in the same interval of engine time (all that are
+        left when ``final``)."""
         parts = RewardParts()
         still_open = []
         for rec in self._open:
@@ -98,4 +122,7 @@ class EngineDriver:
         parts.recomputed_tokens = m.recomputed_tokens - self._seen_recomputed
         parts.swapped_tokens = (swapped - self._seen_swapped) * self.engine.config.block_size
         self._seen_recomputed, self._seen_swapped = m.recomputed_tokens, swapped
+        if self.baseline is not None:
+            total = self.baseline.upto(math.inf if final else self.engine.now)
+            parts.baseline_tokens, self._baseline_seen = total - self._baseline_seen, total
         return parts

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from kvrl.builder import build_engine, build_executor
 from kvrl.engine.request import Request
 from kvrl.envs.config import EnvConfig, episode_rate_scales, resolve_features
-from kvrl.envs.driver import EngineDriver
+from kvrl.envs.driver import EngineDriver, TokenCurve
 from kvrl.workloads import build_workload
 
 MAX_WINDOW_DRAWS = 100
@@ -125,6 +125,21 @@ class EngineSession:
         return requests[i:j]
 
     def start(self, requests: list[Request], end_s: Optional[float]) -> EngineDriver:
-        """A fresh engine (same executor) and its driver for one episode."""
+        """A fresh engine (same executor) and its driver for one episode; with ``reward.baseline``,
+        the episode's arrivals are first served with the baseline plugin (:meth:`baseline_curve`)."""
+        baseline = self.baseline_curve(requests, end_s) if self.config.reward.baseline is not None else None
         engine = build_engine(self.run, executor=self.executor, record_steps=False)
-        return EngineDriver(engine, requests, end_s)
+        return EngineDriver(engine, requests, end_s, baseline=baseline)
+
+    def baseline_curve(self, requests: list[Request], end_s: Optional[float]) -> TokenCurve:
+        """Serve ``requests`` (until ``end_s``) with ``reward.baseline`` in the agent's place and
+        return its served tokens (``reward.kind``) over engine time."""
+        reward = self.config.reward
+        run = OmegaConf.create({**OmegaConf.to_container(self.run), self.role: dict(reward.baseline)})
+        driver = EngineDriver(build_engine(run, executor=self.executor, record_steps=False), requests, end_s)
+        while not driver.done:
+            driver.step()
+        done = sorted((r.finish_s, r.output_tokens) for r in driver.engine.metrics.requests.values()
+                      if r.finish_s is not None and not r.error and (reward.kind != "goodput" or r.meets_slo))
+        cum = np.cumsum([tokens for _, tokens in done], dtype=np.int64)
+        return TokenCurve(tuple(t for t, _ in done), tuple(int(c) for c in cum))

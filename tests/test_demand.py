@@ -177,3 +177,38 @@ def test_bad_slot_rules_fail_naming_the_key(rules, match):
 
     with pytest.raises(ValueError, match=match):
         load_task("preemption", [f"env.features.slot_rules={rules}"])
+
+
+def test_reward_baseline_is_a_control_variate_of_the_same_arrivals():
+    rules = ["env.features.slot_rules=[lifo,most_blocks]", "slo.tpot_s=0.006"]   # an SLO that binds
+    lifo = "env.reward.baseline={name: lifo}"
+    # the agent imitates the baseline exactly (slot 0, recompute): every step's reward is zero
+    rewards, info = _episode_rewards([*rules, lifo], action=0)
+    assert len(rewards) > 10 and all(r == 0.0 for r in rewards)
+    # another policy (most_blocks, swap): the return is its goodput tokens minus LIFO's on the same
+    # arrivals, both counted from the first decision (before it the two runs are the same)
+    with_baseline, _ = _episode_rewards([*rules, lifo], action=3)
+    agent, _ = _episode_rewards(rules, action=3)
+    reference, _ = _episode_rewards(rules, action=0)
+    assert sum(agent) != pytest.approx(sum(reference))
+    assert sum(with_baseline) == pytest.approx(sum(agent) - sum(reference), abs=1e-9)
+    assert sum(with_baseline) != pytest.approx(sum(agent))
+    with pytest.raises(ValueError, match="baseline"):
+        _episode_rewards(["env.reward.baseline={mode: swap}"], action=0)
+
+
+def _episode_rewards(overrides, action):
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401
+    from kvrl.envs.config import load_task
+
+    env_id, cfg = load_task("preemption", [*SLOT_SMALL, *overrides])
+    env = gym.make(env_id, config=cfg).unwrapped
+    env.reset(seed=0)
+    rewards = []
+    while True:
+        _, reward, terminated, truncated, info = env.step(action)
+        rewards.append(reward)
+        if terminated or truncated:
+            return rewards, info
