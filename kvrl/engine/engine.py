@@ -345,7 +345,7 @@ class Engine(PlanningMixin, AccountingMixin):
         """Schedule, execute and apply one step, the eviction plugin answering every block
         shortage; returns the executed batch."""
         aborts = self._planned_aborts
-        return self._execute(self._answered(self._plan()), aborts)
+        return self._execute(self.schedule(), aborts)
 
     def step_iter(self) -> Generator[Shortage, object, ScheduledBatch]:
         """One step as a generator: yields a :class:`~kvrl.engine.decisions.Shortage` each time

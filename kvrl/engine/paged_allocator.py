@@ -358,18 +358,17 @@ class PagedAllocator:
         if not entries:
             return
         registered = self.prefix_cache.insert_blocks(entries, self._clock())
-        for block in registered:
-            cached[block] = True
+        if len(registered) != len(entries):     # some identity was cached already: keep only the registered
+            done = set(registered)
+            owners = [owner for (_, _, block), owner in zip(entries, owners) if block in done]
         if self._checked:
             identity = self._identity
-            if len(registered) == len(entries):     # the usual: every block was new to the cache
-                for (_, _, block), owner in zip(entries, owners):
-                    identity[block] = owner
-            else:
-                done = set(registered)
-                for (_, _, block), owner in zip(entries, owners):
-                    if block in done:
-                        identity[block] = owner
+            for block, owner in zip(registered, owners):
+                cached[block] = True
+                identity[block] = owner
+        else:
+            for block in registered:
+                cached[block] = True
 
     # ----------------------------------------------------------------- sharing and release
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:

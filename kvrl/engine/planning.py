@@ -284,20 +284,38 @@ class PlanningMixin:
                 break
 
     def schedule(self) -> ScheduledBatch:
-        """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`."""
-        return self._answered(self._plan())
+        """Plan one step (allocating blocks); the caller must execute it and call :meth:`apply`.
+        The eviction plugin answers every shortage; without one, no generator is involved (the
+        engine's per-step cost matters in sim)."""
+        batch, budget, marks = self._plan_running()
+        preempted = False
+        if budget > 0 and len(batch.seqs) < len(self.running):
+            budget, preempted = self._answered(self._schedule_shortage(batch, budget))
+        return self._plan_rest(batch, budget, preempted, marks)
 
     def _plan(self) -> Generator[Shortage, object, ScheduledBatch]:
         """:meth:`schedule` as a generator of its block shortages (see :meth:`step_iter`)."""
-        admits, preemptions, finished = self._admit_counter, self.metrics.preemptions, len(self.metrics.finished_output_lens)
-        batch = ScheduledBatch(copies=self._pending_copies, num_waiting=len(self.waiting) + len(self.preempted),
-                               num_finished=finished - self._finished_at_schedule)
-        self._finished_at_schedule = finished
-        self._pending_copies = []
-        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        batch, budget, marks = self._plan_running()
         preempted = False
         if budget > 0 and len(batch.seqs) < len(self.running):
             budget, preempted = yield from self._schedule_shortage(batch, budget)
+        return self._plan_rest(batch, budget, preempted, marks)
+
+    def _plan_running(self) -> tuple[ScheduledBatch, int, tuple[int, int]]:
+        """A new step's batch with the running sequences scheduled up to the first shortage
+        (:meth:`_schedule_running`), the budget left, and the admission and preemption counters
+        before it."""
+        waiting, preempted = len(self.waiting), len(self.preempted)
+        finished = len(self.metrics.finished_output_lens)
+        batch = ScheduledBatch(copies=self._pending_copies, num_waiting=waiting + preempted,
+                               num_finished=finished - self._finished_at_schedule)
+        self._finished_at_schedule = finished
+        self._pending_copies = []
+        marks = (self._admit_counter, self.metrics.preemptions)
+        return batch, self._schedule_running(batch, self.config.max_num_batched_tokens), marks
+
+    def _plan_rest(self, batch: ScheduledBatch, budget: int, preempted: bool, marks: tuple[int, int]) -> ScheduledBatch:
+        """Swap-ins and admissions (unless something was preempted) and the batch's host counts."""
         if not preempted:
             if self.swapped:
                 self._schedule_swap_in(batch)
@@ -305,6 +323,6 @@ class PlanningMixin:
                 self._schedule_waiting(batch, budget)
         if self._tiered:
             batch.tier_out, batch.tier_in, batch.disk_out, batch.disk_in = self.allocator.take_tier_ops()
-        batch.num_admitted = self._admit_counter - admits
-        batch.num_preempted = self.metrics.preemptions - preemptions
+        batch.num_admitted = self._admit_counter - marks[0]
+        batch.num_preempted = self.metrics.preemptions - marks[1]
         return batch

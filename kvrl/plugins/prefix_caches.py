@@ -97,10 +97,10 @@ class HashLRU(_HashTable):
 
     # the bulk calls, as the per-block ones above would answer them (one call per sequence's blocks)
     def insert_blocks(self, entries, now):
-        block_of, hash_of = self._block_of, self._hash_of
+        setdefault, hash_of = self._block_of.setdefault, self._hash_of
         out = []
         for block_hash, _, block_id in entries:
-            ok = block_of.setdefault(block_hash, block_id) == block_id
+            ok = setdefault(block_hash, block_id) == block_id
             if ok:
                 hash_of[block_id] = block_hash
             out.append(ok)
@@ -113,10 +113,10 @@ class HashLRU(_HashTable):
 
     def evict_blocks(self, n):
         evictable, block_of, hash_of = self._evictable, self._block_of, self._hash_of
-        popitem = evictable.popitem
         blocks = []
         for _ in range(min(n, len(evictable))):
-            block_id, _ = popitem(last=False)
+            block_id = next(iter(evictable))      # the oldest, as popitem(last=False), but cheaper
+            del evictable[block_id]
             del block_of[hash_of.pop(block_id)]
             blocks.append(block_id)
         return blocks
