@@ -9,6 +9,7 @@ the kvrl tree that ran, for re-timing on a quiet machine). CPU time, not wall ti
 work on a shared machine does not inflate the numbers; the process is single-threaded.
 
     python scripts/engine_growth.py --sizes 5000 20000 40000 --processes offline poisson
+    python scripts/engine_growth.py --sizes 40000 --processes offline --phases   # where the time goes
 """
 from __future__ import annotations
 
@@ -26,6 +27,38 @@ from kvrl.builder import build_engine
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
 from kvrl.executors.sim import SimExecutor
 from kvrl.workloads import build_workload
+
+
+#: engine phases --phases times (class, method): the time of a nested one is also in its caller's
+PHASES = (("kvrl.engine.loop:ServingLoop", "_arrivals"), ("kvrl.engine.planning:PlanningMixin", "_schedule_running"),
+          ("kvrl.engine.planning:PlanningMixin", "_schedule_waiting"),
+          ("kvrl.engine.paged_allocator:PagedAllocator", "match_prefix"),
+          ("kvrl.engine.paged_allocator:PagedAllocator", "admit"), ("kvrl.executors.sim:SimExecutor", "execute"),
+          ("kvrl.engine.accounting:AccountingMixin", "apply"),
+          ("kvrl.engine.paged_allocator:PagedAllocator", "on_computed_batch"),
+          ("kvrl.engine.accounting:AccountingMixin", "_finish"))
+
+
+def time_phases() -> dict[str, float]:
+    """Wrap each of :data:`PHASES` in a process-time timer (a few percent of overhead); returns the
+    dict of seconds per phase that the timers fill."""
+    import importlib
+    totals: dict[str, float] = {}
+
+    def timed(fn, name):
+        def call(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] = totals.get(name, 0.0) + time.process_time() - t0
+        return call
+
+    for where, method in PHASES:
+        module, cls = where.split(":")
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, method, timed(getattr(owner, method), f"{cls}.{method}"))
+    return totals
 
 
 def measure(num_requests: int, process: str, rate: float, prefix_cache: str = "hash_lru") -> dict:
@@ -63,8 +96,11 @@ def main() -> None:
     parser.add_argument("--processes", nargs="+", default=["offline", "poisson"], choices=["offline", "poisson"])
     parser.add_argument("--prefix-cache", default="hash_lru", help="prefix_cache plugin (none: no block hashing)")
     parser.add_argument("--rate", type=float, default=300.0, help="Poisson arrivals per second (above the ~190 the engine serves, so a queue builds)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time the engine's phases (process-time timers; summed over all sizes, printed last)")
     args = parser.parse_args()
     logging.getLogger("kvrl").setLevel(logging.ERROR)
+    phases = time_phases() if args.phases else None
     print("| arrivals | requests | CPU s of Engine.run | us per request | finished | simulated s |")
     print("|---|---:|---:|---:|---:|---:|")
     rows = []
@@ -76,6 +112,9 @@ def main() -> None:
                   f"{r['duration_s']:,.0f} |", flush=True)
     print(json.dumps({"script": "engine_growth", "commit": tree_commit(), "python": platform.python_version(),
                       "prefix_cache": args.prefix_cache, "rate": args.rate, "rows": rows}))
+    if phases is not None:
+        print("CPU s per phase (a nested phase's time is also in its caller's):",
+              ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items()))
 
 
 if __name__ == "__main__":
