@@ -153,6 +153,23 @@ def test_select_scores_on_the_trace_it_is_pointed_at(trained, tmp_path):
     assert "trained on another scenario" in proc.stderr + proc.stdout and "workload.name" in proc.stderr + proc.stdout
 
 
+def test_select_over_several_seeds_scores_each_agent_by_its_mean(trained, tmp_path):
+    from kvrl.workloads import build_workload
+
+    run_dir, _ = trained
+    trace = tiny_azure_csv(tmp_path / "tiny.csv")
+    out = tmp_path / "sel"
+    app("selection", f"hydra.run.dir={out}", f"agents=[{run_dir}/checkpoints/agent_*_steps.zip]",
+        "workload=azure_csv", f"workload.path={trace}", "seeds=[0,1,2]", "resample=0.5")
+    rows = list(csv.DictReader((out / "selection.csv").read_text().splitlines()))
+    val = build_workload({"name": "azure_csv", "path": str(trace), "split": "val"}, vocab_size=1000)
+    assert len(rows) == 2 and {r["seeds"] for r in rows} == {"3"}
+    assert all(len(val) < int(r["requests"]) < 3 * len(val) for r in rows)      # three half-size jobs each
+    for bad, named in (("resample=1.5", "resample"), ("seeds=[]", "seeds")):
+        proc = app("selection", f"hydra.run.dir={tmp_path / bad[:4]}", "agents=[x]", bad, check=False)
+        assert proc.returncode != 0 and named in proc.stderr + proc.stdout
+
+
 @pytest.mark.parametrize("args, named", [(["bogus_key=1"], "bogus_key"), (["--task", "preemption"], "--task"),
                                          (["agents=[/no/such/dir/*.zip]"], "/no/such/dir/*.zip")])
 def test_select_rejects_what_it_does_not_understand(tmp_path, args, named):

@@ -84,6 +84,8 @@ class SelectSchema(_RunKeys):
 
     agents: List[str] = MISSING
     split: str = "val"
+    seeds: Optional[List[int]] = None    # null: one job per agent at ``seed``; a list: one per seed, scores averaged
+    resample: Optional[float] = None     # with seeds: each job serves this seeded share of the split (as kvrl-eval)
     workers: int = 1
     top: int = 5
 
