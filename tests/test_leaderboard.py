@@ -34,6 +34,16 @@ def results(goodput: dict[str, list[float]], kinds: dict[str, str] | None = None
     return out
 
 
+def test_a_val_tuned_heuristic_that_picked_its_defaults_is_its_default_row():
+    policies = [Policy("cost_aware", "heuristic", {"name": "cost_aware"}),
+                Policy("lifo", "heuristic", {"name": "lifo"}),
+                Policy("cost_aware(victim=lifo) [val-tuned]", "val-tuned", {"name": "cost_aware", "victim": "lifo"}),
+                Policy("lifo(mode=swap) [val-tuned]", "val-tuned", {"name": "lifo", "mode": "swap"})]
+    merged = dedupe_policies(policies, "eviction")
+    assert [p.label for p in merged] == ["cost_aware [val-tuned]", "lifo", "lifo(mode=swap) [val-tuned]"]
+    assert len(dedupe_policies(policies)) == 4           # without the kind: configs compared as written
+
+
 def test_the_val_picked_constant_equal_to_a_baseline_is_one_row():
     fixed = {"name": "fixed", "fraction": 0.01}
     policies = [Policy("fixed(fraction=0.01)", "heuristic", dict(fixed)), Policy("opt_factor", "heuristic",

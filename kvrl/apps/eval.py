@@ -354,7 +354,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
                                       tag)
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
-    policies = dedupe_policies(policies + agents)     # one row per distinct plugin config
+    policies = dedupe_policies(policies + agents, role)     # one row per distinct plugin config
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies),
                             live_warmup=cfg.live_warmup)

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from kvrl import plugins
 from kvrl.analysis.metrics import spec
 from kvrl.analysis.stats import Comparison, mean_ci, paired_compare
 from kvrl.apps import figures
@@ -35,14 +36,32 @@ INVALID_IF = ("aborted", "policy_errors")
 TERMINAL_WIDTH = 120
 
 
-def dedupe_policies(policies: Sequence[Any]) -> list[Any]:
+def _canonical(plugin: Mapping[str, Any], role: Optional[str]) -> Any:
+    """A plugin config with every parameter spelt out (its ``Params`` defaults filled in), so that
+    ``{name: cost_aware}`` and ``{name: cost_aware, victim: lifo}`` compare equal; the config as
+    given without a ``role`` or for a name the registry cannot build."""
+    if role is None:
+        return plugin
+    spec = dict(plugin)
+    name = spec.pop("name", None)
+    try:
+        params = plugins.make_params(role, name, **spec)
+    except (KeyError, ValueError, TypeError):
+        return plugin
+    return name, dataclasses.asdict(params) if dataclasses.is_dataclass(params) else spec
+
+
+def dedupe_policies(policies: Sequence[Any], role: Optional[str] = None) -> list[Any]:
     """``policies`` (objects with ``label``, ``kind``, ``plugin``; dataclasses) with each one whose
     plugin config equals an earlier one's merged into the earlier: it keeps the earlier's place
     and plugin, takes the later's kind when that is ``val-best`` and gets the later's ``[...]`` tag
-    appended to its label (``fixed(fraction=0.01) [val-best]``)."""
+    appended to its label (``fixed(fraction=0.01) [val-best]``). With ``role`` (the plugin kind),
+    configs are compared with their parameters' defaults filled in (a val-tuned heuristic whose
+    pick is its defaults is its default row)."""
     out: list[Any] = []
     for policy in policies:
-        same = next((i for i, p in enumerate(out) if p.plugin == policy.plugin), None)
+        key = _canonical(policy.plugin, role)
+        same = next((i for i, p in enumerate(out) if _canonical(p.plugin, role) == key), None)
         if same is None:
             out.append(policy)
             continue
