@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 # A tiny scenario: the first 120 requests of each split, 20 s training windows, 2 seeds.
@@ -375,3 +376,29 @@ def test_train_rejects_a_non_positive_total_timesteps(tmp_path, steps):
     proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, f"train.total_timesteps={steps}", check=False)
     assert proc.returncode != 0 and "train.total_timesteps" in proc.stderr
     assert not (tmp_path / "t" / "model.zip").exists()
+
+
+def test_an_action_prior_is_the_untrained_policy_and_is_checked():
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import DQN, PPO
+
+    from kvrl.apps.schema import ConfigError
+    from kvrl.apps.train import apply_action_prior
+
+    env = gym.make("CartPole-v1")
+    model = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=32, batch_size=32)
+    obs = torch.as_tensor(np.random.default_rng(0).normal(size=(64, 4)), dtype=torch.float32)
+    before = model.policy.get_distribution(obs).distribution.probs[:, 1]
+    assert before.min() < 0.6                              # SB3's near-zero head: about uniform
+    apply_action_prior(model, {1: 6.0})
+    assert model.policy.get_distribution(obs).distribution.probs[:, 1].min() > 0.99
+    with pytest.raises(ConfigError, match=r"train.init_logits.2"):
+        apply_action_prior(model, {2: 1.0})
+    with pytest.raises(ConfigError, match="train.init_logits"):
+        apply_action_prior(DQN("MlpPolicy", env, seed=0, device="cpu", learning_starts=0), {1: 1.0})
+
+
+def test_train_rejects_a_bad_action_prior_naming_the_key(tmp_path):
+    proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, "train.init_logits={1: nan}", check=False)
+    assert proc.returncode != 0 and "train.init_logits.1" in proc.stderr

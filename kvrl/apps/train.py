@@ -30,7 +30,7 @@ from kvrl.apps import resume, tracking
 from kvrl.apps.leaderboard import key_value_table
 from kvrl.apps.outputs import atomic_write, write_json
 from kvrl.apps.rl_schema import register_rl_schemas, validate_train
-from kvrl.apps.schema import validate_config
+from kvrl.apps.schema import ConfigError, validate_config
 from kvrl.envs.agent_io import algo_class, write_meta
 from kvrl.envs.config import AUTO_BINS, describe_workload, env_config_from_app, episode_rate_scales
 
@@ -146,7 +146,29 @@ def resolve_bins(cfg: DictConfig, out_dir: Path) -> None:
 
 def _new_model(cls: type, cfg: DictConfig, env: Any) -> Any:
     kwargs = OmegaConf.to_container(cfg.agent.kwargs, resolve=True)
-    return cls(cfg.agent.policy, env, seed=int(cfg.seed), device="cpu", verbose=0, **kwargs)
+    model = cls(cfg.agent.policy, env, seed=int(cfg.seed), device="cpu", verbose=0, **kwargs)
+    if cfg.train.init_logits:
+        apply_action_prior(model, {int(k): float(v) for k, v in cfg.train.init_logits.items()})
+    return model
+
+
+def apply_action_prior(model: Any, logits: dict[int, float]) -> None:
+    """Add ``logits`` (discrete action index -> logit) to the bias of ``model``'s untrained action
+    head (``train.init_logits``). ``ConfigError`` naming the key when the policy has no
+    categorical action head (e.g. DQN, continuous actions) or an index is outside the action space."""
+    import torch
+
+    head = getattr(model.policy, "action_net", None)
+    n = getattr(model.action_space, "n", None)
+    if head is None or n is None or getattr(head, "bias", None) is None or head.out_features != int(n):
+        raise ConfigError(f"train.init_logits: {type(model).__name__} on {model.action_space} has no "
+                          "categorical action head to set a prior on (PPO or MaskablePPO with a "
+                          "discrete action space)")
+    for index, logit in logits.items():
+        if index >= n:
+            raise ConfigError(f"train.init_logits.{index}: the action space has {n} actions (0..{n - 1})")
+        with torch.no_grad():
+            head.bias[index] += logit
 
 
 def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
