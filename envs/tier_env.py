@@ -50,7 +50,8 @@ class TierEnvConfig:
     ttft_scale: float = 1.0
     workload: dict = field(default_factory=lambda: {
         "name": "multi_turn", "num_conversations": 40, "arrival": {"rate": 4.0}, "system_prompt_len": 512,
-        "first_prompt_len": {"mean": 256}, "user_turn_len": {"mean": 64}, "output_len": {"mean": 64},
+        "first_prompt_len": {"dist": "constant", "mean": 256}, "user_turn_len": {"dist": "constant", "mean": 64},
+        "output_len": {"dist": "constant", "mean": 64},
         "max_turns": 6, "mean_turn_gap_s": 2.0})
     prefetch: dict = field(default_factory=dict)    # the agent tier plugin's prefetch parameters (mode 2)
     seed: int = 0

@@ -551,8 +551,8 @@ def test_tier_env_smoke():
     import kvrl.envs  # noqa: F401  (registers the ids)
     env = gymnasium.make("kvrl/Tier-v0", config={
         "workload": {"name": "multi_turn", "num_conversations": 6, "system_prompt_len": 64, "max_turns": 3,
-                     "mean_turn_gap_s": 0.5, "arrival": {"rate": 8.0}, "first_prompt_len": {"mean": 64},
-                     "user_turn_len": {"mean": 16}, "output_len": {"mean": 16}},
+                     "mean_turn_gap_s": 0.5, "arrival": {"rate": 8.0}, "first_prompt_len": {"dist": "constant", "mean": 64},
+                     "user_turn_len": {"dist": "constant", "mean": 16}, "output_len": {"dist": "constant", "mean": 16}},
         "num_blocks": 48, "cpu_tier_blocks": 64, "disk_tier_blocks": 64, "profile": "none"})
     from gymnasium.utils.env_checker import check_env
     check_env(env.unwrapped, skip_render_check=True)

@@ -571,7 +571,7 @@ def test_build_workload_rejects_bad_configs(tmp_path):
     err({"name": "synthetic", "split": "training"}, r"key 'split'")
     err({"name": "synthetic", "split_fractions": [0.5, 0.5]}, r"key 'split_fractions'")
     err({"name": "synthetic", "split_fractions": [0.5, 0.4, 0.4]}, r"'split_fractions' must sum to 1")
-    err({"name": "synthetic", "prompt_len": {"dist": "uniform", "low": 5}}, r"key 'prompt_len': uniform lengths need low and high")
+    err({"name": "synthetic", "prompt_len": {"dist": "uniform", "high": None}}, r"key 'prompt_len': uniform lengths need low and high")
     err({"name": "synthetic", "arrival": {"process": "poisson", "rate": None}}, r"key 'arrival': arrival rate")
     err({"name": "multi_tenant", "tenants": [{"name": "a", "colour": 1}]}, r"unknown key 'tenants\.0\.colour'")
     err({"name": "nope"}, r"key 'name' must be one of")
@@ -587,8 +587,9 @@ def test_yaml_configs_hold_every_key_with_comments():
     from omegaconf import OmegaConf
     for name in WORKLOADS:
         path = workload_config_path(name)
-        cfg = OmegaConf.load(path)
-        assert OmegaConf.to_container(cfg) == default_config(name), name
+        cfg = OmegaConf.to_container(OmegaConf.load(path))
+        assert cfg.pop("defaults") == [f"/workload_schema/{name}@_here_", "_self_"], name
+        assert cfg == default_config(name), name
         for line in Path(path).read_text().splitlines():
             if line.strip() and not line.lstrip().startswith("#"):
                 assert " # " in line, f"{name}: no comment on {line!r}"
@@ -602,6 +603,7 @@ def test_every_yaml_builds_through_omegaconf(tmp_path, azure):
              "burstgpt": str(tmp_path / "t.csv")}
     for name in WORKLOADS:
         cfg = OmegaConf.load(workload_config_path(name))
+        cfg.pop("defaults")                    # Hydra's schema line
         cfg.max_requests = 300
         cfg.overlong = "clip"
         if name in paths:

@@ -25,8 +25,8 @@ def run_stamp() -> str:
 
 def trace_cap(name: str, cap: Optional[int]) -> Optional[int]:
     """``cap`` for a trace workload ``name``, None for a generator (or an unknown name, which the
-    workload schema then reports)."""
-    from kvrl.workloads.builders import BUILDERS
+    workload registry then reports)."""
+    from kvrl.workloads import BUILDERS
 
     builder = BUILDERS.get(name)
     if builder is None or builder.sized or cap is None:

@@ -13,12 +13,14 @@ from .arrivals import (ArrivalProcess, constant_arrivals, gamma_arrivals, offlin
                        poisson_arrivals)
 from .azure import load_azure_csv, read_azure_csv, write_azure_csv
 from .burstgpt import load_burstgpt_csv, read_burstgpt_csv, write_burstgpt_csv
-from .config import (BUILDERS, COMMON, WORKLOADS, Workload, apply_common, build_workload,
-                     default_config, load_workload_config, resolve_config, workload_yaml)
+from .config import (BUILDERS, WORKLOADS, Workload, apply_common, build_workload, default_config,
+                     load_workload_config, resolve_config, workload_yaml)
 from .errors import TraceFormatError, WorkloadConfigError
 from .formats import FORMATS, convert, detect_format, load_trace, packaged_trace_path, write_trace
 from .generators import TenantSpec, multi_tenant, multi_turn, shared_prefix, synthetic
 from .jsonl import load_jsonl, write_jsonl
+from .params import ArrivalParams, CommonParams, LengthParams, TenantParams
+from .registry import BuildContext, WorkloadSpec, register_workload
 from .lengths import LengthDist, empirical_lengths
 from .stats import format_stats, plot_stats, trace_stats
 from .tokens import fill_prompts
@@ -28,7 +30,8 @@ from .transforms import (OVERLONG, clip_lengths, fit_lengths, make_offline, scal
 
 __all__ = [
     "build_workload", "Workload", "resolve_config", "default_config", "apply_common", "workload_yaml",
-    "load_workload_config", "BUILDERS", "COMMON", "WORKLOADS",
+    "load_workload_config", "BUILDERS", "WORKLOADS", "register_workload", "WorkloadSpec", "BuildContext",
+    "CommonParams", "LengthParams", "ArrivalParams", "TenantParams",
     "TraceFormatError", "WorkloadConfigError",
     "load_azure_csv", "read_azure_csv", "write_azure_csv",
     "load_burstgpt_csv", "read_burstgpt_csv", "write_burstgpt_csv",

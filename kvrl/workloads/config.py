@@ -1,44 +1,36 @@
-"""Workload configs: validation against the builders' schemas (:mod:`kvrl.workloads.builders`), and ``build_workload``.
+"""Workload configs: ``resolve_config`` (validation against the builders' Params,
+:mod:`kvrl.workloads.registry`) and ``build_workload``.
 
-A config is a flat mapping (a plain dict or an OmegaConf ``DictConfig``, e.g. ``cfg.workload`` from
-``conf/workload/<name>.yaml``) with ``name`` (the builder), the builder's parameters, and the common
-transform keys of :data:`COMMON`. Unknown keys and values of the wrong type raise
-:class:`~kvrl.workloads.errors.WorkloadConfigError` (a ``ValueError``) naming the key.
+A config is a mapping (a plain dict or an OmegaConf ``DictConfig``, e.g. ``cfg.workload`` from
+``conf/workload/<name>.yaml``) with ``name`` (the builder), the builder's parameters and the common
+transform keys (:class:`~kvrl.workloads.params.CommonParams`). Unknown keys and values of the wrong
+type raise :class:`~kvrl.workloads.errors.WorkloadConfigError` (a ``ValueError``) naming the key.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import logging
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from kvrl.engine.request import Request
 
-from . import generators, transforms
-from .arrivals import ArrivalProcess
-from .builders import ARRIVAL, BUILDERS, COMMON, COMMON_ORDER_NOTE, LENGTH, TENANT, WORKLOADS
+from . import builders, transforms  # noqa: F401  (builders: registers the built-in workloads)
 from .errors import WorkloadConfigError
-from .lengths import LengthDist
-from .schema import Param, defaults, render_yaml, validate
+from .registry import BUILDERS, BuildContext, resolve
 from .tokens import check_vocab_size
 
 log = logging.getLogger(__name__)
+WORKLOADS = tuple(BUILDERS)
 
 
 # ------------------------------------------------------------------------------ API
-def schema_for(name: str) -> dict[str, Param]:
-    """The full schema (builder parameters then common keys) of builder ``name``."""
-    if name not in BUILDERS:
-        raise WorkloadConfigError(f"unknown workload name {name!r} (known: {', '.join(WORKLOADS)})")
-    return {"name": COMMON["name"], **BUILDERS[name].params,
-            **{k: p for k, p in COMMON.items() if k != "name"}}
-
-
 def default_config(name: str) -> dict[str, Any]:
     """Every key of builder ``name`` at its default (what ``conf/workload/<name>.yaml`` holds)."""
-    d = defaults(schema_for(name))
-    d["name"] = name
-    return d
+    if name not in BUILDERS:
+        raise WorkloadConfigError(f"unknown workload name {name!r} (known: {', '.join(WORKLOADS)})")
+    return resolve_config({"name": name})
 
 
 def _to_plain(cfg: Any) -> Mapping[str, Any]:
@@ -54,39 +46,10 @@ def _to_plain(cfg: Any) -> Mapping[str, Any]:
 
 
 def resolve_config(cfg: Any) -> dict[str, Any]:
-    """Validate a workload config and fill in defaults; returns a new plain dict."""
-    cfg = _to_plain(cfg)
-    name = cfg.get("name")
-    if name is None:
-        raise WorkloadConfigError(f"workload config: key 'name' is required "
-                                  f"(one of {', '.join(WORKLOADS)})")
-    if not isinstance(name, str) or name not in BUILDERS:
-        raise WorkloadConfigError(f"workload config: key 'name' must be one of "
-                                  f"{', '.join(WORKLOADS)}, got {name!r}")
-    where = f"workload {name!r}"
-    params = validate(cfg, schema_for(name), where)
-    # semantic checks of nested specs, reported with their key
-    for key, p in schema_for(name).items():
-        if p.kind == "dict" and p.fields is LENGTH:
-            _semantic(where, key, lambda v=params[key]: LengthDist.from_spec(v))
-        elif p.kind == "dict" and p.fields is ARRIVAL:
-            _semantic(where, key, lambda v=params[key]: ArrivalProcess(**v))
-        elif p.kind == "dict" and p.fields is TENANT:
-            _semantic(where, key, lambda v=params[key]: generators.TenantSpec.from_spec(v))
-        elif p.kind == "dicts" and p.fields is TENANT:
-            for i, t in enumerate(params[key]):
-                _semantic(where, f"{key}.{i}", lambda v=t: generators.TenantSpec.from_spec(v))
-    if abs(sum(params["split_fractions"]) - 1.0) > 1e-6:
-        raise WorkloadConfigError(f"{where}: key 'split_fractions' must sum to 1, "
-                                  f"got {params['split_fractions']}")
-    return params
-
-
-def _semantic(where: str, key: str, fn: Callable[[], Any]) -> None:
-    try:
-        fn()
-    except (ValueError, TypeError) as e:
-        raise WorkloadConfigError(f"{where}: key {key!r}: {e}") from None
+    """Validate a workload config and fill in defaults; returns a new plain dict (``name``, the
+    builder's keys, the common keys)."""
+    spec, params, common = resolve(_to_plain(cfg))
+    return {"name": spec.name, **dataclasses.asdict(params), **dataclasses.asdict(common)}
 
 
 class Workload(list):
@@ -106,8 +69,9 @@ class Workload(list):
 
 def apply_common(requests: Sequence[Request], params: Mapping[str, Any],
                  max_model_len: Optional[int] = None) -> Workload:
-    """The common transforms, in a fixed order (see the module docs); logs every request count they
-    change (max_requests, overlong)."""
+    """The common transforms of ``params`` (a resolved config, or the asdict of a
+    :class:`CommonParams` plus ``name``), in their fixed order; logs every request count they change
+    (max_requests, overlong)."""
     where = f"workload {params.get('name')!r}"
     reqs = list(requests)
     if params["start_s"] or params["duration_s"] is not None:
@@ -158,13 +122,14 @@ def build_workload(cfg: Mapping, *, vocab_size: int,
     Raises ``ValueError`` (:class:`WorkloadConfigError` for config problems, ``TraceFormatError``
     for bad trace files).
     """
-    params = resolve_config(cfg)
+    spec, own, common = resolve(_to_plain(cfg))
+    params = {"name": spec.name, **dataclasses.asdict(common)}
     vocab_size = check_vocab_size(vocab_size)
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2 or None, got {max_model_len!r}")
-    builder = BUILDERS[params["name"]]
-    reqs = apply_common(builder.make(params, vocab_size, max_model_len), params, max_model_len)
+    ctx = BuildContext(seed=common.seed, vocab_size=vocab_size, max_model_len=max_model_len)
+    reqs = apply_common(spec.build(own, ctx), params, max_model_len)
     seen = set()
     for r in reqs:
         r.validate()
@@ -180,13 +145,8 @@ def build_workload(cfg: Mapping, *, vocab_size: int,
 
 def workload_yaml(name: str) -> str:
     """The commented YAML of builder ``name`` at its defaults (the ``conf/workload`` file)."""
-    schema = schema_for(name)
-    b = BUILDERS[name]
-    header = (f"Workload '{name}': {b.doc}.\n"
-              f"Build: kvrl.workloads.build_workload(cfg.workload, vocab_size=..., max_model_len=...)\n"
-              f"Docs: docs/workloads.md. The keys from 'seed' on are the common transforms;\n"
-              f"{COMMON_ORDER_NOTE}.")
-    return render_yaml(schema, default_config(name), header=header)
+    from .conf_yaml import render
+    return render(name)
 
 
 def workload_config_path(name: str) -> str:
@@ -206,6 +166,7 @@ def load_workload_config(name_or_path: str, overrides: Sequence[str] = ()) -> di
             raise ValueError(f"{name_or_path!r} is neither a file nor a workload config "
                              f"(known: {', '.join(sorted(available_workload_configs()))})")
     cfg = OmegaConf.load(path)
+    cfg.pop("defaults", None)          # the schema line of conf/workload/<name>.yaml (Hydra's)
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     return OmegaConf.to_container(cfg, resolve=True)
