@@ -313,13 +313,15 @@ def test_sim_prices_a_step_as_the_model_prices_its_batch_features(cpu_profile):
     factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
     sim = SimExecutor(TINY, CPU, seed=0, profile=str(cpu_profile))
     sim.allocate_kv(4096, 0, 16)
+    prev_pre_tok = 0      # the sim prices the previous step's prefill tokens in this step's host time
     for kw in ({"decode_lens": [40, 300, 17]}, {"prefills": [(64, 0), (16, 200)]},
                {"decode_lens": [90, 500], "prefills": [(32, 64)], "copies": 2}):
         batch = factory.batch(**kw)
         batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting = 2, 1, 3, 40
         for i, item in enumerate(batch.seqs):
             item.seq.shared_prefix_tokens = 48 * (i % 2)    # every other sequence had a prefix hit
-        f = {**P.batch_features(batch), **P.host_work(batch)}
+        f = {**P.batch_features(batch), **P.host_work(batch, prev_pre_tok)}
+        prev_pre_tok = f["pre_tok"]
         assert f["dec_shared"] == sum(min(48 * (i % 2), it.start + 1) for i, it in enumerate(batch.seqs)
                                       if it.num_tokens == 1)
         assert sim.execute(batch).elapsed_s == pytest.approx(prof.model.predict_features(f, host=True), rel=1e-12)

@@ -16,7 +16,6 @@ replayed); and the sim serves the model shape and device of the profile's key.
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import time
@@ -65,17 +64,16 @@ def sim_target(profile) -> tuple[Any, Any]:
 
 def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
     """The recorded live steps of ``replay_csv`` priced by ``model`` (compute stream + host term)."""
-    from kvrl.executors.profile import FEATURES, HOST_WORK
+    from kvrl.executors.profile import HOST_WORK
+    from kvrl.fidelity.replay import read_replay_csv
 
     rows = []
-    with open(replay_csv) as f:
-        for r in csv.DictReader(f):
-            feats = {k: int(float(r[k])) for k in (*FEATURES, *HOST_WORK) if k in r}
-            busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
-            host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
-                                *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
-            rows.append({"live_s": float(r["live_s"]), "live_execute_s": float(r["live_execute_s"]), "kind": r["kind"],
-                         "sim_s": model.predict_features(feats, cuda_graphs, host=True), "sim_host_s": host})
+    for feats in read_replay_csv(replay_csv):
+        busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
+        host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
+                            *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
+        rows.append({"live_s": feats["live_s"], "live_execute_s": feats["live_execute_s"], "kind": feats["kind"],
+                     "sim_s": model.predict_features(feats, cuda_graphs, host=True), "sim_host_s": host})
     return rows
 
 

@@ -91,6 +91,7 @@ class SimExecutor(Executor):
         self._block_bytes = 0
         self._clock = 0.0
         self._swaps = SwapStream()
+        self._last_pre_tok = 0
         self.profile = None
         self._step_model = None
         self.cost_source = "roofline"
@@ -142,6 +143,7 @@ class SimExecutor(Executor):
         self._block_bytes = self.kv_block_bytes(block_size)
         self._clock, self._swaps = 0.0, SwapStream()
         self._tier_s = [0.0, 0.0]
+        self._last_pre_tok = 0     # the previous step's prefill tokens (a host-work term, fit version 9)
 
     def allocate_tier(self, num_blocks: int, block_size: int) -> None:
         self._tier_s = [0.0, 0.0]
@@ -270,8 +272,10 @@ class SimExecutor(Executor):
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
                             len(batch.copies), n_out, n_in, self.cuda_graphs)
         if n_pre or n_dec:
+            swaps = n_out + n_in
             compute += m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
-                                     pre_tok)
+                                     pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
+        self._last_pre_tok = pre_tok
         compute *= self.step_time_scale
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved

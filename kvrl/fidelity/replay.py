@@ -4,8 +4,10 @@ prices the same batches afterwards (the replay), and GC pauses are counted.
 """
 from __future__ import annotations
 
+import csv
 import gc
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,12 +36,12 @@ class StepRecorder(EngineCallback):
         sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
         and the sim's host term (so the run can be re-priced offline with another profile); ``live``
         is the live executor (its CUDA-graph sizes)."""
-        from kvrl.executors.profile import HOST_WORK, batch_features, host_work
+        from kvrl.executors.profile import HOST_WORK, batch_features, host_work_rows
 
         model = pricer.profile.model if pricer.profile is not None else None
         rows = []
-        for batch, live_s, inside_s in zip(self.batches, self.elapsed, self.inside):
-            f = {**batch_features(batch), **host_work(batch)}
+        for batch, work, live_s, inside_s in zip(self.batches, host_work_rows(self.batches), self.elapsed, self.inside):
+            f = {**batch_features(batch), **work}
             n_dec, n_pre = f["n_dec"], f["n_pre"]
             host_s = model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
                 if model is not None and batch.seqs else 0.0
@@ -111,3 +113,27 @@ def replay_breakdown(replay: list[dict]) -> dict:
         out["host"] = {"steps": len(replay), "live_s": live_h, "sim_s": float(sum(r["sim_host_s"] for r in replay)),
                        "median_abs_rel_err": float("nan")}
     return out
+
+
+def read_replay_csv(path: Path) -> list[dict]:
+    """The rows of a run's ``replay.csv`` (one per executed live step, in order) as dicts: the
+    cost-model features and host-work counters as ints (:data:`~kvrl.executors.profile.FEATURES`,
+    :data:`~kvrl.executors.profile.HOST_WORK`), ``kind``, ``live_s``, ``live_execute_s`` and
+    ``graph``. Counters that files written before fit version 9 lack (``pre_tok_prev``,
+    ``swap_blocks``, ``swap_step``) follow from the rows in order, as
+    :func:`~kvrl.executors.profile.host_work_rows` computes them live."""
+    from kvrl.executors.profile import FEATURES, HOST_WORK
+
+    rows, prev_pre_tok = [], 0
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            feats = {k: int(float(r[k])) for k in (*FEATURES, *HOST_WORK) if k in r}
+            swaps = feats.get("swap_out", 0) + feats.get("swap_in", 0)
+            feats.setdefault("pre_tok_prev", prev_pre_tok)
+            feats.setdefault("swap_blocks", swaps)
+            feats.setdefault("swap_step", int(swaps > 0))
+            prev_pre_tok = feats.get("pre_tok", 0)
+            feats.update(kind=r["kind"], live_s=float(r["live_s"]), live_execute_s=float(r["live_execute_s"]),
+                         graph=int(float(r.get("graph", 0) or 0)))
+            rows.append(feats)
+    return rows

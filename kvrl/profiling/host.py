@@ -32,7 +32,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     the host model sees preemptions, swaps and re-admissions."""
     from kvrl.builder import build_engine
     from kvrl.engine.request import Request
-    from kvrl.executors.profile import batch_features, host_work
+    from kvrl.executors.profile import batch_features, host_work_rows
 
     rng = np.random.default_rng(seed + 31)
     n = g["host_requests"]
@@ -61,7 +61,8 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
                        executor=ex, record_steps=True)
     eng.run(reqs, callbacks=[timed])
     # the first steps follow an idle gap (elapsed_s then counts only execute)
-    return [({**batch_features(b), **host_work(b)}, inner, el) for b, inner, el in timed.rows[2:]]
+    work = host_work_rows([b for b, _, _ in timed.rows])
+    return [({**batch_features(b), **w}, inner, el) for (b, inner, el), w in list(zip(timed.rows, work))[2:]]
 
 
 def engine_samples(ex, steps) -> list[dict]:

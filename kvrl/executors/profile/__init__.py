@@ -37,6 +37,7 @@ relative error (:func:`scipy.optimize.nnls`), prices the compute stream of a ste
     fwd (eager)             = D(N) + a_e(B) * (dec_kv - dec_shared) + s_e * dec_shared + m_e(B) * B * dec_max
                               + c_pairs * pre_pairs + c_ctx * pre_ctx + c_pre * n_pre + c_dec * B
                               + c_has_pre * [n_pre > 0] + c_has_dec * [B > 0] + c_rows * rows
+                              + c_mixed_dec * B * [n_pre > 0]          (fit version 9)
 
 with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``
 padded to the token bucket of the live executor's piecewise graphs when the profile had them
@@ -44,7 +45,10 @@ padded to the token bucket of the live executor's piecewise graphs when the prof
 ``G, a, m, D, a_e, m_e`` piecewise linear between measured knots (linear "hat" bases, so the
 fit stays one linear least-squares problem); block operations ``c0 * [n > 0] + c1 * n``, for swaps
 the part on the compute stream (gather / launching the copies); ``host`` the engine's own Python
-time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre``.
+time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre`` plus the host-work
+terms (:data:`HOST_WORK_TERMS`: admissions, preemptions, finishes, queue length, prefill tokens of
+this and the previous step, swapped blocks, swap steps; fit version 9 added the last three and
+``c_mixed_dec``, the extra cost of each decode sequence in a step that also prefills).
 
 Swap transfers run on the live executor's swap stream, overlapping compute: their durations
 ``swap_out_xfer(n)`` and ``swap_in_xfer(n)`` (same linear form) drive the sim's
@@ -60,7 +64,7 @@ The package, by job: :mod:`~kvrl.executors.profile.format` (file format, key, er
 (:class:`StepProfile` files and the lookup). Their public names are importable from here.
 """
 from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, batch_features,
-                                             host_work)
+                                             host_work, host_work_rows, prefill_tokens)
 from kvrl.executors.profile.fit import FLOOR_TERMS, choose_knots, error_stats, fit_host, hat_basis, nnls
 from kvrl.executors.profile.format import (FIT_VERSION, FORMAT, LOADABLE_FIT_VERSIONS, SHAPE_FIELDS, VERSION,
                                            ProfileError, ProfileKey, device_key)
@@ -72,4 +76,4 @@ __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORW
            "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
            "device_key", "error_stats", "fit_engine_factor", "fit_host", "fit_model", "hat_basis", "host_work",
-           "load_cached", "nnls", "now_stamp", "profile_file", "resolve_profile", "search_paths"]
+           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "resolve_profile", "search_paths"]

@@ -13,11 +13,16 @@ FORWARD_FEATURES = FEATURES[:10]
 
 
 #: what the engine did on the host around a step (the :class:`~kvrl.engine.batch.ScheduledBatch`
-#: counters): priced by the host model, not the forward pass
-HOST_WORK = ("n_admit", "n_preempt", "n_finish", "n_wait", "pre_tok")
+#: counters): priced by the host model, not the forward pass. Fit version 9 adds the last three
+#: (from the residuals of recorded live runs under pressure, ``scripts/fidelity_residuals.py``):
+#: ``pre_tok_prev``, the previous step's prefill tokens (their full blocks are hashed and registered
+#: after that step, in this step's gap); ``swap_blocks``, blocks swapped out or in by this step, and
+#: ``swap_step``, 1 if it swaps at all (the engine's and executor's swap bookkeeping)
+HOST_WORK = ("n_admit", "n_preempt", "n_finish", "n_wait", "pre_tok", "pre_tok_prev", "swap_blocks", "swap_step")
 
 
-HOST_WORK_TERMS = ("per_admit", "per_preempt", "per_finish", "per_waiting", "per_prefill_token")
+HOST_WORK_TERMS = ("per_admit", "per_preempt", "per_finish", "per_waiting", "per_prefill_token",
+                   "per_prev_prefill_token", "per_swap_block", "per_swap_step")
 
 
 def batch_features(batch) -> dict[str, int]:
@@ -42,8 +47,27 @@ def batch_features(batch) -> dict[str, int]:
     return f
 
 
-def host_work(batch) -> dict[str, int]:
+def prefill_tokens(batch) -> int:
+    """Prefill (more than one query token) tokens of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
+    return sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)
+
+
+def host_work(batch, pre_tok_prev: int = 0) -> dict[str, int]:
     """The :data:`HOST_WORK` counters of a :class:`~kvrl.engine.batch.ScheduledBatch` (``pre_tok``,
-    the prefill tokens whose full blocks the engine hashes after the step, as in :func:`batch_features`)."""
+    the prefill tokens whose full blocks the engine hashes after the step, as in :func:`batch_features`);
+    ``pre_tok_prev`` is the previous step's ``pre_tok`` (the batch does not know it: the caller,
+    which sees the steps in order, passes it)."""
+    swaps = len(batch.swap_out) + len(batch.swap_in)
     return {"n_admit": batch.num_admitted, "n_preempt": batch.num_preempted, "n_finish": batch.num_finished,
-            "n_wait": batch.num_waiting, "pre_tok": sum(s.num_tokens for s in batch.seqs if s.num_tokens > 1)}
+            "n_wait": batch.num_waiting, "pre_tok": prefill_tokens(batch), "pre_tok_prev": int(pre_tok_prev),
+            "swap_blocks": swaps, "swap_step": int(swaps > 0)}
+
+
+def host_work_rows(batches) -> list[dict[str, int]]:
+    """:func:`host_work` of consecutive batches of one engine run, in order (each sees the previous
+    one's prefill tokens)."""
+    rows, prev = [], 0
+    for b in batches:
+        rows.append(host_work(b, prev))
+        prev = rows[-1]["pre_tok"]
+    return rows

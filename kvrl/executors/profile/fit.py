@@ -146,10 +146,12 @@ def fit_max(cols: list[np.ndarray], floor_cols: list[np.ndarray], t: np.ndarray,
 
 def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
-    per_admit * n_admit + per_preempt * n_preempt + per_finish * n_finish + per_waiting * n_wait``
-    by NNLS on absolute error, refitted once without gaps more than 5 MADs above the first fit
-    (GC pauses, page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; rows of profiles
-    older than fit version 8 have only the first three (their host-work terms fit as zero)."""
+    sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
+    finishes, queued sequences, prefill tokens of this and the previous step, swapped blocks, swap
+    steps) by NNLS on absolute error, refitted once without gaps more than 5 MADs above the first
+    fit (GC pauses, page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows
+    (profiles older than fit version 9 stored fewer counters, before version 8 none) are padded
+    with zeros: the terms they lack fit as zero."""
     names = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
     if len(rows) < 3:
         return dict.fromkeys(names, 0.0)

@@ -97,6 +97,8 @@ class StepModel:
         self._e_dense, self._e_kv, self._e_kvmax = (Linear1D.from_dict(e[k]) for k in ("dense", "kv", "kvmax"))
         c = e["coef"]
         self._e_shared = float(c.get("dec_shared", 0.0))
+        #: per decode sequence of a step that also prefills (fit version 9; older profiles: 0)
+        self._e_mixed_dec = float(c.get("mixed_dec", 0.0))
         self._c = (c["pre_pairs"], c["pre_ctx"], c.get("pre_max_ctx", 0.0), c["n_pre"], c["has_pre"], c["has_dec"],
                    c["rows"], c["n_dec"])
         f = e.get("floor") or dict.fromkeys(FLOOR_TERMS, 0.0)
@@ -155,6 +157,8 @@ class StepModel:
         if b:
             t += (c_has_dec + c_dec * b + self._e_kv(b) * (dec_kv - dec_shared) + self._e_shared * dec_shared
                   + self._e_kvmax(b) * b * dec_max)
+            if n_pre:
+                t += self._e_mixed_dec * b
         if self._has_floor:
             f0, f_seq, f_kv, f_tok = self._floor
             floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * n
@@ -163,17 +167,22 @@ class StepModel:
         return self._k_eager * t
 
     def host_s(self, num_seqs: int, n_pre: int, n_admit: int = 0, n_preempt: int = 0, n_finish: int = 0,
-               n_wait: int = 0, pre_tok: int = 0) -> float:
+               n_wait: int = 0, pre_tok: int = 0, pre_tok_prev: int = 0, swap_blocks: int = 0,
+               swap_step: int = 0) -> float:
         """Seconds of the engine's own Python between two steps: per scheduled sequence, per
         prefill sequence, and per unit of host work (:data:`HOST_WORK`: admissions, preemptions,
-        finishes, queued sequences, prefill tokens)."""
+        finishes, queued sequences, prefill tokens of this step and of the previous one, swapped
+        blocks, a step that swaps)."""
         h0, h1, h2 = self._h
-        return h0 + h1 * num_seqs + h2 * n_pre + self.host_work_s(n_admit, n_preempt, n_finish, n_wait, pre_tok)
+        return h0 + h1 * num_seqs + h2 * n_pre + self.host_work_s(n_admit, n_preempt, n_finish, n_wait, pre_tok,
+                                                                  pre_tok_prev, swap_blocks, swap_step)
 
-    def host_work_s(self, n_admit: int, n_preempt: int, n_finish: int, n_wait: int, pre_tok: int) -> float:
+    def host_work_s(self, n_admit: int, n_preempt: int, n_finish: int, n_wait: int, pre_tok: int,
+                    pre_tok_prev: int = 0, swap_blocks: int = 0, swap_step: int = 0) -> float:
         """The part of :meth:`host_s` that depends on what the engine did around the step."""
-        a, p, f, w, t = self._hw
-        return a * n_admit + p * n_preempt + f * n_finish + w * n_wait + t * pre_tok
+        a, p, f, w, t, tp, sb, ss = self._hw
+        return (a * n_admit + p * n_preempt + f * n_finish + w * n_wait + t * pre_tok + tp * pre_tok_prev
+                + sb * swap_blocks + ss * swap_step)
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
@@ -268,9 +277,11 @@ class StepModel:
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
         kv, kvmax, shared = column(eager_s, "dec_kv"), b * column(eager_s, "dec_max"), column(eager_s, "dec_shared")
-        names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared")
+        names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared",
+                 "mixed_dec")
         extra = [column(eager_s, "pre_pairs"), column(eager_s, "pre_ctx"), column(eager_s, "pre_max_ctx"), column(eager_s, "n_pre"),
-                 (column(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), column(eager_s, "rows"), b, shared]
+                 (column(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), column(eager_s, "rows"), b, shared,
+                 b * (column(eager_s, "n_pre") > 0)]
         cols = [*hat_basis(knots_n, n).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + column(eager_s, "n_pre"), kv + column(eager_s, "pre_ctx"), n]
         x, xf = fit_max(cols, floor_cols, column(eager_s, "t"))

@@ -1,0 +1,207 @@
+"""Fit version 9's pressure terms (issue 16): host time for the previous step's prefill tokens and
+for swaps, the extra cost of decodes beside a prefill (``mixed_dec``), their fit from profiler
+samples and from recorded live steps (kvrl/fidelity/live_fit.py), and old profiles pricing as before."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvrl.executors import profile as P
+from kvrl.executors.hardware import DeviceSpec, ModelShape
+from kvrl.executors.sim import SimExecutor
+
+TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=512, max_model_len=2048, dtype_bytes=4)
+CPU = DeviceSpec(name="cpu", memory_bytes=16e9, hbm_bw=20e9, matmul_flops=2e11, pcie_bw=20e9)
+SHIPPED = P.PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16.json"
+RAW_KEY = {"device": "cpu", **{f: getattr(TINY, f) for f in P.SHAPE_FIELDS}}
+
+
+def _features(dec=(), pre=(), copies=0, swap_out=0, swap_in=0) -> dict:
+    f = dict.fromkeys(P.FEATURES, 0)
+    for L in dec:
+        f["n_dec"] += 1
+        f["dec_kv"] += L
+        f["dec_max"] = max(f["dec_max"], L)
+        f["rows"] += 1
+    for k, start in pre:
+        f["n_pre"] += 1
+        f["pre_tok"] += k
+        f["pre_pairs"] += k * start + k * (k + 1) // 2
+        f["pre_ctx"] += start + k
+        f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
+        f["rows"] += 1
+    f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
+    return f
+
+
+def _truth(mixed_dec: float = 0.0, **host) -> P.StepModel:
+    """A small known model (eager only, no graphs) with ``mixed_dec`` and host terms ``host``."""
+    return P.StepModel(
+        [], None,
+        {"dense": {"knots": [1, 64, 256, 1024], "values": [2e-3, 2.2e-3, 3e-3, 8e-3]},
+         "kv": {"knots": [1, 8, 64], "values": [5e-8, 4e-8, 3e-8]},
+         "kvmax": {"knots": [1, 8, 64], "values": [0.0, 0.0, 0.0]},
+         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "pre_max_ctx": 0.0, "n_pre": 5e-5, "has_pre": 3e-4,
+                  "has_dec": 2e-4, "rows": 1e-6, "n_dec": 1e-5, "dec_shared": 0.0, "mixed_dec": mixed_dec}},
+        {op: [0.0, 0.0] for op in P.StepModel.OPS},
+        {"base": 5e-5, "per_seq": 3e-6, "per_prefill": 0.0, **host})
+
+
+# ------------------------------------------------------------------------------ old profiles
+def test_a_fit_version_8_profile_prices_exactly_as_before():
+    """The shipped fit-version-8 profile prices steps exactly as the code before fit version 9 did
+    (values computed with that code, commit e39c46a), whatever the new host-work counters say:
+    it has no mixed_dec, previous-prefill or swap host terms, so they price as zero."""
+    prof = P.StepProfile.load(SHIPPED)
+    assert prof.model.to_dict()["eager"]["coef"].get("mixed_dec") is None
+    m = prof.model
+    cases = [_features([2100] + [1204] * 23),
+             _features([2100] + [1204] * 23, pre=[(120, 900)]),
+             _features(pre=[(1500, 0), (1500, 0)]),
+             _features([4000] + [996] * 299, copies=3, swap_out=12, swap_in=40)]
+    cases[0]["dec_kv"], cases[1]["dec_kv"], cases[3]["dec_kv"], cases[3]["dec_shared"] = 30000, 30000, 300000, 20000
+    cases[1]["rows"] = 25
+    old = [(0.0024789655587524797, 0.00272323275875248, 0.0002442672),
+           (0.0049870641705468035, 0.0054005960245468035, 0.000413531854),
+           (0.008126964168341157, 0.008800280168341158, 0.000673316),
+           (0.01415357639924944, 0.01540542299924944, 0.0012518466)]
+    for f, (fwd, with_host, host) in zip(cases, old):
+        f.update(n_admit=2, n_preempt=1, n_finish=3, n_wait=40, pre_tok_prev=5000, swap_blocks=77, swap_step=1)
+        assert m.predict_features(f, True, host=False) == pytest.approx(fwd, rel=1e-12)
+        assert m.predict_features(f, True, host=True) == pytest.approx(with_host, rel=1e-12)
+        assert m.host_s(f["n_pre"] + f["n_dec"], f["n_pre"], *(f[k] for k in P.HOST_WORK)) == pytest.approx(host, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------ fitting the new terms
+def test_fit_host_recovers_the_previous_prefill_and_swap_terms():
+    rng = np.random.default_rng(1)
+    truth = {"base": 40e-6, "per_seq": 2e-6, "per_prefill": 5e-6, "per_admit": 30e-6, "per_preempt": 80e-6,
+             "per_finish": 10e-6, "per_waiting": 0.5e-6, "per_prefill_token": 0.05e-6,
+             "per_prev_prefill_token": 0.08e-6, "per_swap_block": 0.6e-6, "per_swap_step": 90e-6}
+    rows = []
+    for _ in range(500):
+        s, p, a, e, f, w, t, tp, sb = (int(rng.integers(0, hi)) for hi in (256, 8, 6, 4, 10, 300, 4000, 4000, 300))
+        ss = int(sb > 0)
+        counts = [a, e, f, w, t, tp, sb, ss]
+        gap = truth["base"] + truth["per_seq"] * s + truth["per_prefill"] * p + sum(
+            truth[k] * c for k, c in zip(P.HOST_WORK_TERMS, counts))
+        rows.append([s, p, gap, *counts])
+    fitted = P.fit_host(rows)
+    for k, v in truth.items():
+        assert fitted[k] == pytest.approx(v, rel=1e-6, abs=1e-12), k
+    v8 = P.fit_host([r[:8] for r in rows])        # rows of a fit-version-8 profile: the new terms fit as zero
+    assert all(v8[k] == 0.0 for k in ("per_prev_prefill_token", "per_swap_block", "per_swap_step"))
+
+
+def test_fit_recovers_the_extra_cost_of_decodes_beside_a_prefill():
+    """Steps generated by a known model whose decodes cost 20 us more each when a prefill runs in the
+    same step: the fit (decode-only, prefill-only and mixed samples, as kvrl-profile's grid) recovers
+    that coefficient and prices a mixed step as the truth does."""
+    truth = _truth(mixed_dec=2e-5)
+    samples = []
+    add = lambda f: samples.append({**f, "graph": False, "group": "g", "t": truth.predict_features(f, False)})
+    for L in (64, 512, 2048):
+        for b in (1, 8, 64, 256, 1024):
+            add(_features([L] * b))
+        for tokens in (256, 1024):      # mixed steps of the same padded size with more or fewer decodes
+            for b in (8, 64, 192):
+                add(_features([L] * b, pre=[(tokens - b, 0)]))
+                add(_features([L] * b, pre=[(tokens - b, 1024)]))
+    for n in (64, 256, 1024):
+        add(_features(pre=[(n, 0)]))
+        add(_features(pre=[(n, 0), (n, 512)]))
+    fit = P.StepModel.fit(samples, [])
+    assert fit.eager["coef"]["mixed_dec"] == pytest.approx(2e-5, rel=0.02)
+    f = _features([700] * 40, pre=[(200, 300)])
+    assert fit.predict_features(f, False) == pytest.approx(truth.predict_features(f, False), rel=0.01)
+
+
+def test_sim_prices_the_previous_steps_prefill_and_swaps_in_host_time(tmp_path):
+    """A decode step costs ``per_prev_prefill_token`` x the previous step's prefill tokens more
+    after a prefill step than after a decode step; a step that swaps ``per_swap_step`` +
+    ``per_swap_block`` x blocks more (fit version 9)."""
+    from kvrl.profiling.batches import BatchFactory
+
+    model = _truth(per_prev_prefill_token=1e-7, per_swap_block=1e-6, per_swap_step=5e-5)
+    prof = P.StepProfile(P.ProfileKey.of(TINY, CPU), model, {}, [], [], {}, RAW_KEY)
+    factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
+
+    def run(*batches):
+        sim = SimExecutor(TINY, CPU, seed=0, profile=prof)
+        sim.allocate_kv(4096, 64, 16)
+        return [sim.execute(factory.batch(**kw)).elapsed_s for kw in batches]
+
+    dec = {"decode_lens": [100, 300]}
+    _, after_decode = run(dec, dec)
+    _, after_prefill = run({"prefills": [(500, 0)]}, dec)
+    assert after_prefill - after_decode == pytest.approx(500 * 1e-7, rel=1e-9)
+    plain, = run(dec)
+    swapping, = run({**dec, "swap_out": 7})
+    assert swapping - plain == pytest.approx(5e-5 + 7e-6 + model.swap_out_xfer(7) * 0, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------ fitting from live steps
+def _write_replay(path: Path, steps: list[dict]) -> None:
+    """A replay.csv as kvrl-fidelity wrote it before fit version 9 (no pre_tok_prev / swap counters)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = ["live_s", "kind", "live_execute_s", *P.FEATURES, "n_admit", "n_preempt", "n_finish", "n_wait", "graph"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(steps)
+
+
+def test_live_fit_recovers_host_and_mixed_terms_from_the_fit_workloads_only(tmp_path):
+    """Live steps generated from a known truth (host gaps with previous-prefill and swap terms;
+    mixed steps 30 us slower per decode than the profile) fit those terms back; a held-out
+    workload's (wildly different) steps do not enter the fit; the profile records what fitted what."""
+    from kvrl.fidelity.live_fit import LiveFitError, fit_live_terms
+
+    base = _truth()
+    host_truth = {"base": 60e-6, "per_seq": 2e-6, "per_prefill": 0.0, "per_admit": 70e-6, "per_preempt": 10e-6,
+                  "per_finish": 35e-6, "per_waiting": 0.3e-6, "per_prefill_token": 0.1e-6,
+                  "per_prev_prefill_token": 0.08e-6, "per_swap_block": 0.5e-6, "per_swap_step": 90e-6}
+    live = _truth(mixed_dec=3e-5, **host_truth)
+    rng = np.random.default_rng(0)
+
+    def steps(scale: float, n: int = 600) -> list[dict]:
+        out, prev = [], 0
+        for _ in range(n):
+            b = int(rng.integers(1, 64))
+            pre = [(int(rng.integers(16, 1024)), int(rng.choice([0, 512])))] if rng.random() < 0.3 else []
+            swaps = int(rng.integers(1, 40)) if rng.random() < 0.2 else 0
+            f = _features(list(rng.integers(32, 2048, b)), pre, swap_out=swaps)
+            f.update(n_admit=int(rng.integers(0, 3)), n_preempt=int(rng.integers(0, 2)),
+                     n_finish=int(rng.integers(0, 3)), n_wait=int(rng.integers(0, 100)))
+            work = {**f, "pre_tok_prev": prev, "swap_blocks": swaps, "swap_step": int(swaps > 0)}
+            inside = scale * live.predict_features(f, False)
+            gap = scale * live.host_s(f["n_pre"] + f["n_dec"], f["n_pre"], *(work[k] for k in P.HOST_WORK))
+            kind = "swap" if swaps else ("mixed" if pre else "decode")
+            out.append({**f, "kind": kind, "live_execute_s": inside, "live_s": inside + gap, "graph": 0})
+            prev = f["pre_tok"]
+        return out
+
+    run = tmp_path / "run"
+    for pol in ("vllm", "sjf_swap"):
+        _write_replay(run / "runs" / "fitme" / pol / "replay.csv", steps(1.0))
+        _write_replay(run / "runs" / "heldout" / pol / "replay.csv", steps(3.0))   # would wreck any fit
+    prof = P.StepProfile(P.ProfileKey.of(TINY, CPU), base, {}, [], [], {}, RAW_KEY, path="base.json")
+    fitted = fit_live_terms(prof, run, ["fitme"])
+    for k, v in host_truth.items():
+        assert fitted.model.host[k] == pytest.approx(v, rel=1e-4, abs=1e-10), k
+    assert fitted.model.eager["coef"]["mixed_dec"] == pytest.approx(3e-5, rel=1e-4)
+    assert base.eager["coef"]["mixed_dec"] == 0.0 and base.host["base"] == 5e-5     # input unchanged
+    rec = fitted.meta["live_fit"]
+    assert rec["workloads"] == ["fitme"] and rec["pairs"] == ["fitme/sjf_swap", "fitme/vllm"]
+    assert rec["host"]["after"] == fitted.model.host and rec["mixed_dec"]["before"] == 0.0
+    saved = tmp_path / "fitted.json"
+    fitted.save(saved)
+    again = P.StepProfile.load(saved)
+    assert again.model.to_dict()["fit_version"] == 9
+    assert again.model.eager["coef"]["mixed_dec"] == pytest.approx(3e-5, rel=1e-5)
+    with pytest.raises(LiveFitError, match="nowhere"):
+        fit_live_terms(prof, run, ["fitme", "nowhere"])
