@@ -86,8 +86,13 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert P.ProfileKey.from_dict(key) == P.ProfileKey.of(TINY, CPU)
     assert cpu_profile.stat().st_size < 300_000
     groups = {s["group"] for s in data["samples"]}
-    assert {"decode", "ragged", "prefill", "prefix", "mixed", "copy", "swap_out", "swap_in", "overlap",
-            "holdout"} <= groups
+    assert {"decode", "ragged", "prefill", "prefix", "mixed", "mixed_long", "copy", "swap_out", "swap_in", "overlap",
+            "holdout", "scatter", "scatter_ref"} <= groups
+    # fit version 9: small chunks beside long decodes are fitted (mixed_dec); scattered-KV decodes only reported
+    assert "mixed_dec" in data["model"]["eager"]["coef"]
+    assert all(s.get("diagnostic") for s in data["samples"] if s["group"].startswith("scatter"))
+    assert data["fit"]["scatter"]["points"] and data["fit"]["scatter"]["median_ratio"] > 0
+    assert "scattered over the pool" in (cpu_profile.parent / "profile.md").read_text()
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0

@@ -205,3 +205,35 @@ def test_live_fit_recovers_host_and_mixed_terms_from_the_fit_workloads_only(tmp_
     assert again.model.eager["coef"]["mixed_dec"] == pytest.approx(3e-5, rel=1e-5)
     with pytest.raises(LiveFitError, match="nowhere"):
         fit_live_terms(prof, run, ["fitme", "nowhere"])
+
+
+def test_scattered_kv_points_are_measured_beside_their_twins_and_never_fitted():
+    """kvrl-profile's diagnostic ``scatter`` points are decode batches of the same features as their
+    ``scatter_ref`` twins, on blocks spread over the pool; the fit ignores them (a scattered step 10x
+    slower changes nothing) and the report gives their time over the twin's."""
+    from kvrl.profiling.batches import GRIDS, BatchFactory, grid_points
+    from kvrl.profiling.run import scatter_ratios
+
+    pts = grid_points(GRIDS["gpu"], True, 40960)
+    scat = [kw for g, _, kw in pts if g == "scatter"]
+    assert len(scat) == 4 and all(kw["scatter"] for kw in scat)
+    assert len([1 for g, _, _ in pts if g == "mixed_long"]) == 24
+    factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
+    a, b = factory.batch(decode_lens=[300] * 4, scatter=True), factory.batch(decode_lens=[300] * 4)
+    assert P.batch_features(a) == P.batch_features(b)
+    tables_a = [x for it in a.seqs for x in it.seq.block_table]
+    tables_b = [x for it in b.seqs for x in it.seq.block_table]
+    assert tables_b == list(range(len(tables_b))) and len(set(tables_a)) == len(tables_a) != 0
+    assert sum(1 for x, y in zip(tables_a, tables_a[1:]) if y != x + 1) > len(tables_a) // 2
+
+    truth = _truth()
+    samples = [{**_features([L] * n), "graph": False, "group": "g"} for n in (1, 8, 64) for L in (64, 512, 2048)]
+    samples += [{**_features(pre=[(n, c)]), "graph": False, "group": "g"} for n in (64, 512) for c in (0, 512)]
+    for s in samples:
+        s["t"] = truth.predict_features(s, False)
+    odd = {**_features([512] * 8), "graph": False, "group": "scatter", "diagnostic": True}
+    odd["t"] = 10 * truth.predict_features(odd, False)
+    plain, with_odd = P.StepModel.fit(samples, []), P.StepModel.fit(samples + [odd], [])
+    assert plain.to_dict() == with_odd.to_dict()
+    ref = {**odd, "group": "scatter_ref", "t": odd["t"] / 10}
+    assert scatter_ratios([odd, ref]) == {"points": [[8, 512, pytest.approx(10.0)]], "median_ratio": pytest.approx(10.0)}

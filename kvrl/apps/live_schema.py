@@ -152,6 +152,12 @@ class GridConfig:
     mixed_batch: Optional[List[int]] = None
     mixed_ctx: Optional[List[int]] = None
     mixed_prefill: Optional[List[int]] = None
+    mixed_long_batch: Optional[List[int]] = None
+    mixed_long_ctx: Optional[List[int]] = None
+    mixed_long_prefill: Optional[List[int]] = None
+    mixed_long_cached: Optional[List[int]] = None
+    scatter_batch: Optional[List[int]] = None
+    scatter_ctx: Optional[List[int]] = None
     copies: Optional[List[int]] = None
     swaps: Optional[List[int]] = None
     overlap_batch: Optional[int] = None

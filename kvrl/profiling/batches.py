@@ -19,6 +19,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         prefill_seqs=[1, 4, 16],
         prefix_query=[16, 128, 512, 2048], prefix_cached=[1024, 4096, 16384],
         mixed_batch=[16, 64, 256], mixed_ctx=[512, 2048], mixed_prefill=[256, 2048],
+        mixed_long_batch=[8, 32, 96], mixed_long_ctx=[1024, 4096], mixed_long_prefill=[32, 256],
+        mixed_long_cached=[0, 1024],
+        scatter_batch=[16, 64], scatter_ctx=[1024, 2048],
         copies=[1, 16, 128, 1024],
         swaps=[1, 4, 16, 64, 128, 256, 512, 1024],
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
@@ -36,6 +39,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         prefill_seqs=[1, 4],
         prefix_query=[8, 64], prefix_cached=[64, 512],
         mixed_batch=[4, 16], mixed_ctx=[64, 256], mixed_prefill=[32, 128],
+        mixed_long_batch=[4, 16], mixed_long_ctx=[256], mixed_long_prefill=[8, 32],
+        mixed_long_cached=[0, 64],
+        scatter_batch=[8], scatter_ctx=[256],
         copies=[1, 4, 16, 64],
         swaps=[1, 4, 16, 64],
         overlap_batch=8, overlap_ctx=64, overlap_swap_in=[4, 32],
@@ -55,6 +61,9 @@ class BatchFactory:
         self.num_blocks, self.block_size = num_blocks, block_size
         rng = np.random.default_rng(seed)
         self.tokens = rng.integers(0, vocab_size, max_len + 1, dtype=np.int32)
+        #: a fixed permutation of the pool: ``scatter`` batches take their blocks in this order
+        self._scattered = rng.permutation(num_blocks)
+        self._order = None
         self._next_block = 0
         self._next_id = 0
 
@@ -66,20 +75,27 @@ class BatchFactory:
         self._next_id += 1
         n = -(-length // self.block_size)
         seq.block_table = [(self._next_block + i) % self.num_blocks for i in range(n)]
+        if self._order is not None:
+            seq.block_table = [int(self._order[b]) for b in seq.block_table]
         self._next_block = (self._next_block + n) % self.num_blocks
         return seq
 
-    def batch(self, decode_lens=(), prefills=(), copies: int = 0, swap_out: int = 0, swap_in: int = 0):
+    def batch(self, decode_lens=(), prefills=(), copies: int = 0, swap_out: int = 0, swap_in: int = 0,
+              scatter: bool = False):
         """``decode_lens``: context length of each decode (its last token is computed);
-        ``prefills``: ``(query_tokens, cached_tokens)`` pairs."""
+        ``prefills``: ``(query_tokens, cached_tokens)`` pairs; ``scatter``: block tables take blocks
+        spread over the whole pool in a random order (as after many preemptions, swaps and
+        evictions) instead of consecutive ones."""
         from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 
         self._next_block = 0
+        self._order = self._scattered if scatter else None
         items = []
         for k, start in prefills:
             items.append(ScheduledSeq(self._seq(start + k), start, k, 1))
         for length in decode_lens:
             items.append(ScheduledSeq(self._seq(length), length - 1, 1, 1))
+        self._order = None
         nb = self.num_blocks
         b = ScheduledBatch(seqs=items)
         # block operations use blocks from the top of the pool: disjoint src/dst for copies
@@ -122,6 +138,21 @@ def grid_points(g: dict, graphs: bool, max_len: int) -> list[tuple[str, bool, di
             for n in g["mixed_prefill"]:
                 if L <= max_len and n <= max_len:
                     pts.append(("mixed", False, {"decode_lens": [L] * b, "prefills": [(n, 0)]}))
+    # small prefill chunks (fresh or over a cached prefix) beside many long decodes: the mixed steps
+    # of a pressured engine (re-prefills, prefix hits) that fit version 9's mixed_dec prices
+    for b in g.get("mixed_long_batch", ()):
+        for L in g["mixed_long_ctx"]:
+            for n in g["mixed_long_prefill"]:
+                for c in g["mixed_long_cached"]:
+                    if L <= max_len and n + c <= max_len:
+                        pts.append(("mixed_long", False, {"decode_lens": [L] * b, "prefills": [(n, c)]}))
+    # diagnostic, never fitted: decode batches whose KV blocks are scattered over the pool; the fit
+    # report's error on them is what scattering costs beyond the model (which has no such feature)
+    for b in g.get("scatter_batch", ()):
+        for L in g["scatter_ctx"]:
+            if L <= max_len:
+                pts.append(("scatter", graphs, {"decode_lens": [L] * b, "scatter": True}))
+                pts.append(("scatter_ref", graphs, {"decode_lens": [L] * b}))
     for n in g["copies"]:
         pts.append(("copy", False, {"copies": n}))
     for n in g["swaps"]:

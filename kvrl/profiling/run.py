@@ -84,6 +84,9 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                 "host": {"steps": len(host_rows),
                          "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
                 "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
+    scatter = scatter_ratios(samples)
+    if scatter:
+        fit["scatter"] = scatter
     xfer = [s for s in samples if s.get("t_xfer")]
     if xfer:
         fit["transfers"] = error_stats(
@@ -105,6 +108,16 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                        [list(r) for r in thin(host_rows, 400)], fit, key, engine_samples=thin(engine, 600))
 
 
+def scatter_ratios(samples: list[dict]) -> dict:
+    """Measured time of each ``scatter`` point (KV blocks scattered over the pool) over its
+    ``scatter_ref`` twin (the same decode batch on consecutive blocks): ``{"points": [[n_dec,
+    dec_max, ratio], ...], "median_ratio": ...}``, empty without such points."""
+    ref = {(s["n_dec"], s["dec_max"], s["graph"]): s["t"] for s in samples if s.get("group") == "scatter_ref"}
+    pts = [[s["n_dec"], s["dec_max"], s["t"] / ref[k]] for s in samples if s.get("group") == "scatter"
+           for k in [(s["n_dec"], s["dec_max"], s["graph"])] if ref.get(k)]
+    return {"points": pts, "median_ratio": float(np.median([p[2] for p in pts]))} if pts else {}
+
+
 def thin(rows: list, n: int) -> list:
     """At most ``n`` evenly spaced elements of ``rows`` (first and last kept)."""
     return rows if len(rows) <= n else [rows[i] for i in np.linspace(0, len(rows) - 1, n).astype(int)]
@@ -119,6 +132,8 @@ def package_version(module: str) -> str:
 
 def render_report(prof) -> str:
     """The fit report as Markdown."""
+    from kvrl.executors.profile import HOST_WORK_TERMS
+
     k, f = prof.raw_key, prof.fit_report
     lines = [f"# Step-time profile: {k.get('gpu_name')} / {prof.meta.get('model')} ({k.get('dtype')})", "",
              f"shape: {prof.key.describe()}; block size {prof.meta.get('block_size')}; CUDA graphs "
@@ -134,6 +149,11 @@ def render_report(prof) -> str:
         if st.get("n"):
             lines.append(f"| {name} | {st['n']} | {st['median_abs_rel_err']:.1%} | {st['p90_abs_rel_err']:.1%} | "
                          f"{st['max_abs_rel_err']:.1%} | {st['total_rel_err']:+.1%} |")
+    if f.get("scatter"):
+        sc = f["scatter"]
+        lines += ["", f"diagnostic (not fitted): decode batches on KV blocks scattered over the pool take "
+                      f"x{sc['median_ratio']:.3f} the time of the same batches on consecutive blocks (median of "
+                      f"{len(sc['points'])}: " + ", ".join(f"B{int(b)}/L{int(L)} x{r:.3f}" for b, L, r in sc["points"]) + ")"]
     h = prof.model.host
     m = prof.model
     xfer = "; ".join(f"{name} {op.c0 * 1e6:.0f} us + {op.c1 * 1e6:.1f} us/block"
@@ -142,7 +162,9 @@ def render_report(prof) -> str:
     lines += ["", f"engine-context factor on forward passes (median live / model over the engine run's steps, "
                   f"applied): CUDA graph x{k['graph']:.3f}, eager x{k['eager']:.3f}",
               f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
-                  f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us)",
+                  f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us); "
+                  + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_WORK_TERMS),
+              f"decodes beside a prefill (mixed_dec): {m.eager['coef'].get('mixed_dec', 0.0) * 1e6:.2f} us each",
               f"swap-stream transfers: {xfer}"]
     return "\n".join(lines)
 

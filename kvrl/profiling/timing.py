@@ -75,6 +75,10 @@ def time_batch(ex, batch, warmup: int, reps: int, budget_s: float, transfer: boo
     return times, transfers
 
 
+#: grid groups measured for the fit report only, never fitted (see kvrl.profiling.batches.grid_points)
+DIAGNOSTIC_GROUPS = ("scatter", "scatter_ref")
+
+
 def group_transfers(group: str) -> bool:
     """Whether a grid group's points also time their swap stream (``t_xfer``)."""
     return group in ("swap_out", "swap_in")
@@ -132,6 +136,8 @@ def measure(ex, factory: BatchFactory, points, g: dict, progress: Optional[Calla
             row["t_xfer"] = float(stat(xs))
         if group == "holdout":
             row["holdout"] = True
+        if group in DIAGNOSTIC_GROUPS:
+            row["diagnostic"] = True
         out.append(row)
     return out
 

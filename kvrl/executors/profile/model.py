@@ -241,9 +241,10 @@ class StepModel:
         """Fit every term from measured samples (dicts of :data:`FEATURES` plus ``graph`` (bool,
         the live executor used a CUDA graph) and ``t`` (median seconds of ``execute``)).
 
-        Samples flagged ``holdout`` are ignored. ``host_samples`` are ``(num_seqs, n_pre, gap_s)``
-        rows from an engine run (the time between two ``execute`` calls)."""
-        use = [s for s in samples if not s.get("holdout")]
+        Samples flagged ``holdout`` or ``diagnostic`` are ignored. ``host_samples`` are
+        ``(num_seqs, n_pre, gap_s, *HOST_WORK)`` rows from an engine run (the time between two
+        ``execute`` calls)."""
+        use = [s for s in samples if not (s.get("holdout") or s.get("diagnostic"))]
         fwd_only = [s for s in use if not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))
                     and (s.get("n_pre") or s.get("n_dec"))]
         graph_s = [s for s in fwd_only if s.get("graph")]
