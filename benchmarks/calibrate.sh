@@ -12,7 +12,13 @@
 #   bash benchmarks/calibrate.sh env profile_qwen fidelity_qwen    # fidelity needs this call's profile
 #   bash benchmarks/calibrate.sh profile_llama summary
 # kvrl-fidelity rewrites its tables after every pair, so a stage cut short keeps the pairs it finished.
-# Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama summary
+# Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama fidelity_pressure residuals summary
+# Issue 16 (fit version 9, pressure terms fitted by kvrl-profile), one device call (~8 min on an H200):
+#   bash benchmarks/calibrate.sh env profile_qwen fidelity_pressure residuals
+# fidelity_pressure: the 8 pressured workloads of $PRESSURE_WORKLOADS x 2 policies x 3 live runs with this
+# call's fresh profile (none of them is in the profile's fitting data: its grid and short engine runs);
+# residuals: the live steps of that run priced by the shipped profile (before) and the fresh one (after),
+# per step kind and pair (scripts/fidelity_residuals.py; CPU, seconds) -> $OUT/residuals_$QWEN.{md,csv}.
 # Needs hydra-core/omegaconf/antlr4 (+ xxhash) as wheels in .whl/ when the image lacks them, like
 # benchmarks/gpu_session.sh; matplotlib is optional (without it the PNGs are skipped; re-draw them
 # anywhere with: python -c "from kvrl.fidelity.report import replot; replot('$OUT/fidelity_qwen3-0.6b')").
@@ -28,6 +34,7 @@ run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T), limit ${l
   tail -n 30 "$OUT/$name.log"; echo "=== $name rc=$rc in $((SECONDS - t0)) s"; return 0; }
 QWEN=${QWEN:-qwen3-0.6b}; LLAMA=${LLAMA:-llama-3-8b}; DTYPE=${DTYPE:-bfloat16}; DEV=${DEV:-auto}
 QWEN_PROFILE="$OUT/profile_$QWEN/profile.json"; LLAMA_PROFILE="$OUT/profile_$LLAMA/profile.json"
+PRESSURE_WORKLOADS=${PRESSURE_WORKLOADS:-"[poisson,preempt_heavy,code_trace_tight,code_trace_offline,long_outputs_swap,prefix_evict,tenants_pressure,bursty_tight]"}
 STAGES=("$@"); [ ${#STAGES[@]} -eq 0 ] && STAGES=(env profile_qwen fidelity_qwen profile_llama summary)
 for stage in "${STAGES[@]}"; do
   case $stage in
@@ -45,6 +52,18 @@ for stage in "${STAGES[@]}"; do
       prof=auto; [ -f "$LLAMA_PROFILE" ] && prof="$LLAMA_PROFILE"
       run fidelity_llama 400 python3 -m kvrl.apps.fidelity "model=$LLAMA" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_$LLAMA" max_requests=200 ${FID_ARGS:-} ;;
+    fidelity_pressure)
+      prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
+      run fidelity_pressure 420 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
+        "profile=$prof" "hydra.run.dir=$OUT/fidelity_pressure_$QWEN" "only_workloads=$PRESSURE_WORKLOADS" \
+        warmup_requests=64 max_live_wall_s=40 live_repeats=3 plots=false ${FID_ARGS:-} ;;
+    residuals)
+      # before: the shipped profile of the fresh one's device and shape (the fresh one itself when none ships, e.g. on CPU)
+      shipped=$(python3 -c 'import sys, os; from kvrl.executors.profile import PACKAGED_DIR, StepProfile
+from kvrl.profiling.run import install_name
+p = PACKAGED_DIR / install_name(StepProfile.load(sys.argv[1])); print(p if p.exists() else sys.argv[1])' "$QWEN_PROFILE")
+      run residuals 120 python3 scripts/fidelity_residuals.py --run "$OUT/fidelity_pressure_$QWEN" \
+        --before "$shipped" --after "$QWEN_PROFILE" --out "$OUT/residuals_$QWEN" ;;
     summary)
       echo "=== summary"; ls -la "$OUT/profiles"
       for f in "$OUT"/profile_*/profile.md "$OUT"/fidelity_*/fidelity.md; do [ -f "$f" ] && { echo; echo "--- $f"; cat "$f"; }; done ;;
