@@ -103,6 +103,20 @@ def test_a_plain_config_merges_like_hydra_key_by_key():
     assert resolve_config(cfg.workload)["tenants"] == got["tenants"]
 
 
+def test_a_constant_length_outside_inherited_clamps_is_an_error_not_a_silent_clip():
+    # the merge keeps synthetic's uniform low/high: a constant 1000 would be clamped to 512 everywhere
+    with pytest.raises(WorkloadConfigError, match=r"key 'prompt_len': the constant length 1000 lies outside "
+                                                  r"\[low=32, high=512\]"):
+        resolve_config({"name": "synthetic", "prompt_len": {"dist": "constant", "mean": 1000.0}})
+    with pytest.raises(ConfigError, match=r"prompt_len.*lies outside"):
+        validate_config(_compose(["workload=synthetic", "workload.prompt_len.dist=constant",
+                                  "workload.prompt_len.mean=1000"]))
+    got = resolve_config({"name": "synthetic", "prompt_len": {"dist": "constant", "mean": 1000.0, "low": None,
+                                                              "high": None}})
+    reqs = build_workload({**got, "num_requests": 3}, vocab_size=VOCAB)
+    assert [r.prompt_len for r in reqs] == [1000] * 3
+
+
 def test_conf_workload_files_are_rendered_from_the_schemas():
     from kvrl.workloads.conf_yaml import render
     for name in WORKLOADS:

@@ -53,6 +53,10 @@ class LengthDist:
         if d in ("constant", "lognormal"):
             if self.mean is None or not (math.isfinite(self.mean) and self.mean >= 1):
                 raise ValueError(f"{d} lengths need mean >= 1, got {self.mean!r}")
+        if d == "constant" and not (self.low or 1) <= round(self.mean) <= (self.high or math.inf):
+            raise ValueError(f"the constant length {self.mean:g} lies outside [low={self.low}, high={self.high}], "
+                             f"which would clamp every sample (set low/high to null, e.g. when switching from "
+                             f"a uniform default)")
         if d == "lognormal":
             if self.sigma is not None:
                 if not (math.isfinite(self.sigma) and self.sigma >= 0):
