@@ -75,6 +75,37 @@ def binned_ratio(steps, fwd, sel, values, edges, name) -> list[str]:
     return lines
 
 
+def episodes(pairs: dict[str, list[dict]], priced: dict, windows: int = 8) -> list[str]:
+    """Whether the residuals are local in time: each pair's run cut into ``windows`` windows of
+    consecutive steps; per window the median ratio live / model of host gaps, mixed steps and
+    decode steps; per pair their correlation across windows and their range."""
+    lines = ["", f"## Residuals over time (each run in {windows} windows of consecutive steps; median live / model "
+                 "per window)", "",
+             "| workload / policy | windows | corr(host, mixed) | corr(host, decode) | host range | mixed range | "
+             "decode range |", "|---|---:|---:|---:|---|---|---|"]
+    for pair, steps in pairs.items():
+        fwd, host = priced[pair]
+        n = len(steps)
+        width = max(n // windows, 50)
+        rows = []
+        for i in range(0, n - width + 1, width):
+            sl = steps[i:i + width]
+            f, h = fwd[i:i + width], host[i:i + width]
+            busy = [j for j, s in enumerate(sl) if s["n_pre"] or s["n_dec"]]
+            mix = [j for j, s in enumerate(sl) if s["kind"] == "mixed"]
+            dec = [j for j, s in enumerate(sl) if s["kind"] == "decode"]
+            if len(mix) >= 3 and len(dec) >= 10:
+                ratio = lambda js, live, model: float(np.median([live(sl[j]) / model[j] for j in js]))
+                rows.append((ratio(busy, lambda s: max(s["live_s"] - s["live_execute_s"], 0.0), h),
+                             ratio(mix, lambda s: s["live_execute_s"], f), ratio(dec, lambda s: s["live_execute_s"], f)))
+        if len(rows) >= 4:
+            a = np.asarray(rows)
+            c = np.corrcoef(a.T)
+            rng = lambda k: f"{a[:, k].min():.2f}-{a[:, k].max():.2f}"
+            lines.append(f"| {pair} | {len(rows)} | {c[0, 1]:+.2f} | {c[0, 2]:+.2f} | {rng(0)} | {rng(1)} | {rng(2)} |")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, type=Path)
@@ -161,6 +192,7 @@ def main(argv=None) -> int:
         md += binned_ratio(every, fwd, decode & (policy == pol), after_swap.astype(float), [0, 1, 2],
                            f"decode ({pol}): after a swap step")
         md += binned_ratio(every, fwd, mixed & (policy == pol), col("n_dec"), [1, 16, 64, 257], f"mixed ({pol}): decodes")
+    md += episodes(pairs, priced[names[0]])
     text = "\n".join(md) + "\n"
     if args.out:
         out = Path(args.out)

@@ -1,0 +1,94 @@
+"""The sim's metric errors against the live mean, per pair, for several runs of ``kvrl-fidelity``
+over the same live runs (e.g. ``resim=`` with a profile before and after a model change), with
+the pairs whose workload fitted a term marked.
+
+    python scripts/fidelity_compare.py before=<run dir> after=<run dir> [--fit-workloads a,b] [--out <name>]
+
+Each run directory needs ``fidelity.json``. Writes ``<out>.md`` and ``<out>.csv`` (else prints the
+Markdown): per pair and metric (throughput, goodput, TTFT p50 and p99, TPOT p50) the relative error
+of the sim against the mean of the live runs (the live spread in brackets), then per set (fit /
+held out) the mean absolute error and how many pairs meet each target of kvrl-fidelity.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+METRICS = (("throughput_tok_s", "throughput"), ("goodput_tok_s", "goodput"), ("ttft_p50_s", "TTFT p50"),
+           ("ttft_p99_s", "TTFT p99"), ("tpot_p50_s", "TPOT p50"))
+
+
+def load(run: Path) -> dict[str, dict]:
+    path = run / "fidelity.json"
+    if not path.exists():
+        raise SystemExit(f"{run}: no fidelity.json")
+    return {pair: r for pair, r in json.loads(path.read_text()).items() if r.get("live") and r.get("sim")}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="name=<run dir>, in the order of the columns")
+    ap.add_argument("--fit-workloads", default="", help="workloads whose live steps fitted a term (marked 'fit')")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from kvrl.fidelity.compare import rel_err
+    from kvrl.fidelity.report import TARGETS, live_mean_and_spread
+
+    runs = {}
+    for spec in args.runs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise SystemExit(f"run {spec!r}: give name=<run dir>")
+        runs[name] = load(Path(path))
+    names = list(runs)
+    fit_w = {w for w in args.fit_workloads.split(",") if w}
+    pairs = [p for p in runs[names[0]] if all(p in r for r in runs.values())]
+    md = ["| workload / policy | set | metric | live mean [spread] | " + " | ".join(f"sim {n}" for n in names) + " |",
+          "|---|---|---|---:|" + "---:|" * len(names)]
+    rows, errs = [], {}
+    for pair in pairs:
+        group = "fit" if pair.split("/")[0] in fit_w else "held out"
+        for key, label in METRICS:
+            mean, spread = live_mean_and_spread(runs[names[0]][pair], key)
+            es = [rel_err(mean, runs[n][pair]["sim"].get(key, float("nan"))) for n in names]
+            md.append(f"| {pair} | {group} | {label} | {mean:.4g} [{spread:.1%}] | " +
+                      " | ".join(f"{e:+.1%}" for e in es) + " |")
+            rows.append({"pair": pair, "set": group, "metric": key, "live_mean": mean, "live_spread": spread,
+                         **{f"err_{n}": e for n, e in zip(names, es)}})
+            for n, e in zip(names, es):
+                errs.setdefault((group, key, n), []).append(e)
+    md += ["", "| set | metric | pairs | " + " | ".join(f"mean abs error {n}" for n in names) + " | " +
+           " | ".join(f"within target {n}" for n in names) + " |", "|---|---|---:|" + "---:|" * (2 * len(names))]
+    for group in ("fit", "held out"):
+        for key, label in METRICS:
+            if (group, key, names[0]) not in errs:
+                continue
+            v = {n: np.abs(np.asarray(errs[(group, key, n)])) for n in names}
+            bound = TARGETS.get(key)
+            within = [f"{int(np.sum(v[n] < bound))} of {len(v[n])}" if bound else "-" for n in names]
+            md.append(f"| {group} | {label} | {len(v[names[0]])} | " + " | ".join(f"{np.mean(v[n]):.1%}" for n in names)
+                      + " | " + " | ".join(within) + " |")
+    text = "\n".join(md) + "\n"
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".md").write_text(text)
+        buf = io.StringIO()
+        wr = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+        out.with_suffix(".csv").write_text(buf.getvalue())
+        print(f"wrote {out.with_suffix('.md')} and .csv")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
