@@ -56,3 +56,27 @@ def test_collect_and_round_trip(env, tmp_path):
     data.save(str(tmp_path / "d.npz"))
     again = RolloutData.load([str(tmp_path / "d.npz")])
     assert np.array_equal(np.asarray(again.scores), np.asarray(data.scores))
+
+
+def test_victim_deviations_start_from_the_heuristic_they_deviate_from(tmp_path):
+    """scripts/rl_victim_deviation.py: the base episode (slot 0 = slo_slack, swap) is kvrl-eval's
+    slo_slack job, and every valid other action is tried at each drawn decision."""
+    import json
+    import subprocess
+    import sys
+
+    from kvrl.apps.eval import Job, Policy, run_job
+
+    rules = "env.features.slot_rules=[{name: slo_slack, mode: swap},lifo]"
+    small = [rules, "env.features.slo=true", "env.features.top_k=2", "workload.horizon_s=40", "engine.num_blocks=256"]
+    out = tmp_path / "dev.jsonl"
+    proc = subprocess.run([sys.executable, "scripts/rl_victim_deviation.py", "--seeds", "0", "--decisions", "2",
+                           "--out", str(out), "--", *small], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    _, cfg = load_task("classes_preemption", ["seed=0", *small])
+    plugin = {"name": "slo_slack", "mode": "swap"}
+    job = run_job(cfg.run, "eviction", Job(Policy("s", "x", plugin), "val", 0), 0.8)
+    assert len(rows) == 2 and all(r["base_goodput"] == job["goodput_tok_s"] for r in rows)
+    assert all(r["goodput"] and "1" not in r["goodput"] for r in rows)      # the base action is not a deviation
+    assert "best deviation per decision" in proc.stdout

@@ -1,0 +1,143 @@
+"""Is there anything left to learn over a preemption heuristic? One-step clairvoyant deviations.
+
+On a whole kvrl-eval job of a Preemption-v0 task whose ``env.features.slot_rules`` put the
+heuristic in slot 0, the base policy answers every decision with ``--base`` (slot 0 and its mode:
+exactly the heuristic, tests/test_demand.py). At ``--decisions`` decision points drawn uniformly
+from the base episode, every other valid action is tried once, the base policy answering all the
+other decisions, and each such episode is served to the end of the job. The sim is deterministic,
+so the goodput difference to the base episode is the clairvoyant value of that single deviation
+(the action's advantage under the base policy, Q(s, a) - V(s), measured over the whole job).
+
+By the policy improvement theorem, if no deviation at any state gains, the base policy cannot be
+improved by any policy, however much it observes; the size of the best deviations bounds what one
+step of policy iteration from the heuristic can gain, and the mean deviation says how much a
+policy that explores around the heuristic pays. The deviations see the future (the job's arrivals
+and output lengths): they bound, they are not a policy.
+
+    python scripts/rl_victim_deviation.py --task classes_preemption --split val --seeds 0,1,2 \\
+        --decisions 24 --workers 16 --out deviation.jsonl -- \\
+        'env.features.slot_rules=[{name: slo_slack, mode: swap, pace: 0.5},most_blocks,lifo,{name: longest_remaining, key: tenant},fewest_computed]' \\
+        env.features.slo=true
+
+Prints one JSON line per (seed, decision) with every tried action's goodput and a summary per seed
+and over all decisions (kvrl.analysis.stats.mean_ci).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=4)
+def _setup(task: str, seed: int, overrides: tuple, split: str, resample: float):
+    """The task's env config and the job's requests (kvrl-eval's ``job_config``), per process."""
+    from omegaconf import OmegaConf
+
+    from kvrl.apps.eval import Job, Policy, job_config
+    from kvrl.builder import build_executor
+    from kvrl.envs.config import load_task
+    from kvrl.envs.session import cached_workload
+
+    args = [f"seed={seed}", "env.episode.step_time_sigma=0.0", "env.episode.rate_scales=null", *overrides]
+    env_id, cfg = load_task(task, args)
+    job = job_config(copy.deepcopy(dict(cfg.run)), "eviction", Job(Policy("x", "x", {"name": "lifo"}), split, seed), resample)
+    ex = build_executor(OmegaConf.create(job))
+    requests = list(cached_workload(job["workload"], ex.vocab_size, job["engine"].get("max_model_len") or ex.max_model_len))
+    return env_id, cfg, requests
+
+
+def serve(task: str, seed: int, overrides: tuple, split: str, resample: float, base: int,
+          deviation: tuple[int, int] | None = None, record: bool = False) -> dict:
+    """Serve the job with ``base`` at every decision except ``deviation = (decision index, action)``;
+    its goodput tok/s, number of decisions and, with ``record``, each decision's valid actions."""
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401  (registers the ids)
+
+    env_id, cfg, requests = _setup(task, seed, overrides, split, resample)
+    env = gym.make(env_id, config=cfg).unwrapped
+    env.reset(seed=seed, options={"workload": requests})
+    masks, k = [], 0
+    while True:
+        if record:
+            masks.append(np.flatnonzero(env.action_masks()).tolist())
+        action = deviation[1] if deviation is not None and k == deviation[0] else base
+        _, _, terminated, truncated, info = env.step(action)
+        k += 1
+        if terminated or truncated:
+            env.close()
+            return {"goodput": float(info["metrics"]["goodput_tok_s"]), "decisions": k, "masks": masks}
+
+
+def _trial(args: tuple) -> tuple:
+    logging.disable(logging.WARNING)
+    task, seed, overrides, split, resample, base, k, action = args
+    return seed, k, action, serve(task, seed, overrides, split, resample, base, (k, action))["goodput"]
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="classes_preemption")
+    p.add_argument("--split", default="val")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--resample", type=float, default=0.8)
+    p.add_argument("--base", type=int, default=1, help="the base action (default 1: slot 0, swap)")
+    p.add_argument("--decisions", type=int, default=24, help="decision points drawn per seed")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--out", default=None, help="also write the JSON lines here")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the task (put the slot rules here)")
+    a = p.parse_args()
+    logging.disable(logging.WARNING)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    overrides = tuple(a.overrides)
+    t0 = time.time()
+    base = {s: serve(a.task, s, overrides, a.split, a.resample, a.base, record=True) for s in seeds}
+    trials, points = [], {}
+    for s in seeds:
+        rng = np.random.default_rng(s)
+        n = base[s]["decisions"]
+        points[s] = sorted(rng.choice(n, size=min(a.decisions, n), replace=False).tolist())
+        trials += [(a.task, s, overrides, a.split, a.resample, a.base, k, act)
+                   for k in points[s] for act in base[s]["masks"][k] if act != a.base]
+    print(f"# {a.task} {a.split} seeds {seeds}: base goodput {[round(base[s]['goodput'], 1) for s in seeds]}, "
+          f"decisions {[base[s]['decisions'] for s in seeds]}; {len(trials)} deviation episodes", flush=True)
+    scores: dict = {}
+    with ProcessPoolExecutor(max_workers=a.workers) as pool:
+        for seed, k, act, goodput in pool.map(_trial, trials, chunksize=1):
+            scores.setdefault((seed, k), {})[act] = goodput
+    from kvrl.analysis.stats import mean_ci
+
+    best_gain, mean_gain = [], []
+    for s in seeds:
+        for k in points[s]:
+            tried = scores.get((s, k), {})
+            gains = {act: 100.0 * (g - base[s]["goodput"]) / base[s]["goodput"] for act, g in tried.items()}
+            row = {"seed": s, "decision": k, "base_goodput": base[s]["goodput"], "goodput": tried,
+                   "gain_pct": gains}
+            print(json.dumps(row), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if gains:
+                best_gain.append(max(gains.values()))
+                mean_gain.append(float(np.mean(list(gains.values()))))
+    best, mean = np.array(best_gain), np.array(mean_gain)
+    m_best, ci_best = mean_ci(best)
+    m_mean, ci_mean = mean_ci(mean)
+    print(f"\n{len(best)} decision points over seeds {seeds} ({time.time() - t0:.0f} s):")
+    print(f"best deviation per decision: {m_best:+.3f}% ± {ci_best:.3f} (mean ± 95% CI); max {best.max():+.3f}%, "
+          f"share with a gain > 0.1%: {np.mean(best > 0.1):.2f}, > 0.5%: {np.mean(best > 0.5):.2f}")
+    print(f"mean deviation per decision: {m_mean:+.3f}% ± {ci_mean:.3f}")
+
+
+if __name__ == "__main__":
+    main()
