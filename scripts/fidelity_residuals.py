@@ -155,20 +155,23 @@ def main(argv=None) -> int:
                              "live_s": live, **{f"sim_s_{n}": tots[n][k][2] for n in names}})
             for n in names:
                 for key in ((group, "all", k), (group, "pressured" if pressured else "unpressured", k)):
-                    acc = pooled.setdefault(key + (n,), [0.0, 0.0])
+                    acc = pooled.setdefault(key + (n,), [0.0, 0.0, []])
                     acc[0] += live
                     acc[1] += tots[n][k][2]
+                    acc[2].append(abs(tots[n][k][2] - live) / live if live > 0 else 0.0)
 
-    md += ["", "## Pooled (sum over pairs)", "",
-           "| set | pairs | kind | live s | " + " | ".join(f"error {n}" for n in names) + " |",
-           "|---|---|---|---:|" + "---:|" * len(names)]
+    md += ["", "## Pooled (sum over pairs; and the mean over pairs of each pair's absolute error)", "",
+           "| set | pairs | kind | live s | " + " | ".join(f"error {n}" for n in names) + " | " +
+           " | ".join(f"mean abs pair error {n}" for n in names) + " |",
+           "|---|---|---|---:|" + "---:|" * (2 * len(names))]
     for group in ("fit", "held out"):
         for sub in ("pressured", "unpressured", "all"):
             for k in KINDS:
                 if (group, sub, k, names[0]) in pooled:
                     live = pooled[(group, sub, k, names[0])][0]
                     md.append(f"| {group} | {sub} | {k} | {live:.3f} | " +
-                              " | ".join(pct(pooled[(group, sub, k, n)][1], live) for n in names) + " |")
+                              " | ".join(pct(pooled[(group, sub, k, n)][1], live) for n in names) + " | " +
+                              " | ".join(f"{np.mean(pooled[(group, sub, k, n)][2]):.1%}" for n in names) + " |")
 
     # what the residuals follow (baseline profile)
     every = [s for steps in pairs.values() for s in steps]
