@@ -237,3 +237,34 @@ def test_scattered_kv_points_are_measured_beside_their_twins_and_never_fitted():
     assert plain.to_dict() == with_odd.to_dict()
     ref = {**odd, "group": "scatter_ref", "t": odd["t"] / 10}
     assert scatter_ratios([odd, ref]) == {"points": [[8, 512, pytest.approx(10.0)]], "median_ratio": pytest.approx(10.0)}
+
+
+def test_resim_reprices_recorded_steps_as_the_sim_priced_them_swap_stream_included(tmp_path):
+    """kvrl-fidelity resim's replay of a replay.csv equals what the sim's executor returned for the
+    same batches in order: host work of the previous step's prefill, swap waits included (before fit
+    version 9 resim priced every step alone, without the swap stream)."""
+    from kvrl.apps.resim import reprice
+    from kvrl.profiling.batches import BatchFactory
+
+    model = _truth(per_prev_prefill_token=1e-7, per_swap_step=5e-5)
+    model.ops = {"copy": [0.0, 0.0], "swap_out": [1e-5, 1e-7], "swap_in": [1e-5, 1e-7],
+                 "swap_out_xfer": [1e-4, 4e-5], "swap_in_xfer": [1e-4, 1e-4]}
+    model._build()
+    prof = P.StepProfile(P.ProfileKey.of(TINY, CPU), model, {}, [], [], {}, RAW_KEY)
+    factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
+    kws = [{"prefills": [(300, 0)]}, {"decode_lens": [300, 40], "swap_in": 64}, {"decode_lens": [301, 41]},
+           {"decode_lens": [302, 42], "swap_out": 128}, {"decode_lens": [303]}, {"decode_lens": [304]},
+           {"decode_lens": [305], "prefills": [(64, 128)]}, {"decode_lens": [306]}]
+    batches = [factory.batch(**kw) for kw in kws]
+    sim = SimExecutor(TINY, CPU, seed=0, profile=prof)
+    sim.allocate_kv(4096, 256, 16)
+    rows = []
+    for b, work in zip(batches, P.host_work_rows(batches)):
+        rows.append({**P.batch_features(b), **work, "kind": "decode", "live_s": 0.01, "live_execute_s": 0.009,
+                     "graph": 0, "sim": sim.execute(b).elapsed_s})
+    path = tmp_path / "replay.csv"
+    _write_replay(path, rows)
+    got = [r["sim_s"] for r in reprice(path, model, True)]
+    assert got == pytest.approx([r["sim"] for r in rows], rel=1e-12)
+    alone = [model.predict_features(r, True, host=True) for r in rows]
+    assert got[2] > alone[2] + 1e-4      # the step after the swap-in waited for its transfer

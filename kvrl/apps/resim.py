@@ -9,10 +9,10 @@ directory. ``refit=true`` first fits the profile's model again from its samples 
 fitting code. So a cost-model change (a refit, a new feature) is checked against real live runs
 without spending GPU time on the live side again.
 
-Differences from a run on the GPU, stated in the report header: the replay prices each recorded
-step from its features (:func:`kvrl.executors.profile.StepModel.predict_features`, host term
-included), without the sim's swap stream (a step's wait for swap-ins issued before it is not
-replayed); and the sim serves the model shape and device of the profile's key.
+The replay prices each recorded step from its features as the sim does
+(:func:`kvrl.executors.profile.StepModel.predict_features`, host term included, on the sim's swap
+stream), so with the run's own profile it reproduces the run's replay column; the sim serves the
+model shape and device of the profile's key (stated in the report header).
 """
 from __future__ import annotations
 
@@ -63,17 +63,28 @@ def sim_target(profile) -> tuple[Any, Any]:
 
 
 def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
-    """The recorded live steps of ``replay_csv`` priced by ``model`` (compute stream + host term)."""
-    from kvrl.executors.profile import HOST_WORK
+    """The recorded live steps of ``replay_csv`` priced by ``model`` as the sim prices them (compute
+    stream + host term, on the sim's swap stream: a step waits for the swap-ins issued before it and
+    for a pending swap-out, as :class:`~kvrl.executors.sim.SwapStream` models the live executor)."""
+    from kvrl.executors.profile import FORWARD_FEATURES, HOST_WORK
+    from kvrl.executors.sim import SwapStream
     from kvrl.fidelity.replay import read_replay_csv
 
     rows = []
+    stream, now = SwapStream(), 0.0
     for feats in read_replay_csv(replay_csv):
         busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
         host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
                             *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
+        elapsed = model.predict_features(feats, cuda_graphs, host=True)
+        n_out, n_in = feats.get("swap_out", 0), feats.get("swap_in", 0)
+        if n_out or n_in or stream.busy_until > now:
+            forward = model.forward_s(*(feats.get(k, 0) for k in FORWARD_FEATURES), cuda_graphs=cuda_graphs)
+            elapsed = stream.step_s(now, elapsed, forward)
+            stream.issue(now, now + elapsed, model.swap_out_xfer(n_out), model.swap_in_xfer(n_in))
+        now += elapsed
         rows.append({"live_s": feats["live_s"], "live_execute_s": feats["live_execute_s"], "kind": feats["kind"],
-                     "sim_s": model.predict_features(feats, cuda_graphs, host=True), "sim_host_s": host})
+                     "sim_s": elapsed, "sim_host_s": host})
     return rows
 
 
@@ -109,7 +120,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
               f"model {old_cfg['model'].get('name')}; CUDA graphs {graphs}; sim cost model: profile "
               f"{profile.describe()}.",
               "Live metrics as recorded by that run; sim runs and the replay re-done on this machine (replay priced "
-              "from step features, without the swap stream's waits).",
+              "from step features on the sim's swap stream).",
               f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s."]
     for pair, old_res in old.items():
         wname, pname = pair.split("/", 1)
