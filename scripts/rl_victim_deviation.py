@@ -19,8 +19,16 @@ and output lengths): they bound, they are not a policy.
         'env.features.slot_rules=[{name: slo_slack, mode: swap, pace: 0.5},most_blocks,lifo,{name: longest_remaining, key: tenant},fewest_computed]' \\
         env.features.slo=true
 
-Prints one JSON line per (seed, decision) with every tried action's goodput and a summary per seed
-and over all decisions (kvrl.analysis.stats.mean_ci).
+Writes one JSON line per (seed, decision) to ``--out`` (every tried action's goodput and gain in %
+of the base episode's, and the observation the base episode had there) and prints a summary over
+all decisions (kvrl.analysis.stats.mean_ci).
+
+Can an observing policy find the gainful deviations? ``--fit <jsonl> [<jsonl> ...]`` fits, for each
+action, a ridge regression of its gain on the observation, leaving one seed out at a time; on the
+held-out seed's decisions it takes the action of highest predicted gain (the base when none is
+predicted above zero) and reports the gain realised (rollout classification policy iteration,
+Lagoudakis & Parr, ICML 2003, one step from the heuristic), beside the clairvoyant best and the mean
+deviation.
 """
 from __future__ import annotations
 
@@ -57,30 +65,81 @@ def _setup(task: str, seed: int, overrides: tuple, split: str, resample: float):
 def serve(task: str, seed: int, overrides: tuple, split: str, resample: float, base: int,
           deviation: tuple[int, int] | None = None, record: bool = False) -> dict:
     """Serve the job with ``base`` at every decision except ``deviation = (decision index, action)``;
-    its goodput tok/s, number of decisions and, with ``record``, each decision's valid actions."""
+    its goodput tok/s, number of decisions and, with ``record``, each decision's valid actions and
+    observation."""
     import gymnasium as gym
 
     import kvrl.envs  # noqa: F401  (registers the ids)
 
     env_id, cfg, requests = _setup(task, seed, overrides, split, resample)
     env = gym.make(env_id, config=cfg).unwrapped
-    env.reset(seed=seed, options={"workload": requests})
-    masks, k = [], 0
+    obs, _ = env.reset(seed=seed, options={"workload": requests})
+    masks, observations, k = [], [], 0
     while True:
         if record:
             masks.append(np.flatnonzero(env.action_masks()).tolist())
+            observations.append(np.asarray(obs, dtype=np.float64).tolist())
         action = deviation[1] if deviation is not None and k == deviation[0] else base
-        _, _, terminated, truncated, info = env.step(action)
+        obs, _, terminated, truncated, info = env.step(action)
         k += 1
         if terminated or truncated:
             env.close()
-            return {"goodput": float(info["metrics"]["goodput_tok_s"]), "decisions": k, "masks": masks}
+            return {"goodput": float(info["metrics"]["goodput_tok_s"]), "decisions": k, "masks": masks,
+                    "observations": observations}
 
 
 def _trial(args: tuple) -> tuple:
     logging.disable(logging.WARNING)
     task, seed, overrides, split, resample, base, k, action = args
     return seed, k, action, serve(task, seed, overrides, split, resample, base, (k, action))["goodput"]
+
+
+def learnability(rows: list[dict], ridge: float) -> dict:
+    """Leave-one-seed-out: per action a ridge fit (``ridge`` on standardised observations) of its
+    gain (%) on the observation; on each held-out decision the action of highest predicted gain,
+    the base where none is above 0. Returns the realised gains (%) and how often it deviated."""
+    seeds = sorted({r["seed"] for r in rows})
+    realised, deviated = [], 0
+    for held in seeds:
+        train = [r for r in rows if r["seed"] != held]
+        x = np.array([r["observation"] for r in train])
+        mu, sd = x.mean(axis=0), x.std(axis=0) + 1e-9
+        coef = {}
+        for act in {a for r in train for a in r["gain_pct"]}:
+            mine = [r for r in train if act in r["gain_pct"]]
+            xa = np.c_[(np.array([r["observation"] for r in mine]) - mu) / sd, np.ones(len(mine))]
+            y = np.array([r["gain_pct"][act] for r in mine])
+            reg = ridge * np.eye(xa.shape[1])
+            reg[-1, -1] = 0.0                               # the intercept is not shrunk
+            coef[act] = np.linalg.solve(xa.T @ xa + reg, xa.T @ y)
+        for r in (r for r in rows if r["seed"] == held):
+            z = np.r_[(np.asarray(r["observation"]) - mu) / sd, 1.0]
+            pred = {act: float(z @ coef[act]) for act in r["gain_pct"] if act in coef}
+            best = max(pred, key=pred.get) if pred else None
+            if best is not None and pred[best] > 0:
+                realised.append(r["gain_pct"][best])
+                deviated += 1
+            else:
+                realised.append(0.0)
+    return {"realised": realised, "deviated": deviated}
+
+
+def fit_report(paths: list[str]) -> None:
+    """Print the learnability of the deviations in ``paths`` (``--out`` files of earlier runs)."""
+    from kvrl.analysis.stats import mean_ci
+
+    rows = [json.loads(line) for path in paths for line in open(path)]
+    best = [max(r["gain_pct"].values()) for r in rows if r["gain_pct"]]
+    mean = [float(np.mean(list(r["gain_pct"].values()))) for r in rows if r["gain_pct"]]
+    print(f"{len(rows)} decisions, seeds {sorted({r['seed'] for r in rows})}")
+    print("| policy at the drawn decisions | gain over the base, % (mean ± 95% CI) | deviates at |\n|---|---:|---:|")
+    print(f"| clairvoyant best deviation | {mean_ci(best)[0]:+.2f} ± {mean_ci(best)[1]:.2f} | all |")
+    print(f"| a deviation drawn uniformly | {mean_ci(mean)[0]:+.2f} ± {mean_ci(mean)[1]:.2f} | all |")
+    for ridge in (1.0, 10.0, 100.0, 1000.0):
+        out = learnability(rows, ridge)
+        m, ci = mean_ci(out["realised"])
+        print(f"| fitted on the observation (ridge {ridge:g}), held out by seed | {m:+.2f} ± {ci:.2f} | "
+              f"{out['deviated']} of {len(rows)} |")
 
 
 def main() -> None:
@@ -94,8 +153,12 @@ def main() -> None:
     p.add_argument("--decisions", type=int, default=24, help="decision points drawn per seed")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
+    p.add_argument("--fit", nargs="+", default=None, help="only report the learnability of these --out files")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the task (put the slot rules here)")
     a = p.parse_args()
+    if a.fit:
+        fit_report(a.fit)
+        return
     logging.disable(logging.WARNING)
     seeds = [int(s) for s in a.seeds.split(",")]
     overrides = tuple(a.overrides)
@@ -122,8 +185,7 @@ def main() -> None:
             tried = scores.get((s, k), {})
             gains = {act: 100.0 * (g - base[s]["goodput"]) / base[s]["goodput"] for act, g in tried.items()}
             row = {"seed": s, "decision": k, "base_goodput": base[s]["goodput"], "goodput": tried,
-                   "gain_pct": gains}
-            print(json.dumps(row), flush=True)
+                   "gain_pct": gains, "observation": base[s]["observations"][k]}
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
