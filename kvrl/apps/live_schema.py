@@ -13,7 +13,7 @@ first thing in its job, before any model is built, raising
   that ``+workloads.NAME={...}`` keeps working (OmegaConf cannot assign a dict to an element of a
   typed ``Dict[str, Dataclass]``): each entry is checked against :class:`FidelityWorkload` or
   :class:`PolicyConfig`, its engine overrides against :class:`~kvrl.engine.config.EngineConfig`,
-  its workload by the workload schema, its plugins by their ``Params``;
+  its workload by its builder's ``Params`` (:mod:`kvrl.workloads.registry`), its plugins by theirs;
 * ranges and choices (``live_repeats >= 1``, ``min_len <= max_len``, a known model family, ...).
 
 The YAML files (``conf/fidelity.yaml``, ``profile.yaml``, ``bench.yaml``) keep the values and

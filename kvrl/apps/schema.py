@@ -2,7 +2,7 @@
 
 Typed nodes make a typo fail before any work starts: an unknown key or a wrong type fails when
 Hydra composes the config, naming the key. What types cannot say (ranges, choices, plugin
-parameters, the workload schema) :func:`validate_config` checks: each app calls it first thing
+parameters, the workload builders' ``Params``) :func:`validate_config` checks: each app calls it first thing
 in its job, and the :class:`ValidateConfig` callback (``override hydra/callbacks: kvrl`` in an
 app's defaults) runs it over every job of a basic-sweeper multirun before the first is launched.
 """
