@@ -81,8 +81,11 @@ def episodes(pairs: dict[str, list[dict]], priced: dict, windows: int = 8) -> li
     decode steps; per pair their correlation across windows and their range."""
     lines = ["", f"## Residuals over time (each run in {windows} windows of consecutive steps; median live / model "
                  "per window)", "",
+             "CPU columns (runs recorded with kvrl.fidelity.cpu): correlation of the host ratio with the engine "
+             "thread's run-queue wait share, and the ranges of that share and of the stolen CPU share.", "",
              "| workload / policy | windows | corr(host, mixed) | corr(host, decode) | host range | mixed range | "
-             "decode range |", "|---|---:|---:|---:|---|---|---|"]
+             "decode range | corr(host, cpu wait) | cpu wait range | cpu steal range |",
+             "|---|---:|---:|---:|---|---|---|---:|---|---|"]
     for pair, steps in pairs.items():
         fwd, host = priced[pair]
         n = len(steps)
@@ -96,13 +99,19 @@ def episodes(pairs: dict[str, list[dict]], priced: dict, windows: int = 8) -> li
             dec = [j for j, s in enumerate(sl) if s["kind"] == "decode"]
             if len(mix) >= 3 and len(dec) >= 10:
                 ratio = lambda js, live, model: float(np.median([live(sl[j]) / model[j] for j in js]))
+                cpu = lambda k: float(np.nanmean([s.get(k, np.nan) for s in sl])) if any(
+                    np.isfinite(s.get(k, np.nan)) for s in sl) else np.nan
                 rows.append((ratio(busy, lambda s: max(s["live_s"] - s["live_execute_s"], 0.0), h),
-                             ratio(mix, lambda s: s["live_execute_s"], f), ratio(dec, lambda s: s["live_execute_s"], f)))
+                             ratio(mix, lambda s: s["live_execute_s"], f), ratio(dec, lambda s: s["live_execute_s"], f),
+                             cpu("cpu_wait"), cpu("cpu_steal")))
         if len(rows) >= 4:
             a = np.asarray(rows)
-            c = np.corrcoef(a.T)
-            rng = lambda k: f"{a[:, k].min():.2f}-{a[:, k].max():.2f}"
-            lines.append(f"| {pair} | {len(rows)} | {c[0, 1]:+.2f} | {c[0, 2]:+.2f} | {rng(0)} | {rng(1)} | {rng(2)} |")
+            c = np.corrcoef(a[:, :3].T)
+            rng = lambda k: f"{np.nanmin(a[:, k]):.2f}-{np.nanmax(a[:, k]):.2f}" if np.isfinite(a[:, k]).any() else "-"
+            ok = np.isfinite(a[:, 3])
+            cw = f"{np.corrcoef(a[ok, 0], a[ok, 3])[0, 1]:+.2f}" if ok.sum() >= 4 and np.std(a[ok, 3]) > 0 else "-"
+            lines.append(f"| {pair} | {len(rows)} | {c[0, 1]:+.2f} | {c[0, 2]:+.2f} | {rng(0)} | {rng(1)} | {rng(2)} | "
+                         f"{cw} | {rng(3)} | {rng(4)} |")
     return lines
 
 

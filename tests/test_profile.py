@@ -470,6 +470,8 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
             m = json.loads((out / "runs" / "tiny" / pol / side / "metrics.json").read_text())
             assert m["finished"] == 8
             assert (out / "runs" / "tiny" / pol / side / "steps.csv").stat().st_size > 0
+        header = (out / "runs" / "tiny" / pol / "replay.csv").read_text().splitlines()[0].split(",")
+        assert {"pre_tok_prev", "swap_blocks", "swap_step", "cpu_wait", "cpu_steal", "cpu_busy"} <= set(header)
         assert (out / f"steps_tiny_{pol}.png").stat().st_size > 0
     assert "Per-metric error" in proc.stdout
 

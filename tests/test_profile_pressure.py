@@ -268,3 +268,35 @@ def test_resim_reprices_recorded_steps_as_the_sim_priced_them_swap_stream_includ
     assert got == pytest.approx([r["sim"] for r in rows], rel=1e-12)
     alone = [model.predict_features(r, True, host=True) for r in rows]
     assert got[2] > alone[2] + 1e-4      # the step after the swap-in waited for its transfer
+
+
+def test_cpu_sampler_turns_counters_into_per_step_window_shares(monkeypatch):
+    """Samples every 2 steps (after steps 0, 2, 4); the steps of each window get its shares of
+    run-queue wait (of wall time) and of stolen / busy CPU time (of all CPU time); steps outside
+    any window are NaN; without /proc nothing is sampled."""
+    import kvrl.fidelity.cpu as C
+
+    seq = iter([(0.0, 0.0, 0.0, 0.0, 10.0), (0.5, 1.0, 2.0, 4.0, 11.0), (0.6, 1.0, 3.0, 8.0, 13.0)])
+    cur = {}
+
+    def counters():
+        wait, steal, busy, total, wall = next(seq)
+        cur["wall"] = wall
+        return wait, steal, busy, total
+
+    monkeypatch.setattr(C, "cpu_counters", counters)
+    monkeypatch.setattr(C.time, "perf_counter", lambda: cur["wall"])
+    s = C.CpuSampler(every=2)
+    for i in range(6):
+        s.on_step(i)
+    cols = s.columns(6)
+    assert all(np.isnan(cols[i]["cpu_wait"]) for i in (0, 5))
+    assert cols[1] == cols[2] == {"cpu_wait": 0.5, "cpu_steal": 0.25, "cpu_busy": 0.5}
+    assert cols[3] == cols[4] == {"cpu_wait": pytest.approx(0.05), "cpu_steal": 0.0, "cpu_busy": 0.25}
+    monkeypatch.setattr(C, "cpu_counters", lambda: None)
+    none = C.CpuSampler(every=1)
+    for i in range(3):
+        none.on_step(i)
+    assert not none.samples and all(np.isnan(r["cpu_busy"]) for r in none.columns(3))
+    with pytest.raises(ValueError, match="every=0"):
+        C.CpuSampler(every=0)

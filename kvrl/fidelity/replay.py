@@ -1,6 +1,6 @@
 """The live run, step by step: an engine callback keeps every executed batch and its live times
-(:class:`StepRecorder`), the sim's cost model
-prices the same batches afterwards (the replay), and GC pauses are counted.
+(:class:`StepRecorder`, with CPU contention counters every few steps: :mod:`kvrl.fidelity.cpu`),
+the sim's cost model prices the same batches afterwards (the replay), and GC pauses are counted.
 """
 from __future__ import annotations
 
@@ -20,12 +20,17 @@ class StepRecorder(EngineCallback):
     three list appends happens between live steps). The run's wall-time limit is the serving
     loop's (:func:`kvrl.fidelity.pairs.serve_live`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_every: int = 64) -> None:
+        from kvrl.fidelity.cpu import CpuSampler
+
         self.batches: list = []
         self.elapsed: list[float] = []
         self.inside: list[float] = []     # wall seconds inside execute (elapsed_s adds the engine's gap)
+        #: CPU contention counters every ``cpu_every`` steps (kvrl.fidelity.cpu)
+        self.cpu = CpuSampler(cpu_every)
 
     def on_step(self, event) -> bool:
+        self.cpu.on_step(len(self.inside))
         self.inside.append(event.execute_wall_s)
         self.batches.append(event.batch)
         self.elapsed.append(event.output.elapsed_s)
@@ -40,14 +45,16 @@ class StepRecorder(EngineCallback):
 
         model = pricer.profile.model if pricer.profile is not None else None
         rows = []
-        for batch, work, live_s, inside_s in zip(self.batches, host_work_rows(self.batches), self.elapsed, self.inside):
+        cpu = self.cpu.columns(len(self.batches))
+        for batch, work, live_s, inside_s, cpu_row in zip(self.batches, host_work_rows(self.batches), self.elapsed,
+                                                          self.inside, cpu):
             f = {**batch_features(batch), **work}
             n_dec, n_pre = f["n_dec"], f["n_pre"]
             host_s = model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
                 if model is not None and batch.seqs else 0.0
             rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
-                         "graph": int(live.uses_graph(n_pre, n_dec))})
+                         "graph": int(live.uses_graph(n_pre, n_dec)), **cpu_row})
         return rows
 
 
@@ -119,10 +126,12 @@ def read_replay_csv(path: Path) -> list[dict]:
     """The rows of a run's ``replay.csv`` (one per executed live step, in order) as dicts: the
     cost-model features and host-work counters as ints (:data:`~kvrl.executors.profile.FEATURES`,
     :data:`~kvrl.executors.profile.HOST_WORK`), ``kind``, ``live_s``, ``live_execute_s`` and
-    ``graph``. Counters that files written before fit version 9 lack (``pre_tok_prev``,
+    ``graph``, and the CPU contention columns where recorded (:data:`~kvrl.fidelity.cpu.CPU_COLUMNS`).
+    Counters that files written before fit version 9 lack (``pre_tok_prev``,
     ``swap_blocks``, ``swap_step``) follow from the rows in order, as
     :func:`~kvrl.executors.profile.host_work_rows` computes them live."""
     from kvrl.executors.profile import FEATURES, HOST_WORK
+    from kvrl.fidelity.cpu import CPU_COLUMNS
 
     rows, prev_pre_tok = [], 0
     with open(path) as f:
@@ -135,5 +144,6 @@ def read_replay_csv(path: Path) -> list[dict]:
             prev_pre_tok = feats.get("pre_tok", 0)
             feats.update(kind=r["kind"], live_s=float(r["live_s"]), live_execute_s=float(r["live_execute_s"]),
                          graph=int(float(r.get("graph", 0) or 0)))
+            feats.update({k: float(r[k]) for k in CPU_COLUMNS if r.get(k) not in (None, "")})
             rows.append(feats)
     return rows
