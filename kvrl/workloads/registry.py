@@ -29,6 +29,7 @@ name, Hydra would apply it through its deprecated automatic schema matching.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass
@@ -149,10 +150,15 @@ def _scalar_ok(t: Any, v: Any) -> bool:
     return isinstance(v, t)
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def check_types(where: str, cls: type, cfg: Mapping[str, Any], prefix: str = "") -> None:
     """Pass 1 over mapping ``cfg`` against dataclass ``cls`` (module docs)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for k, v in cfg.items():
         if k not in fields:
             known = ", ".join(prefix + n for n in fields)
@@ -182,12 +188,19 @@ def check_types(where: str, cls: type, cfg: Mapping[str, Any], prefix: str = "")
 
 
 # ------------------------------------------------------------------------------ pass 2: merge
+@functools.lru_cache(maxsize=None)
+def _defaults_node(cls: type) -> Any:
+    """``OmegaConf.structured(cls)``, built once per class (the costly part; merging copies it)."""
+    from omegaconf import OmegaConf
+    return OmegaConf.structured(cls)
+
+
 def merge(where: str, cls: type, cfg: Mapping[str, Any]) -> Any:
     """Pass 2: ``cfg`` merged onto ``cls``'s defaults by OmegaConf, as an instance of ``cls``."""
     from omegaconf import OmegaConf, errors
 
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), dict(cfg)))
+        return OmegaConf.to_object(OmegaConf.merge(_defaults_node(cls), dict(cfg)))
     except errors.OmegaConfBaseException as exc:       # pass 1 lets none through; kept for safety
         raise WorkloadConfigError(f"{where}: key {exc.full_key!r}: {str(exc.msg).splitlines()[0]}") from None
 
@@ -200,7 +213,7 @@ def _number_ok(m: Mapping[str, Any], x: float) -> bool:
 
 def check_values(where: str, obj: Any, prefix: str = "") -> None:
     """Pass 3 over a Params instance (module docs), nested specs included."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
         v, key, m = getattr(obj, f.name), prefix + f.name, f.metadata
         if v is None:
