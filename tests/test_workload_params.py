@@ -143,6 +143,8 @@ def test_a_third_party_builder_registers_like_a_plugin():
         assert [(r.request_id, r.arrival_s, r.prompt_len) for r in reqs] == [("e0", 0.0, 4), ("e1", 0.5, 4)]
         with pytest.raises(WorkloadConfigError, match=r"key 'count' expects an integer >= 1, got 0"):
             build_workload({"name": "test_echo", "count": 0}, vocab_size=VOCAB)
+        with pytest.raises(ValueError, match=r"'synthetic' is already registered by kvrl\.workloads\.builders\.synthetic"):
+            register_workload("synthetic", EchoParams, "another")(echo)
         with pytest.raises(TypeError, match=r"may not declare \['seed'\]"):
             register_workload("test_bad", dataclasses.make_dataclass("Bad", [("seed", int, 0)]), "bad")
     finally:

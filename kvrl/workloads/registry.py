@@ -68,7 +68,9 @@ BUILDERS: dict[str, WorkloadSpec] = {}
 
 def register_workload(name: str, params_cls: type, doc: str, sized: bool = True) -> Callable:
     """Decorator registering ``build(params, ctx) -> list[Request]`` as workload ``name``, whose
-    config keys are the fields of ``params_cls`` (a dataclass) plus the common keys."""
+    config keys are the fields of ``params_cls`` (a dataclass) plus the common keys. Registering the
+    same function again is a no-op (a module imported twice); another one under a taken name raises
+    ``ValueError``."""
     if not dataclasses.is_dataclass(params_cls):
         raise TypeError(f"workload {name!r}: Params must be a dataclass")
     clash = {f.name for f in dataclasses.fields(params_cls)} & ({"name"} | _names(CommonParams))
@@ -76,6 +78,10 @@ def register_workload(name: str, params_cls: type, doc: str, sized: bool = True)
         raise TypeError(f"workload {name!r}: Params may not declare {sorted(clash)} (the common keys)")
 
     def decorate(build: Callable) -> Callable:
+        old = BUILDERS.get(name)
+        if old is not None and old.build.__qualname__ != build.__qualname__:
+            raise ValueError(f"workload {name!r} is already registered by {old.build.__module__}."
+                             f"{old.build.__qualname__}")
         BUILDERS[name] = WorkloadSpec(name, doc, params_cls, build, sized)
         _store_in_hydra(name, params_cls)
         return build
