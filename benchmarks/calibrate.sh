@@ -19,6 +19,8 @@
 # call's fresh profile (none of them is in the profile's fitting data: its grid and short engine runs);
 # residuals: the live steps of that run priced by the shipped profile (before) and the fresh one (after),
 # per step kind and pair (scripts/fidelity_residuals.py; CPU, seconds) -> $OUT/residuals_$QWEN.{md,csv}.
+# Split over two calls: carry the first call's $OUT/profile_$QWEN/profile.json into the tree (e.g. runs/fresh.json)
+# and run QWEN_PROFILE=runs/fresh.json bash benchmarks/calibrate.sh fidelity_pressure residuals.
 # Needs hydra-core/omegaconf/antlr4 (+ xxhash) as wheels in .whl/ when the image lacks them, like
 # benchmarks/gpu_session.sh; matplotlib is optional (without it the PNGs are skipped; re-draw them
 # anywhere with: python -c "from kvrl.fidelity.report import replot; replot('$OUT/fidelity_qwen3-0.6b')").
@@ -33,7 +35,7 @@ run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T), limit ${l
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   tail -n 30 "$OUT/$name.log"; echo "=== $name rc=$rc in $((SECONDS - t0)) s"; return 0; }
 QWEN=${QWEN:-qwen3-0.6b}; LLAMA=${LLAMA:-llama-3-8b}; DTYPE=${DTYPE:-bfloat16}; DEV=${DEV:-auto}
-QWEN_PROFILE="$OUT/profile_$QWEN/profile.json"; LLAMA_PROFILE="$OUT/profile_$LLAMA/profile.json"
+QWEN_PROFILE=${QWEN_PROFILE:-"$OUT/profile_$QWEN/profile.json"}; LLAMA_PROFILE="$OUT/profile_$LLAMA/profile.json"
 PRESSURE_WORKLOADS=${PRESSURE_WORKLOADS:-"[poisson,preempt_heavy,code_trace_tight,code_trace_offline,long_outputs_swap,prefix_evict,tenants_pressure,bursty_tight]"}
 STAGES=("$@"); [ ${#STAGES[@]} -eq 0 ] && STAGES=(env profile_qwen fidelity_qwen profile_llama summary)
 for stage in "${STAGES[@]}"; do
@@ -54,6 +56,7 @@ for stage in "${STAGES[@]}"; do
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_$LLAMA" max_requests=200 ${FID_ARGS:-} ;;
     fidelity_pressure)
       prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
+      echo "=== fidelity_pressure: sim profile $prof"   # auto = the shipped one (no fresh profile in this call)
       run fidelity_pressure 420 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_pressure_$QWEN" "only_workloads=$PRESSURE_WORKLOADS" \
         warmup_requests=64 max_live_wall_s=40 live_repeats=3 plots=false ${FID_ARGS:-} ;;
