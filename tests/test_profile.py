@@ -93,6 +93,11 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert all(s.get("diagnostic") for s in data["samples"] if s["group"].startswith("scatter"))
     assert data["fit"]["scatter"]["points"] and data["fit"]["scatter"]["median_ratio"] > 0
     assert "scattered over the pool" in (cpu_profile.parent / "profile.md").read_text()
+    # the host model against each engine run, one per policy kind (fcfs, pressured recompute / swap, oracle SJF)
+    assert list(data["fit"]["host_by_run"]) == ["fcfs/lifo", "pressure fcfs/lifo recompute",
+                                                "pressure fcfs/most_blocks swap", "pressure oracle sjf/most_blocks swap"]
+    assert all(st["n"] > 0 for st in data["fit"]["host_by_run"].values())
+    assert "model vs each engine run" in (cpu_profile.parent / "profile.md").read_text()
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0

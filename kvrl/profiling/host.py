@@ -24,11 +24,11 @@ class StepTimer(EngineCallback):
 
 
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
-             eviction: Optional[dict] = None) -> list[tuple[dict, float, float]]:
+             eviction: Optional[dict] = None, scheduler: Optional[dict] = None) -> list[tuple[dict, float, float]]:
     """Serve a small workload through a real engine on ``ex`` (uniform lengths, every other
     request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
-    config; default lifo); returns per step (features incl. :data:`HOST_WORK`, seconds inside
-    execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
+    config; default lifo) and ``scheduler`` (default fcfs); returns per step (features incl.
+    :data:`HOST_WORK`, seconds inside execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
     the host model sees preemptions, swaps and re-admissions."""
     from kvrl.builder import build_engine
     from kvrl.engine.request import Request
@@ -56,7 +56,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     engine = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                   max_num_seqs=max(g["decode_batch"]), max_num_batched_tokens=max(g["prefill_tokens"]),
                   max_model_len=max_len)
-    eng = build_engine({"engine": engine, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed"},
+    eng = build_engine({"engine": engine, "scheduler": dict(scheduler or {"name": "fcfs"}), "watermark": {"name": "fixed"},
                         "eviction": dict(eviction or {"name": "lifo"}), "prefix_cache": {"name": "hash_lru"}},
                        executor=ex, record_steps=True)
     eng.run(reqs, callbacks=[timed])

@@ -53,14 +53,16 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     t_grid = time.perf_counter() - t_start
     # the engine run: its steps are fitted with the grid (in-engine step times, prefix hits,
     # chunked prefills as an engine schedules them) and its gaps give the host model
-    steps = host_run(ex, grid, nb, n_cpu, block_size, seed)
+    runs = {"fcfs/lifo": host_run(ex, grid, nb, n_cpu, block_size, seed)}
     # and under memory pressure (a pool of a quarter of the run's demand; recompute, then swap
-    # victims): mixed steps of re-prefills beside decodes, preemptions, swaps and re-admissions
+    # victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of policy): mixed steps of
+    # re-prefills beside decodes, preemptions, swaps and re-admissions, and each policy kind's host time
     demand = grid["host_requests"] * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size
     tight = max(demand // 4, 4 * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size)
     if tight < nb:
-        for i, evict in enumerate(({"name": "lifo", "mode": "recompute"}, {"name": "most_blocks", "mode": "swap"})):
-            steps += host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict)
+        for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
+            runs[label] = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched)
+    steps = [row for rows in runs.values() for row in rows]
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
@@ -83,6 +85,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                     [model.predict_features(s, s["graph"], host=True) for s in engine], [el for _, _, el in steps]),
                 "host": {"steps": len(host_rows),
                          "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
+                "host_by_run": {label: host_error(model, rows) for label, rows in runs.items()},
                 "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
     scatter = scatter_ratios(samples)
     if scatter:
@@ -106,6 +109,24 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     key = profile_key_dict(ex)
     return StepProfile(ProfileKey.from_dict(key), model, meta, samples + held,
                        [list(r) for r in thin(host_rows, 400)], fit, key, engine_samples=thin(engine, 600))
+
+
+#: the profile's engine runs under memory pressure: (label, scheduler, eviction) plugin configs
+PRESSURE_RUNS = (("pressure fcfs/lifo recompute", None, {"name": "lifo", "mode": "recompute"}),
+                 ("pressure fcfs/most_blocks swap", None, {"name": "most_blocks", "mode": "swap"}),
+                 ("pressure oracle sjf/most_blocks swap", {"name": "sjf", "oracle": True},
+                  {"name": "most_blocks", "mode": "swap"}))
+
+
+def host_error(model, steps) -> dict:
+    """The host model against one engine run's gaps between steps (``steps`` as
+    :func:`~kvrl.profiling.host.host_run` returns them): relative error statistics per step and
+    of the run's total."""
+    from kvrl.executors.profile import HOST_WORK, error_stats
+
+    busy = [(f, el - inner) for f, inner, el in steps if f["n_pre"] or f["n_dec"]]
+    pred = [model.host_s(f["n_pre"] + f["n_dec"], f["n_pre"], *(f[k] for k in HOST_WORK)) for f, _ in busy]
+    return error_stats(pred, [max(g, 1e-9) for _, g in busy])
 
 
 def scatter_ratios(samples: list[dict]) -> dict:
@@ -149,6 +170,10 @@ def render_report(prof) -> str:
         if st.get("n"):
             lines.append(f"| {name} | {st['n']} | {st['median_abs_rel_err']:.1%} | {st['p90_abs_rel_err']:.1%} | "
                          f"{st['max_abs_rel_err']:.1%} | {st['total_rel_err']:+.1%} |")
+    if f.get("host_by_run"):
+        lines += ["", "engine time between steps, model vs each engine run (total over the run; median per step): " +
+                  "; ".join(f"{label} {st['total_rel_err']:+.1%} ({st['median_abs_rel_err']:.0%})"
+                            for label, st in f["host_by_run"].items() if st.get("n"))]
     if f.get("scatter"):
         sc = f["scatter"]
         lines += ["", f"diagnostic (not fitted): decode batches on KV blocks scattered over the pool take "
