@@ -23,10 +23,16 @@
 #   scripts/regen_docs.sh                 # everything
 #   SKIP_SWEEPS=1 scripts/regen_docs.sh   # without step 1 (the sweeps' summaries as committed)
 #   SKIP_RESULTS=1 scripts/regen_docs.sh  # without step 2 (the result files as committed)
+#   PARALLEL=1 JOBS=8 scripts/regen_docs.sh   # on a many-core host: steps 1 and 2's independent runs at once
+#                                            # (each writes its own files; step 3 runs after all succeed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+pids=()
+step() {   # step <command...>: run now, or in the background with PARALLEL=1 (waited for before step 3)
+  if [ -n "${PARALLEL:-}" ]; then "$@" & pids+=($!); else "$@"; fi
+}
 if [ -z "${SKIP_SWEEPS:-}" ]; then
-  scripts/sweeps_docs.sh
+  step scripts/sweeps_docs.sh
 fi
 
 rerun() {   # rerun <output file> <command...>: the command's stdout replaces the file only if it succeeds
@@ -39,18 +45,21 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   scenario=docs/results/rl_scenario
   archived=backend.profile=archive/h200_qwen3-0.6b_bfloat16_d5ff5ad.json
   suite=backend.profile=archive/h200_qwen3-0.6b_bfloat16_0ffecd4.json
-  rerun $scenario/d5ff5ad/watermark.txt python scripts/rl_scenario_table.py "$archived"
-  rerun $scenario/d5ff5ad/preemption.txt python scripts/rl_scenario_table.py --task preemption "$archived"
-  rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
-  rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
-  rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test
-  rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test
-  live_sim=$(mktemp -d)   # the sim beside docs/results.md's live H200 watermark run
-  python -m kvrl.apps.eval env=watermark "$archived" 'agents=[docs/results/agents/watermark-dqn]' 'seeds=[0,1]' \
-    'baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio}]' fixed_best=0.01 tune=null \
-    oracle=false workers=1 plots=false hydra.run.dir="$live_sim" > /dev/null
-  cp "$live_sim/results.csv" docs/results/rl_live_h200_sim_results.csv
-  rm -rf "$live_sim"
+  step rerun $scenario/d5ff5ad/watermark.txt python scripts/rl_scenario_table.py "$archived"
+  step rerun $scenario/d5ff5ad/preemption.txt python scripts/rl_scenario_table.py --task preemption "$archived"
+  step rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
+  step rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
+  step rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test
+  step rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test
+  live_sim() {   # the sim beside docs/results.md's live H200 watermark run
+    local dir; dir=$(mktemp -d)
+    python -m kvrl.apps.eval env=watermark "$archived" 'agents=[docs/results/agents/watermark-dqn]' 'seeds=[0,1]' \
+      'baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio}]' fixed_best=0.01 tune=null \
+      oracle=false workers=1 plots=false hydra.run.dir="$dir" > /dev/null
+    cp "$dir/results.csv" docs/results/rl_live_h200_sim_results.csv
+    rm -rf "$dir"
+  }
+  step live_sim
   session4() {   # session4 <name> <kvrl-eval overrides...>: docs/results.md's session-4 leaderboards (~8 min in all)
     local name=$1 dir=runs/regen/session4/$1; shift   # a fixed (ignored) run dir: leaderboard.md quotes the command
     rm -rf "$dir"
@@ -58,48 +67,55 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
     for f in leaderboard.csv leaderboard.md results.csv; do cp "$dir/$f" "docs/results/rl_session4/${name}_$f"; done
   }
   seeds20='seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]'
-  session4 watermark env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
+  step session4 watermark env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
     'baselines.watermark=[{name: fixed, fraction: 0.01},{name: opt_factor},{name: avg_block_len},{name: token_ratio},{name: past_future}]'
-  session4 watermark_hindsight env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
+  step session4 watermark_hindsight env=watermark 'agents=[docs/results/agents/watermark-dqn]' "$seeds20" \
     'baselines.watermark=[{name: fixed, fraction: 0.01}]' fixed_best=0.3
-  session4 preemption env=preemption 'agents=[docs/results/agents/preemption-maskable_ppo]' 'seeds=[0,1,2,3,4,5,6,7,8,9]' \
+  step session4 preemption env=preemption 'agents=[docs/results/agents/preemption-maskable_ppo]' 'seeds=[0,1,2,3,4,5,6,7,8,9]' \
     'baselines.eviction=[{name: lifo},{name: lifo, mode: swap},{name: fewest_computed},{name: cost_aware}]'
   turns=(workload=multi_turn workload.system_prompt_len=1024 workload.first_prompt_len.mean=512
          workload.user_turn_len.mean=128 workload.max_turns=8)
-  python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \
+  step python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b --seeds 0 1 2 --tier-blocks 8192 -- \
     model=qwen3-0.6b "${turns[@]}" workload.num_conversations=200 workload.arrival.rate=4.0 \
     workload.mean_turn_gap_s=5.0 engine.num_blocks=512
-  python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
+  step python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b --seeds 0 1 2 --tier-blocks 8192 -- \
     model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
     workload.mean_turn_gap_s=10.0 engine.num_blocks=448
-  python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b_disk --seeds 0 1 2 \
+  step python scripts/tiers_study.py --out docs/results/tiers/llama-3-8b_disk --seeds 0 1 2 \
     --variants gpu cpu disk prefetch disk_cost --tier-blocks 1024 --disk-blocks 8192 -- \
     model=llama-3-8b "${turns[@]}" workload.num_conversations=150 workload.arrival.rate=1.0 \
     workload.mean_turn_gap_s=10.0 engine.num_blocks=448
-  python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b_disk --seeds 0 1 2 \
+  step python scripts/tiers_study.py --out docs/results/tiers/qwen3-0.6b_disk --seeds 0 1 2 \
     --variants gpu cpu disk disk_cost --tier-blocks 1024 --disk-blocks 8192 -- \
     model=qwen3-0.6b "${turns[@]}" workload.num_conversations=200 workload.arrival.rate=4.0 \
     workload.mean_turn_gap_s=5.0 engine.num_blocks=512
-  swap=$(mktemp -d)   # docs/tiers.md's swap-in prefetching study (~2 min)
-  python scripts/swap_prefetch_study.py --out "$swap" --seeds 0 1 2 3 4 > /dev/null
-  cp "$swap"/{predictors.md,predictors.json,plugin.md,plugin.json,traces.json} docs/results/swap_prefetch/
-  rm -rf "$swap"
+  swap_prefetch() {   # docs/tiers.md's swap-in prefetching study (~2 min)
+    local dir; dir=$(mktemp -d)
+    python scripts/swap_prefetch_study.py --out "$dir" --seeds 0 1 2 3 4 > /dev/null
+    cp "$dir"/{predictors.md,predictors.json,plugin.md,plugin.json,traces.json} docs/results/swap_prefetch/
+    rm -rf "$dir"
+  }
+  step swap_prefetch
   attack=$(mktemp -d)
-  python -m kvrl.apps.attack fill-squeeze hydra.run.dir="$attack" > /dev/null
-  cp "$attack"/fill_squeeze.json "$attack"/fill_squeeze.md docs/results/security/
-  cp "$attack"/fill_squeeze.png docs/figures/fill_squeeze.png
+  fill_squeeze() {
+    python -m kvrl.apps.attack fill-squeeze hydra.run.dir="$attack/fill" > /dev/null
+    cp "$attack"/fill/fill_squeeze.json "$attack"/fill/fill_squeeze.md docs/results/security/
+    cp "$attack"/fill/fill_squeeze.png docs/figures/fill_squeeze.png
+  }
+  step fill_squeeze
   benign() {   # benign <name> <overrides...>: kvrl-attack benign-cost's JSON and table as docs/results/security/<name>.*
     local name=$1; shift
     python -m kvrl.apps.attack benign-cost hydra.run.dir="$attack/$name" "$@" > /dev/null
     cp "$attack/$name/benign_cost.json" "docs/results/security/$name.json"
     cp "$attack/$name/benign_cost.md" "docs/results/security/$name.md"
   }
-  benign benign_cost_multi_tenant workload.rate_scale=3 engine.num_blocks=1024 engine.max_model_len=8192
+  step benign benign_cost_multi_tenant workload.rate_scale=3 engine.num_blocks=1024 engine.max_model_len=8192
   for rate in 6 12; do
-    benign "benign_cost_synthetic_rate$rate" workload=synthetic workload.num_requests=400 \
+    step benign "benign_cost_synthetic_rate$rate" workload=synthetic workload.num_requests=400 \
       workload.arrival.rate=$rate workload.output_len.mean=512 engine.num_blocks=512
   done
-  rm -rf "$attack"
 fi
+for pid in "${pids[@]}"; do wait "$pid"; done   # PARALLEL=1: set -e stops here if any step failed
+[ -z "${attack:-}" ] || rm -rf "$attack"
 python scripts/docs_tables.py update
 python scripts/docs_tables.py check
