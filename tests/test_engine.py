@@ -489,23 +489,26 @@ def test_token_bytes_are_the_hashed_ids_across_the_prompt_and_the_outputs():
     """Block identities are hashed from Sequence.token_bytes (no array per block); they must be the
     bytes block_bytes gives for the same ids, in the prompt, the outputs and across the boundary,
     and BlockHasher.extend must give one chain whether it gets ids or their bytes (and
-    BlockHasher.chain, block by block, the same chain)."""
+    BlockHasher.chain, block by block, the same chain), at each hash's token width."""
     from kvrl.engine.hashing import BlockHasher, block_bytes
     from kvrl.engine.request import Sequence
     seq = Sequence(0, make_request("b", 20, 1))
-    seq.output_token_ids.extend([7, 2**40, 0, 151_935])
-    for start, end in ((0, 20), (3, 17), (20, 24), (21, 23), (16, 24), (0, 24)):
-        assert seq.token_bytes(start, end) == block_bytes(seq.token_slice(start, end)), (start, end)
+    seq.output_token_ids.extend([7, 2**31 - 1, 0, 151_935])
+    for width in (4, 8):
+        for start, end in ((0, 20), (3, 17), (20, 24), (21, 23), (16, 24), (0, 24)):
+            assert seq.token_bytes(start, end, width) == block_bytes(seq.token_slice(start, end), width), (start, end)
+    assert len(seq.token_bytes(0, 24)) == 4 * 24 and len(seq.token_bytes(0, 24, 8)) == 8 * 24
     for name in ("blake2b", "sha256", "xxh3"):
         hasher = BlockHasher(name, bytes(32) if name == "blake2b" else None)
+        w = hasher.token_width
         from_ids, from_bytes = [], []
         hasher.extend(from_ids, seq.token_slice(0, 24), 4, 6, b"salt")
-        hasher.extend(from_bytes, seq.token_bytes(0, 8), 4, 2, b"salt")
-        hasher.extend(from_bytes, seq.token_bytes(8, 24), 4, 6, None, offset=8)
+        hasher.extend(from_bytes, seq.token_bytes(0, 8, w), 4, 2, b"salt")
+        hasher.extend(from_bytes, seq.token_bytes(8, 24, w), 4, 6, None, offset=8)
         assert from_ids == from_bytes and len(from_ids) == 6, name
-        chained = [hasher.chain(hasher.root(b"salt"), seq.token_bytes(0, 4))]
+        chained = [hasher.chain(hasher.root(b"salt"), seq.token_bytes(0, 4, w))]
         for i in range(1, 6):                   # block by block, as decodes fill them
-            chained.append(hasher.chain(chained[-1], seq.token_bytes(4 * i, 4 * i + 4)))
+            chained.append(hasher.chain(chained[-1], seq.token_bytes(4 * i, 4 * i + 4, w)))
         assert chained == from_ids, name
         with pytest.raises(ValueError, match="reach position"):
-            hasher.extend([], seq.token_bytes(0, 20), 4, 6, b"salt")
+            hasher.extend([], seq.token_bytes(0, 20, w), 4, 6, b"salt")

@@ -138,3 +138,33 @@ def test_a_bulk_eviction_outside_the_contract_is_a_contained_policy_error():
         assert summary["finished"] == 16 and summary["aborted"] == 0, answer
         assert any(k.startswith("prefix_cache evict_blocks") for k in engine.metrics.policy_error_counts), answer
         assert engine.allocator.num_used_blocks == 0
+
+
+def test_a_plain_hash_lru_is_run_by_the_pool_with_the_same_answers():
+    """The engine runs a plain hash_lru itself on the policy's own maps (PooledHashLRU, no guard
+    record beside them); a subclass that overrides any of its methods goes through the guard. Both
+    give the same run, leave the same maps, and the policy's own counts stay right. The workload
+    has requests that register the same prefix in one step (an identity met twice in one bulk
+    insert) and a pool small enough to reclaim cached blocks."""
+    from kvrl.engine.guards import GuardedPrefixCache, PooledHashLRU
+
+    class Traced(HashLRU):
+        def on_hit(self, block_id, now):
+            return super().on_hit(block_id, now)
+
+    shared = list(range(1, 13))
+    reqs = lambda: [*_requests(), *[make_request(f"same{i}", tokens=shared + [50 + i] * 3, output_len=4, arrival_s=0.0)
+                                    for i in range(3)]]
+    plain, traced = HashLRU(None), Traced(None)
+    pooled, guarded = _engine(plain, num_blocks=24), _engine(traced, num_blocks=24)
+    assert type(pooled.allocator.prefix_cache) is PooledHashLRU
+    assert type(guarded.allocator.prefix_cache) is GuardedPrefixCache
+    summary = pooled.run(reqs())
+    assert guarded.run(reqs()) == summary
+    for engine in (pooled, guarded):
+        engine.check_invariants()
+    assert summary["prefix_hit_rate"] > 0 and summary["policy_errors"] == 0
+    assert sorted(plain._block_of.values()) == sorted(traced._block_of.values())     # identities are keyed per engine
+    assert sorted(plain._hash_of) == sorted(traced._hash_of)
+    assert list(plain._evictable) == list(traced._evictable) and plain.num_evictable > 0
+    assert (plain.num_cached, plain.num_evictable) == (pooled.view.num_cached_blocks, pooled.view.num_cached_free_blocks)

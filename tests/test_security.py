@@ -191,7 +191,7 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     the three prefix caches: the check is the allocator's, not the policy's."""
     from kvrl.attacks.forge import forge_prefix
     from kvrl.engine.allocators import cache_salt
-    from kvrl.engine.hashing import BlockHasher
+    from kvrl.engine.hashing import TOKEN_WIDTH, BlockHasher
     victim = np.random.default_rng(5).integers(0, 1000, 48).astype(np.int32)
     forged = forge_prefix(victim[:16], cache_salt("tenant", "victim", None), cache_salt("tenant", "mallory", None),
                           vocab_size=1000, seed=1)
@@ -204,6 +204,7 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     default.run(_victim_then_forger(victim, forged))
     assert default.metrics.prompt_tokens_hit == 0
     as_xxh3, root, extend, chain = BlockHasher("xxh3"), BlockHasher.root, BlockHasher.extend, BlockHasher.chain
+    monkeypatch.setitem(TOKEN_WIDTH, "blake2b", TOKEN_WIDTH["xxh3"])     # the bytes xxh3 hashes (int64 ids)
     monkeypatch.setattr(BlockHasher, "root", lambda self, salt: root(as_xxh3, salt))
     monkeypatch.setattr(BlockHasher, "extend", lambda self, *a, **kw: extend(as_xxh3, *a, **kw))
     monkeypatch.setattr(BlockHasher, "chain", lambda self, *a: chain(as_xxh3, *a))

@@ -57,7 +57,7 @@ from kvrl.engine.batch import ScheduledBatch
 from kvrl.engine.callbacks import StepEvent
 from kvrl.engine.config import EngineConfig
 from kvrl.engine.decisions import Shortage
-from kvrl.engine.guards import GuardedPrefixCache
+from kvrl.engine.guards import guard_prefix_cache
 from kvrl.engine.loop import ServingLoop
 from kvrl.engine.metrics import MetricsCollector, RequestRecord
 from kvrl.engine.planning import PlanningMixin
@@ -96,6 +96,8 @@ class Engine(PlanningMixin, AccountingMixin):
         config = self.resolve_config(config, executor)
         if config.num_blocks < 1:
             raise ValueError("engine.num_blocks resolved to 0: the KV cache does not fit in device memory")
+        if executor.vocab_size > 2**31:     # block identities encode token ids as int32 (kvrl.engine.hashing)
+            raise ValueError(f"the model's vocabulary ({executor.vocab_size} ids) exceeds 2**31 token ids")
         self.config = config
         self.executor = executor
         self.scheduler, self.watermark, self.eviction, self.prefix_cache = scheduler, watermark, eviction, prefix_cache
@@ -106,7 +108,7 @@ class Engine(PlanningMixin, AccountingMixin):
         self.policy_timer = self.metrics.policy_timer
         self._charged_s = 0.0                        # policy seconds already added to the clock
         self._planned_aborts = 0                     # requests aborted while planning a step
-        guarded = GuardedPrefixCache(prefix_cache, self.policy_timer,
+        guarded = guard_prefix_cache(prefix_cache, self.policy_timer,
                                      lambda call, exc: self._policy_failed("prefix_cache", exc, call))
         # CPU tier under the prefix cache (issue #20; kvrl.engine.tiers): only with engine.cpu_tier_blocks > 0
         self.tier = tier

@@ -64,9 +64,19 @@ def hash_key(mode: str, seed: int) -> bytes:
     raise ValueError(f"engine.prefix_hash_key must be one of {list(KEY_MODES)}, got {mode!r}")
 
 
-def block_bytes(tokens: np.ndarray) -> bytes:
-    """The bytes that identify token ids: little-endian int64, concatenated."""
-    return np.ascontiguousarray(tokens, dtype="<i8").tobytes()
+#: bytes per token id in the identity encoding of each hash (:func:`block_bytes`). Little-endian
+#: int32 for the collision-resistant hashes: token ids lie in ``[0, vocab_size)`` (the engine
+#: rejects any other, and needs ``vocab_size <= 2**31``), so the encoding is exact, and a 16-token
+#: block with its parent identity fits one 128-byte BLAKE2b compression. int64 for ``xxh3``, the
+#: pre-#14 identity that :mod:`kvrl.attacks.forge` forges (blocks of 16 int64 ids).
+TOKEN_WIDTH = {"blake2b": 4, "sha256": 4, "xxh3": 8}
+_DTYPE = {4: "<i4", 8: "<i8"}
+
+
+def block_bytes(tokens: np.ndarray, width: int = 4) -> bytes:
+    """The bytes that identify token ids: little-endian integers of ``width`` bytes (4 or 8; see
+    :data:`TOKEN_WIDTH`), concatenated."""
+    return np.ascontiguousarray(tokens, dtype=_DTYPE[width]).tobytes()
 
 
 class BlockHasher:
@@ -75,6 +85,7 @@ class BlockHasher:
     ``checked``: whether a prefix-cache hit must also show equal tokens, salt and parent (see
     :meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`); True for the
     collision-resistant hashes, False for ``xxh3``, which reproduces the pre-#14 engine.
+    ``token_width``: bytes per token id in the data it hashes (:data:`TOKEN_WIDTH`).
     """
 
     def __init__(self, name: str = "blake2b", key: Optional[bytes] = None) -> None:
@@ -82,6 +93,7 @@ class BlockHasher:
             raise ValueError(f"engine.prefix_hash must be one of {list(HASHES)}, got {name!r}")
         self.name = name
         self.checked = name != "xxh3"
+        self.token_width = TOKEN_WIDTH[name]
         if name == "blake2b":
             if key is None or len(key) != 32:
                 raise ValueError("the blake2b prefix hash needs a 32-byte key (hash_key)")
@@ -105,7 +117,8 @@ class BlockHasher:
         return h.digest()
 
     def chain(self, parent: BlockHash, data: bytes) -> BlockHash:
-        """The identity of one block whose token ids have :func:`block_bytes` ``data``, after the
+        """The identity of one block whose token ids have :func:`block_bytes` ``data`` (of
+        :attr:`token_width`), after the
         block (or root) with identity ``parent``: what :meth:`extend` appends for it."""
         if self.name == "xxh3":
             return xxhash.xxh3_64_intdigest(data, seed=parent)
@@ -119,21 +132,22 @@ class BlockHasher:
         """Append identities to ``hashes`` until it covers ``num_blocks`` full blocks of the sequence
         whose token ids from position ``offset`` on are ``tokens`` (``offset`` at most
         ``len(hashes) * block_size``; ``tokens`` reach position ``num_blocks * block_size``):
-        an array of ids, or their :func:`block_bytes` already. ``salt`` is read only when
-        ``hashes`` is empty (the chain's root); it may be None otherwise."""
+        an array of ids, or their :func:`block_bytes` (of :attr:`token_width`) already. ``salt``
+        is read only when ``hashes`` is empty (the chain's root); it may be None otherwise."""
         start = len(hashes)
         if start >= num_blocks:
             return
         if offset > start * block_size:
             raise ValueError(f"tokens start at position {offset}, after the first block to hash ({start * block_size})")
         first, end = start * block_size - offset, num_blocks * block_size - offset
+        tw = self.token_width
         if isinstance(tokens, bytes):
-            buf = memoryview(tokens)[first * 8:end * 8]
+            buf = memoryview(tokens)[first * tw:end * tw]
         else:
-            buf = memoryview(block_bytes(tokens[first:end]))
-        width = block_size * 8
+            buf = memoryview(block_bytes(tokens[first:end], tw))
+        width = block_size * tw
         if len(buf) != (num_blocks - start) * width:
-            raise ValueError(f"token ids reach position {offset + len(buf) // 8}, not {num_blocks * block_size}")
+            raise ValueError(f"token ids reach position {offset + len(buf) // tw}, not {num_blocks * block_size}")
         parent = hashes[-1] if hashes else self.root(salt)
         append = hashes.append
         if self.name == "xxh3":

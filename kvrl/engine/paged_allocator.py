@@ -70,6 +70,7 @@ class PagedAllocator:
         self._clock = clock
         self._salt = cache_salt
         self._hasher = hasher
+        self._width = hasher.token_width           # bytes per token id in identities (Sequence.token_bytes)
         self._checked = prefix_cache.enabled and hasher.checked
         # per cached block (checked hashes), what it was registered with: (registering sequence,
         # block index), replaced on its first check by (parent identity, token bytes, salt)
@@ -161,11 +162,11 @@ class PagedAllocator:
         done = len(hashes)
         if done < num_full_blocks:     # only the new blocks' tokens (a long history is not re-read per block)
             bs = self.block_size
+            data = seq.token_bytes(done * bs, num_full_blocks * bs, self._width)
             if done and num_full_blocks - done == 1:    # one more block, as a decode fills them
-                hashes.append(self._hasher.chain(hashes[-1], seq.token_bytes(done * bs, num_full_blocks * bs)))
+                hashes.append(self._hasher.chain(hashes[-1], data))
                 return
-            self._hasher.extend(seq.block_hashes, seq.token_bytes(done * bs, num_full_blocks * bs), bs,
-                                num_full_blocks, None if done else self._salt(seq), offset=done * bs)
+            self._hasher.extend(hashes, data, bs, num_full_blocks, None if done else self._salt(seq), offset=done * bs)
 
     def match_prefix(self, seq: Sequence) -> PrefixMatch:
         """Longest run of cached full blocks for ``seq``'s tokens, leaving >= 1 token to compute.
@@ -182,14 +183,14 @@ class PagedAllocator:
         lookup = self.prefix_cache.lookup
         hashes = seq.block_hashes
         data = salt = None
-        width = bs * 8
+        width = bs * self._width
         for i in range(max_blocks):
             block = lookup(hashes[i])
             if block is None:
                 break
             if self._checked:
                 if data is None:
-                    data = seq.token_bytes(0, max_blocks * bs)
+                    data = seq.token_bytes(0, max_blocks * bs, self._width)
                     salt = self._salt(seq)
                 parent, tokens, block_salt = self._registered_identity(block)
                 if (parent != (hashes[i - 1] if i else None) or block_salt != salt
@@ -209,7 +210,8 @@ class PagedAllocator:
         if type(record[1]) is int:
             src, i = record
             bs = self.block_size
-            record = (src.block_hashes[i - 1] if i else None, src.token_bytes(i * bs, (i + 1) * bs), self._salt(src))
+            record = (src.block_hashes[i - 1] if i else None, src.token_bytes(i * bs, (i + 1) * bs, self._width),
+                      self._salt(src))
             self._identity[block] = record
         return record
 
@@ -340,20 +342,27 @@ class PagedAllocator:
                     fill[block] = tail
                 continue
             first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
-            for block in table[first_full:last_full]:
-                added += bs - fill[block]
-                fill[block] = bs
+            if enabled and last_full > first_full:
+                self._ensure_hashes(seq, last_full)
+                hashes = seq.block_hashes
+                parent = hashes[first_full - 1] if first_full else None
+                for i in range(first_full, last_full):
+                    block = table[i]
+                    added += bs - fill[block]
+                    fill[block] = bs
+                    block_hash = hashes[i]
+                    if not cached[block]:
+                        entries.append((block_hash, parent, block))
+                        owners.append((seq, i))
+                    parent = block_hash
+            else:
+                for block in table[first_full:last_full]:
+                    added += bs - fill[block]
+                    fill[block] = bs
             if tail:
                 block = table[last_full]
                 added += tail - fill[block]
                 fill[block] = tail
-            if enabled and last_full > first_full:
-                self._ensure_hashes(seq, last_full)
-                hashes = seq.block_hashes
-                for i in range(first_full, last_full):
-                    if not cached[table[i]]:
-                        entries.append((hashes[i], hashes[i - 1] if i else None, table[i]))
-                        owners.append((seq, i))
         self._tokens_in_use += added
         if not entries:
             return

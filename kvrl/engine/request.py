@@ -12,7 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-_PACKERS: dict[int, struct.Struct] = {}      # n -> packer of n little-endian int64 (token_bytes)
+_PACKERS: dict[tuple[int, int], struct.Struct] = {}   # (n, width) -> packer of n little-endian ints (token_bytes)
+_FORMATS = {4: ("<i4", "i"), 8: ("<i8", "q")}         # width -> (numpy dtype, struct code)
 
 
 class RequestRejected(ValueError):
@@ -129,22 +130,23 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)
 
-    def token_bytes(self, start: int, end: int) -> bytes:
-        """Token ids in positions ``[start, end)`` as little-endian int64 bytes (what
-        :func:`kvrl.engine.hashing.block_bytes` gives for :meth:`token_slice`), without an
-        intermediate array for the generated part."""
+    def token_bytes(self, start: int, end: int, width: int = 4) -> bytes:
+        """Token ids in positions ``[start, end)`` as little-endian integers of ``width`` bytes (4
+        or 8: what :func:`kvrl.engine.hashing.block_bytes` gives for :meth:`token_slice`), without
+        an intermediate array for the generated part."""
         prompt = self.request.prompt_token_ids
         plen = prompt.shape[0]
+        dtype, code = _FORMATS[width]
         if end <= plen:
-            return prompt[start:end].astype("<i8").tobytes()
+            return prompt[start:end].astype(dtype).tobytes()
         lo, hi = max(start - plen, 0), end - plen
-        packer = _PACKERS.get(hi - lo)
+        packer = _PACKERS.get((hi - lo, width))
         if packer is None:
-            packer = _PACKERS[hi - lo] = struct.Struct(f"<{hi - lo}q")
+            packer = _PACKERS[hi - lo, width] = struct.Struct(f"<{hi - lo}{code}")
         out = packer.pack(*self.output_token_ids[lo:hi])
         if start >= plen:
             return out
-        return prompt[start:].astype("<i8").tobytes() + out
+        return prompt[start:].astype(dtype).tobytes() + out
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Token ids in positions ``[start, end)`` as an int64 array."""

@@ -44,7 +44,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Callable, Optional
 
 from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH, DiskBandwidth, DiskStore
-from kvrl.engine.hashing import BlockHash, block_bytes
+from kvrl.engine.hashing import BlockHash
 from kvrl.engine.paged_allocator import OutOfBlocks, PagedAllocator, PrefixMatch
 from kvrl.engine.request import Sequence
 from kvrl.engine.tier_prefetch import TierPrefetchMixin
@@ -242,7 +242,7 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         max_blocks = (seq.num_tokens - 1) // bs
         hashes = seq.block_hashes
         data = salt = None
-        width = bs * 8
+        width = bs * self._width
         found = match.tier_blocks
         n_disk = 0
         for i in range(len(gpu.block_ids), max_blocks):
@@ -255,7 +255,7 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
                 break
             if self._checked:
                 if data is None:
-                    data = block_bytes(seq.token_slice(0, max_blocks * bs))
+                    data = seq.token_bytes(0, max_blocks * bs, self._width)
                     salt = self._salt(seq)
                 entry = where.entry(slot)
                 if (entry.parent != (hashes[i - 1] if i else None) or entry.salt != salt

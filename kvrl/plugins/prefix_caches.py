@@ -78,6 +78,10 @@ class HashLRU(_HashTable):
     longest ago is reclaimed first (a sequence releases its blocks tail first, so among blocks
     freed together the deepest go first). No parameters. Source: vLLM APC."""
 
+    # Its whole state is three maps: _block_of, _hash_of and _evictable (release order). The engine
+    # runs a plain HashLRU (no method overridden) itself on those maps, in bulk and with the same
+    # answers (kvrl.engine.guards.PooledHashLRU); these methods serve everyone else.
+
     def __init__(self, params) -> None:
         super().__init__(params)
         self._evictable: OrderedDict[int, None] = OrderedDict()
