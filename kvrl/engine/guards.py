@@ -35,7 +35,6 @@ trace (about a million blocks pass through registration, release and reclaim).
 """
 from __future__ import annotations
 
-from itertools import repeat
 from time import perf_counter
 from typing import Callable, Optional, Union
 
@@ -289,7 +288,9 @@ class PooledHashLRU:
         self._evictable[block_id] = None
 
     def on_release_blocks(self, blocks: list[int], now: float) -> None:
-        self._evictable.update(zip(blocks, repeat(None)))
+        evictable = self._evictable
+        for block in blocks:
+            evictable[block] = None
 
     def on_acquire(self, block_id: int) -> None:
         del self._evictable[block_id]

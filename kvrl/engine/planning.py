@@ -9,6 +9,7 @@ its own: it reads and changes the engine's queues (``running``, ``swapped``, ``p
 """
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Generator, Iterable, Optional
 
 from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
@@ -27,15 +28,26 @@ class PlanningMixin:
         vLLM's ``int(0.01 * num_blocks)``."""
         if not self.running:
             return 0  # an idle engine admits regardless of the watermark, so it cannot stall
+        timer = self.policy_timer                  # self._timed inlined: this runs once per step or more
+        t0 = perf_counter()
+        timer.depth += 1
         try:
-            reserved = self._timed(self.watermark.reserved_blocks)
-            if isinstance(reserved, bool) or not 0 <= float(reserved) <= self.config.num_blocks:
-                raise ValueError(f"reserved_blocks() returned {reserved!r}, not a block count in "
-                                 f"[0, num_blocks={self.config.num_blocks}]")
-            return int(reserved)
+            reserved = self.watermark.reserved_blocks()
+            if type(reserved) is not int or not 0 <= reserved <= self.config.num_blocks:
+                if isinstance(reserved, bool) or not 0 <= float(reserved) <= self.config.num_blocks:
+                    raise ValueError(f"reserved_blocks() returned {reserved!r}, not a block count in "
+                                     f"[0, num_blocks={self.config.num_blocks}]")
+                reserved = int(reserved)
         except Exception as exc:
-            self._policy_failed("watermark", exc)
-            return int(0.01 * self.config.num_blocks)
+            error = exc
+        else:
+            return reserved
+        finally:
+            timer.depth -= 1
+            if not timer.depth:
+                timer.total_s += perf_counter() - t0
+        self._policy_failed("watermark", error)
+        return int(0.01 * self.config.num_blocks)
 
     def _admit_veto(self, seq: Sequence, blocks_needed: int) -> bool:
         """The watermark policy's per-request :meth:`~WatermarkPolicy.admit` (True on failure)."""
