@@ -23,7 +23,7 @@
 #   scripts/regen_docs.sh                 # everything
 #   SKIP_SWEEPS=1 scripts/regen_docs.sh   # without step 1 (the sweeps' summaries as committed)
 #   SKIP_RESULTS=1 scripts/regen_docs.sh  # without step 2 (the result files as committed)
-#   PARALLEL=1 JOBS=8 scripts/regen_docs.sh   # on a many-core host: steps 1 and 2's independent runs at once
+#   PARALLEL=1 JOBS=8 EVAL_WORKERS=4 scripts/regen_docs.sh   # on a many-core host: steps 1 and 2's independent runs at once
 #                                            # (each writes its own files; step 3 runs after all succeed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +63,7 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   session4() {   # session4 <name> <kvrl-eval overrides...>: docs/results.md's session-4 leaderboards (~8 min in all)
     local name=$1 dir=runs/regen/session4/$1; shift   # a fixed (ignored) run dir: leaderboard.md quotes the command
     rm -rf "$dir"
-    python -m kvrl.apps.eval "$archived" tune=null oracle=false workers=1 plots=false hydra.run.dir="$dir" "$@" > /dev/null
+    python -m kvrl.apps.eval "$archived" tune=null oracle=false workers="${EVAL_WORKERS:-1}" plots=false hydra.run.dir="$dir" "$@" > /dev/null
     for f in leaderboard.csv leaderboard.md results.csv; do cp "$dir/$f" "docs/results/rl_session4/${name}_$f"; done
   }
   seeds20='seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]'
