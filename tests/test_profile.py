@@ -98,6 +98,10 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
                                                 "pressure fcfs/most_blocks swap", "pressure oracle sjf/most_blocks swap"]
     assert all(st["n"] > 0 for st in data["fit"]["host_by_run"].values())
     assert "model vs each engine run" in (cpu_profile.parent / "profile.md").read_text()
+    # terms the engine runs leave unidentified are listed (and fitted as 0)
+    assert set(data["fit"]["host_unidentified"]) <= set(P.HOST_TERMS)
+    assert all(data["model"]["host"][k] == 0.0 for k in data["fit"]["host_unidentified"])
+    assert "host terms the engine runs do not identify" in (cpu_profile.parent / "profile.md").read_text()
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0

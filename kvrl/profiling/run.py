@@ -25,7 +25,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
 
     from kvrl.executors.fingerprint import profile_fingerprint
     from kvrl.executors.profile import (HOST_WORK, ProfileKey, StepModel, StepProfile, error_stats, fit_engine_factor,
-                                        fit_host)
+                                        fit_host, unidentified_host_terms)
 
     max_len = ex.max_model_len
     nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
@@ -86,6 +86,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                 "host": {"steps": len(host_rows),
                          "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
                 "host_by_run": {label: host_error(model, rows) for label, rows in runs.items()},
+                "host_unidentified": unidentified_host_terms(host_rows),
                 "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
     scatter = scatter_ratios(samples)
     if scatter:
@@ -191,6 +192,9 @@ def render_report(prof) -> str:
                   + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_WORK_TERMS),
               f"decodes beside a prefill (mixed_dec): {m.eager['coef'].get('mixed_dec', 0.0) * 1e6:.2f} us each",
               f"swap-stream transfers: {xfer}"]
+    if "host_unidentified" in f:
+        lines.append(f"host terms the engine runs do not identify (no such work, or it always moved with an earlier "
+                     f"term's; not fitted, 0): {', '.join(f['host_unidentified']) or 'none'}")
     return "\n".join(lines)
 
 

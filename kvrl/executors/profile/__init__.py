@@ -65,7 +65,8 @@ The package, by job: :mod:`~kvrl.executors.profile.format` (file format, key, er
 """
 from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, batch_features,
                                              host_work, host_work_rows, prefill_tokens)
-from kvrl.executors.profile.fit import FLOOR_TERMS, choose_knots, error_stats, fit_host, hat_basis, nnls
+from kvrl.executors.profile.fit import (FLOOR_TERMS, HOST_TERMS, choose_knots, error_stats, fit_host, hat_basis, nnls,
+                                        unidentified_host_terms)
 from kvrl.executors.profile.format import (FIT_VERSION, FORMAT, LOADABLE_FIT_VERSIONS, SHAPE_FIELDS, VERSION,
                                            ProfileError, ProfileKey, device_key)
 from kvrl.executors.profile.model import Linear1D, StepModel, fit_engine_factor, fit_model
@@ -73,7 +74,7 @@ from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile
                                              profile_file, resolve_profile, search_paths)
 
 __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORWARD_FEATURES", "HOST_WORK",
-           "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
+           "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
            "device_key", "error_stats", "fit_engine_factor", "fit_host", "fit_model", "hat_basis", "host_work",
-           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "resolve_profile", "search_paths"]
+           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "resolve_profile", "search_paths", "unidentified_host_terms"]

@@ -144,24 +144,75 @@ def fit_max(cols: list[np.ndarray], floor_cols: list[np.ndarray], t: np.ndarray,
     return _fit_max_once(A, F, t)
 
 
+#: the host model's terms, in the order :func:`identified_terms` considers them
+HOST_TERMS = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
+
+
+#: a host term is fitted only if at least this share of its count (the norm of its least-squares
+#: residual on the earlier terms' counts, relative to its own norm) is not a linear combination of
+#: the earlier terms' counts in the fitted rows
+HOST_IDENTIFY_TOL = 0.1
+
+
+def host_design(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The host model's design matrix (one column per :data:`HOST_TERMS`) and gaps (seconds) of
+    ``[num_seqs, n_pre, gap_s, *HOST_WORK]`` rows; shorter rows (profiles older than fit version 9
+    stored fewer counters, before version 8 none) are padded with zeros."""
+    a = np.asarray([list(r) + [0.0] * (3 + len(HOST_WORK) - len(r)) for r in rows], dtype=np.float64)
+    return np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], a[:, 3:]]), a[:, 2]
+
+
+def identified_terms(A: np.ndarray, tol: float = HOST_IDENTIFY_TOL) -> np.ndarray:
+    """Which columns of ``A`` the rows identify, taken in order: a column is kept if the part of it
+    that the kept earlier columns cannot explain by least squares is at least ``tol`` of its norm
+    (an all-zero column never is). Of a group of columns that move together in the data, the first
+    is kept and takes the group's weight; the others are not fitted (0), as the data cannot tell
+    them apart and a coefficient split between them by the solver would be extrapolated wherever
+    they part (fit version 9's profile put the engine runs' admission cost on ``per_waiting``:
+    in those runs every waiting request was admitted at once, so n_wait == n_admit == n_pre on
+    every step, while under pressure hundreds wait and few are admitted)."""
+    keep = np.zeros(A.shape[1], dtype=bool)
+    for j in range(A.shape[1]):
+        c = A[:, j]
+        norm = float(np.linalg.norm(c))
+        if norm == 0.0:
+            continue
+        if keep.any():
+            B = A[:, keep]
+            r = c - B @ np.linalg.lstsq(B, c, rcond=None)[0]
+            if float(np.linalg.norm(r)) < tol * norm:
+                continue
+        keep[j] = True
+    return keep
+
+
+def unidentified_host_terms(rows: Sequence[Sequence[float]]) -> list[str]:
+    """The :data:`HOST_TERMS` that :func:`fit_host` leaves at zero because ``rows`` do not
+    identify them (no such work in the rows, or it always moves with an earlier term's)."""
+    if len(rows) < 3:
+        return list(HOST_TERMS)
+    keep = identified_terms(host_design(rows)[0])
+    return [k for k, kept in zip(HOST_TERMS, keep) if not kept]
+
+
 def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
     sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
     finishes, queued sequences, prefill tokens of this and the previous step, swapped blocks, swap
-    steps) by NNLS on absolute error, refitted once without gaps more than 5 MADs above the first
-    fit (GC pauses, page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows
-    (profiles older than fit version 9 stored fewer counters, before version 8 none) are padded
-    with zeros: the terms they lack fit as zero."""
-    names = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
+    steps) by NNLS on absolute error over the terms the rows identify (:func:`identified_terms`;
+    the others are 0), refitted once without gaps more than 5 MADs above the first fit (GC pauses,
+    page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows (profiles older
+    than fit version 9 stored fewer counters, before version 8 none) are padded with zeros: the
+    terms they lack fit as zero."""
     if len(rows) < 3:
-        return dict.fromkeys(names, 0.0)
-    a = np.asarray([list(r) + [0.0] * (3 + len(HOST_WORK) - len(r)) for r in rows], dtype=np.float64)
-    A = np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], a[:, 3:]])
-    y = a[:, 2]
-    x = nnls(A, y)
+        return dict.fromkeys(HOST_TERMS, 0.0)
+    A, y = host_design(rows)
+    keep = identified_terms(A)
+    x = np.zeros(A.shape[1])
+    x[keep] = nnls(A[:, keep], y)
     r = y - A @ x
     mad = np.median(np.abs(r - np.median(r))) + 1e-9
-    keep = r < np.median(r) + 5 * mad
-    if keep.sum() >= 3:
-        x = nnls(A[keep], y[keep])
-    return {k: float(v) for k, v in zip(names, x)}
+    ok = r < np.median(r) + 5 * mad
+    if ok.sum() >= 3:
+        x[keep] = nnls(A[ok][:, keep], y[ok])
+    return {k: float(v) for k, v in zip(HOST_TERMS, x)}
