@@ -28,7 +28,8 @@ policy every answer is the policy's own, so results are unchanged.
 (:class:`~kvrl.plugins.prefix_caches.HashLRU` with none of its methods overridden; see
 :func:`guard_prefix_cache`). The engine then runs HashLRU's algorithm itself, in bulk, on the
 policy's own three maps: a guard's record would duplicate them, and there is no foreign answer to
-check. Every answer and every map equal what HashLRU's methods would give (tests/test_prefix_bulk.py
+check. The block pool's per-block loops (registration, release, reclaim) update those maps
+directly, as the bulk calls would. Every answer and every map equal what HashLRU's methods would give (tests/test_prefix_bulk.py
 compares the two), so results are unchanged; since no plugin code runs, such a run counts no policy
 time for its prefix cache. This halves the per-block work of the default prefix cache on a long
 trace (about a million blocks pass through registration, release and reclaim).
@@ -254,6 +255,9 @@ class PooledHashLRU:
     def __init__(self, policy) -> None:
         self.policy = policy
         self._block_of, self._hash_of, self._evictable = policy._block_of, policy._hash_of, policy._evictable
+        #: the three maps, for the block pool, whose per-block loops update them directly in place
+        #: of the bulk calls below (kvrl.engine.paged_allocator: the same operations, same order)
+        self.maps = (self._block_of, self._hash_of, self._evictable)
         self.lookup = self._block_of.get          # HashLRU.lookup, without a call of our own
 
     @property

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from kvrl.engine.guards import PooledHashLRU
 from kvrl.engine.hashing import BlockHasher
 from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
@@ -75,6 +76,9 @@ class PagedAllocator:
         # per cached block (checked hashes), what it was registered with: (registering sequence,
         # block index), replaced on its first check by (parent identity, token bytes, salt)
         self._identity: list[Optional[tuple]] = [None] * num_blocks
+        # a plain hash_lru (kvrl.engine.guards.PooledHashLRU): its maps, which the per-block loops
+        # below update in place of the bulk calls (the same operations in the same order)
+        self._lru = prefix_cache.maps if isinstance(prefix_cache, PooledHashLRU) else None
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache
@@ -126,9 +130,25 @@ class PagedAllocator:
 
     def _release(self, blocks, now: float) -> None:
         """:meth:`_decref` of each of ``blocks`` in order (inlined: this runs once per block of
-        every finished or swapped-out sequence)."""
+        every finished or swapped-out sequence; a plain hash_lru's release order is updated in the
+        loop itself, as its ``on_release_blocks`` would)."""
         ref, fill, cached, free_list = self.ref_counts, self._fill, self._cached, self._free
         used = tokens = 0
+        if self._lru is not None:                  # hash_lru's on_release_blocks, block by block
+            evictable = self._lru[2]
+            for block in blocks:
+                rc = ref[block] - 1
+                ref[block] = rc
+                if rc == 0:
+                    used += 1
+                    tokens += fill[block]
+                    if cached[block]:
+                        evictable[block] = None
+                    else:
+                        free_list.append(block)
+            self._num_used -= used
+            self._tokens_in_use -= tokens
+            return
         released = []                              # cached blocks, handed to the prefix cache in order
         for block in blocks:
             rc = ref[block] - 1
@@ -290,8 +310,23 @@ class PagedAllocator:
         calls of :meth:`_allocate` on an empty free list take them (same blocks, same order, the
         same :class:`OutOfBlocks` after the blocks there were), with one guarded call for the lot.
         A subclass whose :meth:`_allocate` does more per reclaimed block overrides this too."""
-        blocks = self.prefix_cache.evict_blocks(n)
         cached, identity, ref, fill = self._cached, self._identity, self.ref_counts, self._fill
+        if self._lru is not None:                  # hash_lru's evict_blocks, block by block
+            block_of, hash_of, evictable = self._lru
+            pop, k = evictable.popitem, min(n, len(evictable))
+            for _ in range(k):
+                block, _ = pop(last=False)
+                del block_of[hash_of.pop(block)]
+                cached[block] = False
+                identity[block] = None
+                ref[block] = 1
+                fill[block] = 0
+                table.append(block)
+            self._num_used += k
+            if k < n:
+                raise OutOfBlocks("no free GPU block")
+            return
+        blocks = self.prefix_cache.evict_blocks(n)
         for block in blocks:
             cached[block] = False
             identity[block] = None
@@ -327,9 +362,13 @@ class PagedAllocator:
         full blocks of all of them registered in one bulk call to the prefix cache, in that
         order. The same as separate calls: the items write to distinct blocks (a block being
         written is private, see copy-on-write in :meth:`extend`), so only the registration order
-        could matter, and it is kept."""
+        could matter, and it is kept. A plain hash_lru's maps are updated in this loop itself
+        (what its ``insert_blocks`` does, block by block in the same order)."""
         bs, fill = self.block_size, self._fill
         enabled, cached = self.prefix_cache.enabled, self._cached
+        lru, checked, identity = self._lru, self._checked, self._identity
+        if lru is not None:
+            setdefault, hash_of = lru[0].setdefault, lru[1]
         added = 0
         entries, owners = [], []       # blocks to register, and their (sequence, block index)
         for seq, old, new in items:
@@ -342,7 +381,21 @@ class PagedAllocator:
                     fill[block] = tail
                 continue
             first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
-            if enabled and last_full > first_full:
+            if lru is not None and last_full > first_full:     # hash_lru's insert_blocks, block by block
+                self._ensure_hashes(seq, last_full)
+                hashes = seq.block_hashes
+                for i in range(first_full, last_full):
+                    block = table[i]
+                    added += bs - fill[block]
+                    fill[block] = bs
+                    if not cached[block]:
+                        block_hash = hashes[i]
+                        if setdefault(block_hash, block) == block:
+                            hash_of[block] = block_hash
+                            cached[block] = True
+                            if checked:
+                                identity[block] = (seq, i)
+            elif enabled and last_full > first_full:
                 self._ensure_hashes(seq, last_full)
                 hashes = seq.block_hashes
                 parent = hashes[first_full - 1] if first_full else None
