@@ -102,6 +102,13 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert set(data["fit"]["host_unidentified"]) <= set(P.HOST_TERMS)
     assert all(data["model"]["host"][k] == 0.0 for k in data["fit"]["host_unidentified"])
     assert "host terms the engine runs do not identify" in (cpu_profile.parent / "profile.md").read_text()
+    # the pressured runs' pool is half the unpressured run's peak use: they queue (this tiny grid's
+    # runs are short: not every one preempts)
+    pool, work = data["fit"]["host_pool"], data["fit"]["host_run_work"]
+    assert pool["pressure_blocks"] < pool["peak_blocks"] and list(work) == list(data["fit"]["host_by_run"])
+    pressured = [w for label, w in work.items() if label.startswith("pressure")]
+    assert all(w["queued_steps"] > 0 for w in pressured) and sum(w["preemptions"] for w in pressured) > 0
+    assert "steps with requests left waiting" in (cpu_profile.parent / "profile.md").read_text()
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0

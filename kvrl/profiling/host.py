@@ -3,6 +3,7 @@ measures the engine's own time between steps and the steps an engine actually ta
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -23,14 +24,24 @@ class StepTimer(EngineCallback):
         return True
 
 
+@dataclass
+class HostRun:
+    """One engine run of a profile: per step (features incl. :data:`HOST_WORK`, seconds inside
+    execute, live elapsed_s), and the most KV blocks in use at once (after any step)."""
+
+    steps: list[tuple[dict, float, float]]
+    peak_blocks: int
+
+
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
-             eviction: Optional[dict] = None, scheduler: Optional[dict] = None) -> list[tuple[dict, float, float]]:
+             eviction: Optional[dict] = None, scheduler: Optional[dict] = None) -> HostRun:
     """Serve a small workload through a real engine on ``ex`` (uniform lengths, every other
     request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
-    config; default lifo) and ``scheduler`` (default fcfs); returns per step (features incl.
-    :data:`HOST_WORK`, seconds inside execute, live elapsed_s). On a pool smaller than the workload's demand the run preempts, so
-    the host model sees preemptions, swaps and re-admissions."""
+    config; default lifo) and ``scheduler`` (default fcfs). On a pool smaller than the run's peak
+    use (:attr:`HostRun.peak_blocks` of a run on a large pool) the run preempts and queues, so the
+    host model sees preemptions, swaps, queued requests and re-admissions."""
     from kvrl.builder import build_engine
+    from kvrl.engine.metrics import STEP_COLUMNS
     from kvrl.engine.request import Request
     from kvrl.executors.profile import batch_features, host_work_rows
 
@@ -62,7 +73,10 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     eng.run(reqs, callbacks=[timed])
     # the first steps follow an idle gap (elapsed_s then counts only execute)
     work = host_work_rows([b for b, _, _ in timed.rows])
-    return [({**batch_features(b), **w}, inner, el) for (b, inner, el), w in list(zip(timed.rows, work))[2:]]
+    used = STEP_COLUMNS.index("used_blocks")
+    peak = max((row[used] for row in eng.metrics.steps), default=0)
+    return HostRun([({**batch_features(b), **w}, inner, el) for (b, inner, el), w in list(zip(timed.rows, work))[2:]],
+                   int(peak))
 
 
 def engine_samples(ex, steps) -> list[dict]:

@@ -53,15 +53,17 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     t_grid = time.perf_counter() - t_start
     # the engine run: its steps are fitted with the grid (in-engine step times, prefix hits,
     # chunked prefills as an engine schedules them) and its gaps give the host model
-    runs = {"fcfs/lifo": host_run(ex, grid, nb, n_cpu, block_size, seed)}
-    # and under memory pressure (a pool of a quarter of the run's demand; recompute, then swap
-    # victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of policy): mixed steps of
-    # re-prefills beside decodes, preemptions, swaps and re-admissions, and each policy kind's host time
-    demand = grid["host_requests"] * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size
-    tight = max(demand // 4, 4 * (grid["host_prompt"][1] + grid["host_output"][1]) // block_size)
+    first = host_run(ex, grid, nb, n_cpu, block_size, seed)
+    runs = {"fcfs/lifo": first.steps}
+    # and under memory pressure (a pool of half the blocks that run had in use at its peak;
+    # recompute, then swap victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of
+    # policy): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
+    # re-admissions, and each policy kind's host time
+    tight = pressure_pool(first.peak_blocks, grid, block_size)
+    pool = {"peak_blocks": first.peak_blocks, "pressure_blocks": tight}
     if tight < nb:
         for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
-            runs[label] = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched)
+            runs[label] = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched).steps
     steps = [row for rows in runs.values() for row in rows]
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
@@ -87,6 +89,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                          "median_gap_s": float(np.median([r[2] for r in host_rows])) if host_rows else 0.0},
                 "host_by_run": {label: host_error(model, rows) for label, rows in runs.items()},
                 "host_unidentified": unidentified_host_terms(host_rows),
+                "host_pool": pool, "host_run_work": {label: run_work(rows) for label, rows in runs.items()},
                 "seconds": {"grid": t_grid, "total": time.perf_counter() - t_start}, "by_group": by_group})
     scatter = scatter_ratios(samples)
     if scatter:
@@ -119,9 +122,27 @@ PRESSURE_RUNS = (("pressure fcfs/lifo recompute", None, {"name": "lifo", "mode":
                   {"name": "most_blocks", "mode": "swap"}))
 
 
+def pressure_pool(peak_blocks: int, grid: dict, block_size: int) -> int:
+    """KV blocks of the pressured engine runs: half of ``peak_blocks`` (the most the unpressured
+    run had in use at once), and at least twice the largest request's blocks (it must fit). A
+    pool sized from the workload's worst-case demand instead (a quarter of it, before) can exceed
+    the peak use: on an H200 the three pressure runs of run 21 never preempted or queued."""
+    largest = -(-(grid["host_prompt"][1] + grid["host_output"][1]) // block_size)
+    return max(peak_blocks // 2, 2 * largest)
+
+
+def run_work(steps) -> dict:
+    """What one engine run did (``steps`` as :attr:`~kvrl.profiling.host.HostRun.steps`): steps,
+    preemptions, swapped blocks, steps with a request left waiting after admission, most waiting."""
+    return {"steps": len(steps), "preemptions": int(sum(f["n_preempt"] for f, _, _ in steps)),
+            "swap_blocks": int(sum(f["swap_blocks"] for f, _, _ in steps)),
+            "queued_steps": int(sum(f["n_wait"] > f["n_admit"] for f, _, _ in steps)),
+            "max_waiting": int(max((f["n_wait"] for f, _, _ in steps), default=0))}
+
+
 def host_error(model, steps) -> dict:
     """The host model against one engine run's gaps between steps (``steps`` as
-    :func:`~kvrl.profiling.host.host_run` returns them): relative error statistics per step and
+    :attr:`~kvrl.profiling.host.HostRun.steps`): relative error statistics per step and
     of the run's total."""
     from kvrl.executors.profile import HOST_WORK, error_stats
 
@@ -192,6 +213,13 @@ def render_report(prof) -> str:
                   + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_WORK_TERMS),
               f"decodes beside a prefill (mixed_dec): {m.eager['coef'].get('mixed_dec', 0.0) * 1e6:.2f} us each",
               f"swap-stream transfers: {xfer}"]
+    if f.get("host_run_work"):
+        hp = f.get("host_pool", {})
+        lines.append(f"engine runs (pressure pool {hp.get('pressure_blocks')} blocks, half the unpressured run's peak "
+                     f"{hp.get('peak_blocks')}): " + "; ".join(
+                         f"{label}: {w['steps']} steps, {w['preemptions']} preemptions, {w['swap_blocks']} swapped "
+                         f"blocks, {w['queued_steps']} steps with requests left waiting (at most {w['max_waiting']})"
+                         for label, w in f["host_run_work"].items()))
     if "host_unidentified" in f:
         lines.append(f"host terms the engine runs do not identify (no such work, or it always moved with an earlier "
                      f"term's; not fitted, 0): {', '.join(f['host_unidentified']) or 'none'}")
