@@ -7,17 +7,13 @@ Block accounting (GPU):
   (evictable; the prefix-cache policy decides the order in which those are reclaimed);
 - ``num_free_blocks = len(free list) + prefix_cache.num_evictable``.
 
-Block identity (issue #14): a cached block is found by its chained identity
-(:mod:`kvrl.engine.hashing`), and with a collision-resistant hash every hit is also checked: the
-cached block's parent identity, token ids and salt, recorded when it was registered, must equal
-the requesting sequence's, or the hit is a miss (counted in :attr:`PrefixMatch.check_failed`).
-This is the only way blocks are shared by identity: copy-on-write forks share a parent's block
-table by reference (same request, same tokens), and swapped-out blocks are private to their
-sequence and re-enter the cache on swap-in only through :meth:`on_computed`, which records the
-identity from the sequence's own tokens.
-
-The allocator returns block operations (copy pairs, swap pairs) for the executor to carry out; it
-never touches KV data itself.
+Block identity (issue #14): a cached block is found by its chained identity (:mod:`kvrl.engine.hashing`),
+and with a collision-resistant hash every hit is also checked: the cached block's parent identity, token
+ids and salt, recorded at registration, must equal the requesting sequence's, or the hit is a miss
+(counted in :attr:`PrefixMatch.check_failed`). This is the only way blocks are shared by identity: CoW
+forks share a parent's block table by reference (same request, same tokens); swapped-out blocks are
+private and re-enter the cache on swap-in only through :meth:`on_computed`, from their own tokens.
+The allocator returns block operations (copy and swap pairs) for the executor; it never touches KV data.
 """
 from __future__ import annotations
 
