@@ -402,3 +402,17 @@ def test_an_action_prior_is_the_untrained_policy_and_is_checked():
 def test_train_rejects_a_bad_action_prior_naming_the_key(tmp_path):
     proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, "train.init_logits={1: nan}", check=False)
     assert proc.returncode != 0 and "train.init_logits.1" in proc.stderr
+
+
+def test_the_same_seed_trains_the_same_agent(trained, tmp_path):
+    """kvrl-train is reproducible: the same command (seed included) gives the same policy weights,
+    so a committed leaderboard can be rebuilt from its documented training command."""
+    import torch
+    from stable_baselines3 import PPO
+
+    again = tmp_path / "again"
+    app("train", f"hydra.run.dir={again}", *TRAIN)
+    first = PPO.load(str(trained[0] / "model.zip"), device="cpu").policy.state_dict()
+    second = PPO.load(str(again / "model.zip"), device="cpu").policy.state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
