@@ -168,3 +168,19 @@ def test_a_plain_hash_lru_is_run_by_the_pool_with_the_same_answers():
     assert sorted(plain._hash_of) == sorted(traced._hash_of)
     assert list(plain._evictable) == list(traced._evictable) and plain.num_evictable > 0
     assert (plain.num_cached, plain.num_evictable) == (pooled.view.num_cached_blocks, pooled.view.num_cached_free_blocks)
+
+
+def test_a_copied_pooled_hash_lru_looks_up_in_its_own_maps():
+    """copy.deepcopy of the pooled hash_lru (the rollout planner copies whole engines) rebinds the
+    cached lookup to the copy's map, not the original's."""
+    import copy
+
+    from kvrl.engine.guards import PooledHashLRU
+
+    pool = PooledHashLRU(HashLRU(None))
+    pool.insert(b"a", None, 7, 0.0)
+    twin = copy.deepcopy(pool)
+    twin.evict_blocks(0)
+    twin.on_release(7, 0.0)
+    assert twin.evict_blocks(1) == [7] and twin.lookup(b"a") is None
+    assert pool.lookup(b"a") == 7

@@ -260,6 +260,12 @@ class PooledHashLRU:
         self.maps = (self._block_of, self._hash_of, self._evictable)
         self.lookup = self._block_of.get          # HashLRU.lookup, without a call of our own
 
+    def __setstate__(self, state: dict) -> None:
+        """Copies (``copy.deepcopy``, pickling) rebind :attr:`lookup` to the copy's own map: a bound
+        builtin method is copied as is and would still read the original's."""
+        self.__dict__.update(state)
+        self.lookup = self._block_of.get
+
     @property
     def num_evictable(self) -> int:
         return len(self._evictable)
