@@ -12,12 +12,11 @@ held out) the mean absolute error and how many pairs meet each target of kvrl-fi
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 from pathlib import Path
 
 import numpy as np
+from fidelity_residuals import write_report   # scripts/ is on sys.path when run as a script
 
 METRICS = (("throughput_tok_s", "throughput"), ("goodput_tok_s", "goodput"), ("ttft_p50_s", "TTFT p50"),
            ("ttft_p99_s", "TTFT p99"), ("tpot_p50_s", "TPOT p50"))
@@ -74,19 +73,7 @@ def main(argv=None) -> int:
             within = [f"{int(np.sum(v[n] < bound))} of {len(v[n])}" if bound else "-" for n in names]
             md.append(f"| {group} | {label} | {len(v[names[0]])} | " + " | ".join(f"{np.mean(v[n]):.1%}" for n in names)
                       + " | " + " | ".join(within) + " |")
-    text = "\n".join(md) + "\n"
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        buf = io.StringIO()
-        wr = csv.DictWriter(buf, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
-        out.with_suffix(".csv").write_text(buf.getvalue())
-        print(f"wrote {out.with_suffix('.md')} and .csv")
-    else:
-        print(text)
+    write_report("\n".join(md) + "\n", rows, args.out)
     return 0
 
 

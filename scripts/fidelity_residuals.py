@@ -205,20 +205,25 @@ def main(argv=None) -> int:
                            f"decode ({pol}): after a swap step")
         md += binned_ratio(every, fwd, mixed & (policy == pol), col("n_dec"), [1, 16, 64, 257], f"mixed ({pol}): decodes")
     md += episodes(pairs, priced[names[0]])
-    text = "\n".join(md) + "\n"
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".md").write_text(text)
-        buf = io.StringIO()
-        wr = csv.DictWriter(buf, fieldnames=list(rows_csv[0]))
-        wr.writeheader()
-        wr.writerows(rows_csv)
-        out.with_suffix(".csv").write_text(buf.getvalue())
-        print(f"wrote {out.with_suffix('.md')} and .csv")
-    else:
-        print(text)
+    write_report("\n".join(md) + "\n", rows_csv, args.out)
     return 0
+
+
+def write_report(text: str, rows: list[dict], out: str | None) -> None:
+    """``text`` (Markdown) to ``<out>.md`` and ``rows`` to ``<out>.csv``; only ``text`` to stdout
+    without ``out``. Shared by scripts/fidelity_compare.py."""
+    if not out:
+        print(text)
+        return
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text)
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    wr.writeheader()
+    wr.writerows(rows)
+    out.with_suffix(".csv").write_text(buf.getvalue())
+    print(f"wrote {out.with_suffix('.md')} and .csv")
 
 
 if __name__ == "__main__":
