@@ -43,22 +43,26 @@ def _env(task: str, seed: int, overrides: list[str]):
     return gym.make(env_id, config=cfg).unwrapped, cfg
 
 
-def _requests(cfg, split: str, seed: int, resample: float):
+def job_requests(cfg, split: str, seed: int, resample: float):
+    """The requests of kvrl-eval's job on ``split`` at ``seed`` (``job_config``: the seeded
+    ``resample`` share) for the task config ``cfg``, and that job's run config. Also used by
+    scripts/rl_victim_deviation.py."""
+    from omegaconf import OmegaConf
+
     from kvrl.apps.eval import Job, Policy, job_config
+    from kvrl.builder import build_executor
     from kvrl.envs.session import cached_workload
 
     run = copy.deepcopy(dict(cfg.run))
     job = job_config(run, "watermark", Job(Policy("x", "x", {"name": "fixed", "fraction": 0.01}), split, seed), resample)
     env_run = job["workload"]
-    from kvrl.builder import build_executor
-    from omegaconf import OmegaConf
     ex = build_executor(OmegaConf.create(job))
     return list(cached_workload(env_run, ex.vocab_size, job["engine"].get("max_model_len") or ex.max_model_len)), job
 
 
 def _constant(task, seed, overrides, split, resample, fraction) -> float:
     env, cfg = _env(task, seed, overrides + [f"watermark.fraction={fraction}"])
-    requests, _ = _requests(cfg, split, seed, resample)
+    requests, _ = job_requests(cfg, split, seed, resample)
     env.actions.to_fraction = lambda a, clip=False: (float(a), False)
     env.reset(seed=seed, options={"workload": requests})
     return _finish(env, fraction)
@@ -67,7 +71,7 @@ def _constant(task, seed, overrides, split, resample, fraction) -> float:
 def _oracle(task, seed, overrides, split, resample, base, candidates, hold) -> dict:
     """The rollout planner's job: goodput tok/s and the watermark it held at every epoch."""
     env, cfg = _env(task, seed, overrides + [f"watermark.fraction={base}"])
-    requests, _ = _requests(cfg, split, seed, resample)
+    requests, _ = job_requests(cfg, split, seed, resample)
     env.actions.to_fraction = lambda a, clip=False: (float(a), False)
     env.reset(seed=seed, options={"workload": requests})
     chosen, done = [], False

@@ -33,7 +33,6 @@ deviation.
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import json
 import logging
@@ -47,18 +46,12 @@ import numpy as np
 @functools.lru_cache(maxsize=4)
 def _setup(task: str, seed: int, overrides: tuple, split: str, resample: float):
     """The task's env config and the job's requests (kvrl-eval's ``job_config``), per process."""
-    from omegaconf import OmegaConf
-
-    from kvrl.apps.eval import Job, Policy, job_config
-    from kvrl.builder import build_executor
     from kvrl.envs.config import load_task
-    from kvrl.envs.session import cached_workload
+    from rl_rollout_oracle import job_requests     # scripts/ is on sys.path when run as a script
 
     args = [f"seed={seed}", "env.episode.step_time_sigma=0.0", "env.episode.rate_scales=null", *overrides]
     env_id, cfg = load_task(task, args)
-    job = job_config(copy.deepcopy(dict(cfg.run)), "eviction", Job(Policy("x", "x", {"name": "lifo"}), split, seed), resample)
-    ex = build_executor(OmegaConf.create(job))
-    requests = list(cached_workload(job["workload"], ex.vocab_size, job["engine"].get("max_model_len") or ex.max_model_len))
+    requests, _ = job_requests(cfg, split, seed, resample)
     return env_id, cfg, requests
 
 
