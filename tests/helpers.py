@@ -58,3 +58,27 @@ def quiet_kvrl_logs(level: int):
         yield
         logger.setLevel(before)
     return _quiet
+
+
+def step_features(dec=(), pre=(), copies=0, swap_out=0, swap_in=0, shared=0) -> dict:
+    """The step-model features (:data:`kvrl.executors.profile.FEATURES`) of a synthetic batch:
+    decodes of the KV lengths in ``dec`` (each with ``min(shared, L)`` tokens from a prefix-cache
+    hit), prefill chunks ``(tokens, start)`` in ``pre``, and the step's block copies and swaps."""
+    from kvrl.executors import profile as P
+
+    f = dict.fromkeys(P.FEATURES, 0)
+    for L in dec:
+        f["n_dec"] += 1
+        f["dec_kv"] += L
+        f["dec_max"] = max(f["dec_max"], L)
+        f["dec_shared"] += min(shared, L)
+        f["rows"] += 1
+    for k, start in pre:
+        f["n_pre"] += 1
+        f["pre_tok"] += k
+        f["pre_pairs"] += k * start + k * (k + 1) // 2
+        f["pre_ctx"] += start + k
+        f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
+        f["rows"] += 1
+    f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
+    return f

@@ -19,6 +19,7 @@ from kvrl.executors import profile as P
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES, DeviceSpec, ModelShape
 from kvrl.executors.sim import SimExecutor
 from kvrl.workloads import build_workload
+from tests.helpers import step_features
 
 # the shape the live executor reports for conf/model/tiny.yaml on CPU (fp32)
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -161,21 +162,7 @@ def test_fit_recovers_a_known_step_model(token_sizes):
         {"base": 1e-4, "per_seq": 2e-6, "per_prefill": 1e-5}, token_sizes=token_sizes)
 
     def sample(graph, dec=(), pre=(), copies=0, swap_out=0, swap_in=0, shared=0, **extra):
-        f = dict.fromkeys(P.FEATURES, 0)
-        for L in dec:
-            f["n_dec"] += 1
-            f["dec_kv"] += L
-            f["dec_max"] = max(f["dec_max"], L)
-            f["dec_shared"] += min(shared, L)     # a prefix-cache hit of `shared` tokens
-            f["rows"] += 1
-        for k, start in pre:
-            f["n_pre"] += 1
-            f["pre_tok"] += k
-            f["pre_pairs"] += k * start + k * (k + 1) // 2
-            f["pre_ctx"] += start + k
-            f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
-            f["rows"] += 1
-        f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
+        f = step_features(dec, pre, copies, swap_out, swap_in, shared)
         f.update(graph=graph, t=truth.predict_features(f, cuda_graphs=graph), **extra)
         return f
 

@@ -12,30 +12,13 @@ import pytest
 from kvrl.executors import profile as P
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 from kvrl.executors.sim import SimExecutor
+from tests.helpers import step_features
 
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, vocab_size=512, max_model_len=2048, dtype_bytes=4)
 CPU = DeviceSpec(name="cpu", memory_bytes=16e9, hbm_bw=20e9, matmul_flops=2e11, pcie_bw=20e9)
 SHIPPED = P.PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16.json"
 RAW_KEY = {"device": "cpu", **{f: getattr(TINY, f) for f in P.SHAPE_FIELDS}}
-
-
-def _features(dec=(), pre=(), copies=0, swap_out=0, swap_in=0) -> dict:
-    f = dict.fromkeys(P.FEATURES, 0)
-    for L in dec:
-        f["n_dec"] += 1
-        f["dec_kv"] += L
-        f["dec_max"] = max(f["dec_max"], L)
-        f["rows"] += 1
-    for k, start in pre:
-        f["n_pre"] += 1
-        f["pre_tok"] += k
-        f["pre_pairs"] += k * start + k * (k + 1) // 2
-        f["pre_ctx"] += start + k
-        f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
-        f["rows"] += 1
-    f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
-    return f
 
 
 def _truth(mixed_dec: float = 0.0, **host) -> P.StepModel:
@@ -59,10 +42,10 @@ def test_a_fit_version_8_profile_prices_exactly_as_before():
     prof = P.StepProfile.load(SHIPPED)
     assert prof.model.to_dict()["eager"]["coef"].get("mixed_dec") is None
     m = prof.model
-    cases = [_features([2100] + [1204] * 23),
-             _features([2100] + [1204] * 23, pre=[(120, 900)]),
-             _features(pre=[(1500, 0), (1500, 0)]),
-             _features([4000] + [996] * 299, copies=3, swap_out=12, swap_in=40)]
+    cases = [step_features([2100] + [1204] * 23),
+             step_features([2100] + [1204] * 23, pre=[(120, 900)]),
+             step_features(pre=[(1500, 0), (1500, 0)]),
+             step_features([4000] + [996] * 299, copies=3, swap_out=12, swap_in=40)]
     cases[0]["dec_kv"], cases[1]["dec_kv"], cases[3]["dec_kv"], cases[3]["dec_shared"] = 30000, 30000, 300000, 20000
     cases[1]["rows"] = 25
     old = [(0.0024789655587524797, 0.00272323275875248, 0.0002442672),
@@ -192,17 +175,17 @@ def test_fit_recovers_the_extra_cost_of_decodes_beside_a_prefill():
     add = lambda f: samples.append({**f, "graph": False, "group": "g", "t": truth.predict_features(f, False)})
     for L in (64, 512, 2048):
         for b in (1, 8, 64, 256, 1024):
-            add(_features([L] * b))
+            add(step_features([L] * b))
         for tokens in (256, 1024):      # mixed steps of the same padded size with more or fewer decodes
             for b in (8, 64, 192):
-                add(_features([L] * b, pre=[(tokens - b, 0)]))
-                add(_features([L] * b, pre=[(tokens - b, 1024)]))
+                add(step_features([L] * b, pre=[(tokens - b, 0)]))
+                add(step_features([L] * b, pre=[(tokens - b, 1024)]))
     for n in (64, 256, 1024):
-        add(_features(pre=[(n, 0)]))
-        add(_features(pre=[(n, 0), (n, 512)]))
+        add(step_features(pre=[(n, 0)]))
+        add(step_features(pre=[(n, 0), (n, 512)]))
     fit = P.StepModel.fit(samples, [])
     assert fit.eager["coef"]["mixed_dec"] == pytest.approx(2e-5, rel=0.02)
-    f = _features([700] * 40, pre=[(200, 300)])
+    f = step_features([700] * 40, pre=[(200, 300)])
     assert fit.predict_features(f, False) == pytest.approx(truth.predict_features(f, False), rel=0.01)
 
 
@@ -260,7 +243,7 @@ def test_live_fit_recovers_host_and_mixed_terms_from_the_fit_workloads_only(tmp_
             b = int(rng.integers(1, 64))
             pre = [(int(rng.integers(16, 1024)), int(rng.choice([0, 512])))] if rng.random() < 0.3 else []
             swaps = int(rng.integers(1, 40)) if rng.random() < 0.2 else 0
-            f = _features(list(rng.integers(32, 2048, b)), pre, swap_out=swaps)
+            f = step_features(list(rng.integers(32, 2048, b)), pre, swap_out=swaps)
             f.update(n_admit=int(rng.integers(0, 3)), n_preempt=int(rng.integers(0, 2)),
                      n_finish=int(rng.integers(0, 3)), n_wait=int(rng.integers(0, 100)))
             work = {**f, "pre_tok_prev": prev, "swap_blocks": swaps, "swap_step": int(swaps > 0)}
@@ -313,11 +296,11 @@ def test_scattered_kv_points_are_measured_beside_their_twins_and_never_fitted():
     assert sum(1 for x, y in zip(tables_a, tables_a[1:]) if y != x + 1) > len(tables_a) // 2
 
     truth = _truth()
-    samples = [{**_features([L] * n), "graph": False, "group": "g"} for n in (1, 8, 64) for L in (64, 512, 2048)]
-    samples += [{**_features(pre=[(n, c)]), "graph": False, "group": "g"} for n in (64, 512) for c in (0, 512)]
+    samples = [{**step_features([L] * n), "graph": False, "group": "g"} for n in (1, 8, 64) for L in (64, 512, 2048)]
+    samples += [{**step_features(pre=[(n, c)]), "graph": False, "group": "g"} for n in (64, 512) for c in (0, 512)]
     for s in samples:
         s["t"] = truth.predict_features(s, False)
-    odd = {**_features([512] * 8), "graph": False, "group": "scatter", "diagnostic": True}
+    odd = {**step_features([512] * 8), "graph": False, "group": "scatter", "diagnostic": True}
     odd["t"] = 10 * truth.predict_features(odd, False)
     plain, with_odd = P.StepModel.fit(samples, []), P.StepModel.fit(samples + [odd], [])
     assert plain.to_dict() == with_odd.to_dict()
