@@ -543,15 +543,12 @@ def rl() -> dict[str, str]:
     """Session 9's one-step deviations from slo_slack (scripts/rl_victim_deviation.py --fit)."""
     import importlib.util
 
-    from kvrl.analysis.stats import mean_ci
-
     spec = importlib.util.spec_from_file_location("rl_victim_deviation", Path(__file__).with_name("rl_victim_deviation.py"))
     deviation = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(deviation)
-    rows = [json.loads(line) for path in DEVIATION for line in _text(path).splitlines()]
-    best, ci = mean_ci([max(r["gain_pct"].values()) for r in rows if r["gain_pct"]])
-    fitted = [mean_ci(deviation.learnability(rows, ridge)["realised"])[0] for ridge in (1.0, 10.0, 100.0, 1000.0)]
-    return {"deviation_best": f"{best:+.2f} ± {ci:.2f}%",
+    s = deviation.summarise([json.loads(line) for path in DEVIATION for line in _text(path).splitlines()])
+    fitted = [m for m, _, _ in s["fitted"].values()]
+    return {"deviation_best": f"{s['best'][0]:+.2f} ± {s['best'][1]:.2f}%",
             "deviation_fitted": f"{min(fitted):+.2f} to {max(fitted):+.2f}%".replace("-", "−")}
 
 

@@ -117,22 +117,36 @@ def learnability(rows: list[dict], ridge: float) -> dict:
     return {"realised": realised, "deviated": deviated}
 
 
-def fit_report(paths: list[str]) -> None:
-    """Print the learnability of the deviations in ``paths`` (``--out`` files of earlier runs)."""
+RIDGES = (1.0, 10.0, 100.0, 1000.0)
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Over the decisions of ``rows`` (``--out`` lines), each as ``(mean, 95% CI half-width)`` in %
+    of the base: ``best`` (the clairvoyant best deviation), ``uniform`` (a deviation drawn
+    uniformly) and ``fitted[ridge]`` (:func:`learnability`, with how many decisions it deviated at)."""
     from kvrl.analysis.stats import mean_ci
 
+    tried = [r for r in rows if r["gain_pct"]]
+    fitted = {}
+    for ridge in RIDGES:
+        out = learnability(rows, ridge)
+        fitted[ridge] = (*mean_ci(out["realised"]), out["deviated"])
+    return {"best": mean_ci([max(r["gain_pct"].values()) for r in tried]),
+            "uniform": mean_ci([float(np.mean(list(r["gain_pct"].values()))) for r in tried]),
+            "fitted": fitted}
+
+
+def fit_report(paths: list[str]) -> None:
+    """Print the learnability of the deviations in ``paths`` (``--out`` files of earlier runs)."""
     rows = [json.loads(line) for path in paths for line in open(path)]
-    best = [max(r["gain_pct"].values()) for r in rows if r["gain_pct"]]
-    mean = [float(np.mean(list(r["gain_pct"].values()))) for r in rows if r["gain_pct"]]
+    s = summarise(rows)
     print(f"{len(rows)} decisions, seeds {sorted({r['seed'] for r in rows})}")
     print("| policy at the drawn decisions | gain over the base, % (mean ± 95% CI) | deviates at |\n|---|---:|---:|")
-    print(f"| clairvoyant best deviation | {mean_ci(best)[0]:+.2f} ± {mean_ci(best)[1]:.2f} | all |")
-    print(f"| a deviation drawn uniformly | {mean_ci(mean)[0]:+.2f} ± {mean_ci(mean)[1]:.2f} | all |")
-    for ridge in (1.0, 10.0, 100.0, 1000.0):
-        out = learnability(rows, ridge)
-        m, ci = mean_ci(out["realised"])
+    print(f"| clairvoyant best deviation | {s['best'][0]:+.2f} ± {s['best'][1]:.2f} | all |")
+    print(f"| a deviation drawn uniformly | {s['uniform'][0]:+.2f} ± {s['uniform'][1]:.2f} | all |")
+    for ridge, (m, ci, deviated) in s["fitted"].items():
         print(f"| fitted on the observation (ridge {ridge:g}), held out by seed | {m:+.2f} ± {ci:.2f} | "
-              f"{out['deviated']} of {len(rows)} |")
+              f"{deviated} of {len(rows)} |")
 
 
 def main() -> None:
