@@ -59,11 +59,13 @@ def dedupe_policies(policies: Sequence[Any], role: Optional[str] = None) -> list
     configs are compared with their parameters' defaults filled in (a val-tuned heuristic whose
     pick is its defaults is its default row)."""
     out: list[Any] = []
+    keys: list[Any] = []                       # _canonical of each entry of out
     for policy in policies:
         key = _canonical(policy.plugin, role)
-        same = next((i for i, p in enumerate(out) if _canonical(p.plugin, role) == key), None)
+        same = next((i for i, k in enumerate(keys) if k == key), None)
         if same is None:
             out.append(policy)
+            keys.append(key)
             continue
         tag = re.search(r"\[[^\]]*\]$", policy.label)
         first = out[same]
