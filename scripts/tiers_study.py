@@ -13,6 +13,13 @@ plus the workload's working set) and ``table.md`` (mean over seeds, min-max in b
   reload beats a recompute);
 * ``prefetch``: the same two tiers with ``tier=prefetch``.
 
+Live (``backend=live`` among the overrides): one executor is built for the whole study (random
+weights drawn on the device by default, ``--weights``) and warmed up once (``--warmup`` requests,
+:func:`kvrl.builder.warm_up`); every run then builds its engine on it (same KV pool shape: the pool
+and the captured graphs are reused), so model load, kernel compilation and graph capture are paid
+once and charged to no run. ``results.json`` and ``table.md`` are rewritten after every run, so a
+study cut short (a device call's time limit) keeps the runs that finished.
+
 Working set: at every arrival, the sum over conversations (prefix groups) that have started and
 not yet sent their last turn of their latest prompt length, plus the shared system prompt once;
 reported as mean and peak over arrivals, in tokens and as a multiple of the GPU pool's tokens.
@@ -81,16 +88,38 @@ def working_set(requests, pool_tokens: int, system_len: int) -> dict:
             "working_set_mean_x_pool": mean / pool_tokens, "working_set_peak_x_pool": peak / pool_tokens}
 
 
-def run_one(overrides: list[str]) -> dict:
+def live_executor(overrides: list[str], weights: str, warmup: int):
+    """The one executor of a live study (see module doc): built from the first run's config with
+    ``weights`` (:func:`~kvrl.executors.live_build.build_live`) and warmed up with ``warmup``
+    requests (0: none) on that config's engine without a tier."""
+    from kvrl.builder import to_dict, warm_up
+    from kvrl.executors.live_build import build_live
+    cfg = compose([*overrides, "engine.cpu_tier_blocks=0", "engine.disk_tier_blocks=0"])
+    t0 = time.perf_counter()
+    executor = build_live(to_dict(cfg.model), to_dict(cfg.backend), seed=int(cfg.seed), weights=weights)
+    built = time.perf_counter()
+    if warmup > 0:
+        warm_up(executor, to_dict(cfg.engine), warmup, seed=12345)
+    print(f"live executor: built in {built - t0:.1f} s, warmed up ({warmup} requests) in "
+          f"{time.perf_counter() - built:.1f} s", flush=True)
+    return executor
+
+
+def run_one(overrides: list[str], executor=None) -> dict:
+    """One run of ``overrides``: on ``executor`` when given (a live study's shared one), else on
+    an executor built for it."""
     from kvrl.builder import build_engine, to_dict
     from kvrl.workloads import build_workload
     cfg = compose(overrides)
-    engine = build_engine(cfg, record_steps=False)
+    if executor is not None and hasattr(executor, "reset_step_state"):
+        executor.reset_step_state()
+    engine = build_engine(cfg, executor=executor, record_steps=False)
     requests = build_workload(to_dict(cfg.workload), vocab_size=engine.executor.vocab_size,
                               max_model_len=engine.config.max_model_len)
     wall = time.perf_counter()
     metrics = engine.run(list(requests))
     metrics["wall_s"] = time.perf_counter() - wall
+    metrics["busy_s"] = engine.metrics.busy_time_s       # engine seconds with a step running (live: ~ wall)
     pool = engine.config.num_blocks * engine.config.block_size
     metrics.update(working_set(requests, pool, int(cfg.workload.get("system_prompt_len", 0) or 0)))
     metrics["num_blocks"] = engine.config.num_blocks
@@ -116,7 +145,8 @@ def table(results: list[dict], variants: list[str]) -> str:
     lines.append("")
     lines.append(f"working set (seed {ws['seed']}): mean {ws['working_set_mean_tokens']:.0f} tokens = "
                  f"{ws['working_set_mean_x_pool']:.1f}x the GPU pool, peak {ws['working_set_peak_tokens']:.0f} = "
-                 f"{ws['working_set_peak_x_pool']:.1f}x; runs per variant: {len(results) // len(variants)}")
+                 f"{ws['working_set_peak_x_pool']:.1f}x; runs per variant: "
+                 + ", ".join(f"{v} {sum(r['variant'] == v for r in results)}" for v in variants))
     return "\n".join(lines)
 
 
@@ -130,6 +160,10 @@ def main(argv=None) -> int:
     parser.add_argument("--disk-bandwidth", default=None,
                         help="a measure_disk_bandwidth JSON (benchmarks/tiers_live.sh writes one): the sim prices disk "
                              "I/O with it where the profile has no disk measurement, instead of the default")
+    parser.add_argument("--weights", default="memory",
+                        help="live: backend weights (memory: random, drawn on the device; disk: kvrl-run's random "
+                             "checkpoint; else a checkpoint directory)")
+    parser.add_argument("--warmup", type=int, default=64, help="live: warm-up requests before the first run (0: none)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/run.yaml (after --)")
     args = parser.parse_args(argv)
     if args.disk_bandwidth:
@@ -140,18 +174,22 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
+    live = "backend=live" in args.overrides
+    executor = live_executor([*args.overrides, f"seed={args.seeds[0]}"], args.weights, args.warmup) if live else None
     for seed in args.seeds:
         for variant in args.variants:
             overrides = [*args.overrides, f"seed={seed}", *VARIANTS[variant](args.tier_blocks, args.disk_blocks)]
-            metrics = run_one(overrides)
+            metrics = run_one(overrides, executor)
             metrics.update(variant=variant, seed=seed, overrides=overrides)
             results.append(metrics)
             print(f"seed {seed} {variant}: ttft p50 {metrics['ttft_p50_s']:.4f} s p99 {metrics['ttft_p99_s']:.4f} s, "
                   f"{metrics['throughput_tok_s']:.1f} tok/s, hit {metrics['prefix_hit_rate']:.3f} "
-                  f"(cpu {metrics.get('tier_cpu_hit_rate', 0.0):.3f}), wall {metrics['wall_s']:.1f} s", flush=True)
+                  f"(cpu {metrics.get('tier_cpu_hit_rate', 0.0):.3f}), busy {metrics['busy_s']:.1f} s, "
+                  f"wall {metrics['wall_s']:.1f} s", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    text = table(results, args.variants)
-    (out / "table.md").write_text(text + "\n")
+            done = [v for v in args.variants if any(r["variant"] == v for r in results)]
+            text = table(results, done)
+            (out / "table.md").write_text(text + "\n")
     print(text)
     return 0
 
