@@ -88,7 +88,11 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert cpu_profile.stat().st_size < 300_000
     groups = {s["group"] for s in data["samples"]}
     assert {"decode", "ragged", "prefill", "prefix", "mixed", "mixed_long", "copy", "swap_out", "swap_in", "overlap",
-            "holdout", "scatter", "scatter_ref"} <= groups
+            "holdout", "scatter", "scatter_ref", "shared", "shared_mixed"} <= groups
+    # decodes over one prefix in common KV blocks, alone and beside a chunk: they price a shared token
+    shared = [s for s in data["samples"] if s["group"].startswith("shared")]
+    assert shared and all(0 < s["dec_shared"] < s["dec_kv"] and not s.get("diagnostic") for s in shared)
+    assert any(s["n_pre"] for s in shared) and not all(s["n_pre"] for s in shared)
     # fit version 9: small chunks beside long decodes are fitted (mixed_dec); scattered-KV decodes only reported
     assert "mixed_dec" in data["model"]["eager"]["coef"]
     assert all(s.get("diagnostic") for s in data["samples"] if s["group"].startswith("scatter"))
@@ -116,6 +120,26 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert (cpu_profile.parent / "profile.md").read_text().startswith("# Step-time profile")
     installed = list((cpu_profile.parent.parent / "installed").glob("*.json"))
     assert [p.name for p in installed] == ["cpu_tiny_float32.json"]
+
+
+def test_profile_grid_builds_decodes_over_a_shared_prefix_in_the_same_blocks():
+    """The ``shared`` grid points: every decode's first blocks are one common set (a prefix-cache
+    hit on a system prompt, whole blocks), its other blocks its own, and the batch's features count
+    those tokens as shared; a decode no longer than the prefix shares nothing."""
+    from kvrl.executors.profile.features import batch_features
+    from kvrl.profiling.batches import GRIDS, BatchFactory, grid_points
+
+    factory = BatchFactory(num_blocks=256, block_size=16, vocab_size=512, max_len=1024)
+    batch = factory.batch(decode_lens=[200] * 4 + [40], shared_prefix=70, prefills=[(32, 0)])
+    decodes = [item.seq for item in batch.seqs if item.num_tokens == 1]
+    assert [s.block_table[:4] for s in decodes[:4]] == [[0, 1, 2, 3]] * 4
+    own = [b for s in decodes for b in s.block_table[4:]] + batch.seqs[0].seq.block_table
+    assert len(own) == len(set(own)) and not set(own) & {0, 1, 2, 3}
+    assert [s.shared_prefix_tokens for s in decodes] == [64] * 4 + [0]
+    f = batch_features(batch)
+    assert f["dec_shared"] == 4 * 64 and f["dec_kv"] == 4 * 200 + 40 and f["n_pre"] == 1
+    groups = [(g, graph) for g, graph, _ in grid_points(GRIDS["gpu"], graphs=True, max_len=4096)]
+    assert groups.count(("shared", True)) == groups.count(("shared", False)) == groups.count(("shared_mixed", False)) == 6
 
 
 def test_fitted_model_predicts_held_out_cpu_steps(cpu_profile):

@@ -22,6 +22,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         mixed_long_batch=[8, 32, 96], mixed_long_ctx=[1024, 4096], mixed_long_prefill=[32, 256],
         mixed_long_cached=[0, 1024],
         scatter_batch=[16, 64], scatter_ctx=[1024, 2048],
+        shared_batch=[16, 64], shared_ctx=[1024, 2048], shared_prefix=[512, 1024], shared_mixed_prefill=256,
         copies=[1, 16, 128, 1024],
         swaps=[1, 4, 16, 64, 128, 256, 512, 1024],
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
@@ -42,6 +43,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         mixed_long_batch=[4, 16], mixed_long_ctx=[256], mixed_long_prefill=[8, 32],
         mixed_long_cached=[0, 64],
         scatter_batch=[8], scatter_ctx=[256],
+        shared_batch=[8], shared_ctx=[256], shared_prefix=[64, 128], shared_mixed_prefill=32,
         copies=[1, 4, 16, 64],
         swaps=[1, 4, 16, 64],
         overlap_batch=8, overlap_ctx=64, overlap_swap_in=[4, 32],
@@ -67,34 +69,45 @@ class BatchFactory:
         self._next_block = 0
         self._next_id = 0
 
-    def _seq(self, length: int):
+    def _seq(self, length: int, shared: list[int] = ()):
+        """A sequence of ``length`` tokens whose block table starts with the ``shared`` blocks (a
+        prefix-cache hit: ``shared_prefix_tokens`` is set to the tokens they hold) and takes its
+        other blocks in order."""
         from kvrl.engine.request import Request, Sequence
 
         req = Request(f"p{self._next_id}", 0.0, self.tokens[:length], 1)
         seq = Sequence(self._next_id, req)
         self._next_id += 1
-        n = -(-length // self.block_size)
-        seq.block_table = [(self._next_block + i) % self.num_blocks for i in range(n)]
+        n = -(-length // self.block_size) - len(shared)
+        own = [(self._next_block + i) % self.num_blocks for i in range(n)]
         if self._order is not None:
-            seq.block_table = [int(self._order[b]) for b in seq.block_table]
+            own = [int(self._order[b]) for b in own]
+        seq.block_table = [*shared, *own]
+        seq.shared_prefix_tokens = len(shared) * self.block_size
         self._next_block = (self._next_block + n) % self.num_blocks
         return seq
 
     def batch(self, decode_lens=(), prefills=(), copies: int = 0, swap_out: int = 0, swap_in: int = 0,
-              scatter: bool = False):
+              scatter: bool = False, shared_prefix: int = 0):
         """``decode_lens``: context length of each decode (its last token is computed);
         ``prefills``: ``(query_tokens, cached_tokens)`` pairs; ``scatter``: block tables take blocks
         spread over the whole pool in a random order (as after many preemptions, swaps and
-        evictions) instead of consecutive ones."""
+        evictions) instead of consecutive ones; ``shared_prefix``: every decode's first
+        ``shared_prefix`` tokens (whole blocks, rounded down) are the same KV blocks, as after a
+        prefix-cache hit on a common system prompt."""
         from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 
         self._next_block = 0
         self._order = self._scattered if scatter else None
+        n_shared = shared_prefix // self.block_size
+        shared = list(range(n_shared))
+        self._next_block = n_shared
         items = []
         for k, start in prefills:
             items.append(ScheduledSeq(self._seq(start + k), start, k, 1))
         for length in decode_lens:
-            items.append(ScheduledSeq(self._seq(length), length - 1, 1, 1))
+            items.append(ScheduledSeq(self._seq(length, shared if length > n_shared * self.block_size else []),
+                                      length - 1, 1, 1))
         self._order = None
         nb = self.num_blocks
         b = ScheduledBatch(seqs=items)
@@ -153,6 +166,17 @@ def grid_points(g: dict, graphs: bool, max_len: int) -> list[tuple[str, bool, di
             if L <= max_len:
                 pts.append(("scatter", graphs, {"decode_lens": [L] * b, "scatter": True}))
                 pts.append(("scatter_ref", graphs, {"decode_lens": [L] * b}))
+    # decodes over a common prefix held in the same KV blocks (prefix-cache hits on a shared system
+    # prompt), alone and beside a prefill chunk: they identify the price of a shared KV token, which
+    # the engine runs alone left to chance (fit 9 priced it at 3x an unshared one, 0 before)
+    for b in g.get("shared_batch", ()):
+        for L in g["shared_ctx"]:
+            for s in g["shared_prefix"]:
+                if s < L <= max_len:
+                    for graph in modes:
+                        pts.append(("shared", graph, {"decode_lens": [L] * b, "shared_prefix": s}))
+                    pts.append(("shared_mixed", False, {"decode_lens": [L] * b, "shared_prefix": s,
+                                                       "prefills": [(g["shared_mixed_prefill"], 0)]}))
     for n in g["copies"]:
         pts.append(("copy", False, {"copies": n}))
     for n in g["swaps"]:
