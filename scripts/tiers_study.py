@@ -11,7 +11,9 @@ plus the workload's working set) and ``table.md`` (mean over seeds, min-max in b
 * ``disk``: the CPU tier plus a disk tier of ``--disk-blocks`` blocks, ``tier=offload_all``;
 * ``disk_cost``: the same two tiers with ``tier=cost_aware`` (offload / demote only where the
   reload beats a recompute);
-* ``prefetch``: the same two tiers with ``tier=prefetch``.
+* ``prefetch``: the same two tiers with ``tier=prefetch``;
+* ``disk_ra``: as ``disk``, with disk read-ahead (``engine.disk_tier_read_ahead_blocks`` =
+  :data:`READ_AHEAD_BLOCKS`, :mod:`kvrl.engine.tier_read_ahead`).
 
 Live (``backend=live`` among the overrides): one executor is built for the whole study (random
 weights drawn on the device by default, ``--weights``) and warmed up once (``--warmup`` requests,
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+READ_AHEAD_BLOCKS = 64      # the disk_ra variant's staging buffers (128 MiB of host memory on Llama-3-8B)
 VARIANTS = {
     "gpu": lambda blocks, disk: ["engine.cpu_tier_blocks=0"],
     "cpu": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", "tier=offload_all"],
@@ -49,10 +52,13 @@ VARIANTS = {
                                        "tier=cost_aware"],
     "prefetch": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
                                       "tier=prefetch"],
+    "disk_ra": lambda blocks, disk: [f"engine.cpu_tier_blocks={blocks}", f"engine.disk_tier_blocks={disk}",
+                                     "tier=offload_all", f"engine.disk_tier_read_ahead_blocks={READ_AHEAD_BLOCKS}"],
 }
 COLUMNS = ("ttft_p50_s", "ttft_p99_s", "throughput_tok_s", "prefix_hit_rate", "tier_gpu_hit_rate",
            "tier_cpu_hit_rate", "tier_disk_hit_rate", "tier_loaded_blocks", "tier_disk_loaded_blocks",
-           "tier_prefetch_used_blocks", "tier_load_s", "tier_disk_load_s", "recomputed_tokens", "preemptions")
+           "tier_prefetch_used_blocks", "tier_load_s", "tier_disk_load_s", "tier_disk_read_ahead_used_blocks",
+           "recomputed_tokens", "preemptions")
 
 
 def compose(overrides: list[str]):

@@ -257,6 +257,7 @@ TYPED = {   # values of each field's declared type, any range (sizes bounded: se
     "disk_tier_blocks": st.integers(-1, 40),
     "disk_tier_dir": st.one_of(st.none(), st.just("/nonexistent/kvrl-fuzz-disk-tier")),
     "disk_tier_threads": st.integers(-1, 8),
+    "disk_tier_read_ahead_blocks": st.integers(-1, 8),
     "prefix_hash": st.sampled_from(["blake2b", "sha256", "xxh3", "md5"]),
     "prefix_hash_key": st.sampled_from(["random", "seed", "fixed"]),
     "seed": st.integers(-5, 2**40),

@@ -52,13 +52,16 @@ ops = st.lists(
 @pytest.mark.parametrize("prefix_cache", ["hash_lru", "hash_lfu", "radix_lru"])
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, seed=st.integers(0, 2**16), tier_blocks=st.sampled_from([1, 3, 12]),
-       tier=st.sampled_from(["offload_all", "cost_aware", "prefetch"]), disk_blocks=st.sampled_from([0, 2, 16]))
-def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier, disk_blocks):
+       tier=st.sampled_from(["offload_all", "cost_aware", "prefetch"]), disk_blocks=st.sampled_from([0, 2, 16]),
+       read_ahead=st.sampled_from([0, 2]))
+def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, tier_blocks, tier, disk_blocks,
+                                                      read_ahead):
     """After every operation: pool and tier partitions exact (CPU and disk), every GPU-cached
     identity absent from both tiers and no identity on CPU and disk at once, every cached block a sequence holds registered under its own salt (two tenants send
     the same prompts); at the end every request finished or was aborted and nothing is held."""
     engine = tier_engine(num_blocks=28, tier_blocks=tier_blocks, tier=tier, prefix_cache=prefix_cache,
-                         max_num_batched_tokens=32, mode="swap", disk_tier_blocks=disk_blocks)
+                         max_num_batched_tokens=32, mode="swap", disk_tier_blocks=disk_blocks,
+                         disk_tier_read_ahead_blocks=read_ahead if disk_blocks else 0)
     rng = np.random.default_rng(seed)
     added = []
     for op in ops:
@@ -98,6 +101,10 @@ def test_tier_invariants_hold_under_random_operations(prefix_cache, ops, seed, t
     if disk_blocks:
         assert s["tier_disk_loaded_blocks"] <= s["tier_demoted_blocks"]
         event(f"disk loads: {'some' if s['tier_disk_loaded_blocks'] else 'none'}")
+        if read_ahead:      # every disk load used a staged read or was read at its step; staging bounded
+            ra = alloc.read_ahead
+            assert ra.stats.used_blocks <= s["tier_disk_loaded_blocks"] and ra.num_staged <= read_ahead
+            event(f"read-ahead used: {'some' if ra.stats.used_blocks else 'none'}")
 
 
 def _fill_then_reuse(engine, prompts, fillers, tenants=("a", "a")):
@@ -462,16 +469,19 @@ def test_run_config_composes_the_tier_group_and_reports_tier_metrics():
     assert summary["tier_cpu_blocks"] == 64 and summary["tier_offloaded_blocks"] > 0
 
 
-def test_live_greedy_output_is_exact_after_a_disk_reload(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("read_ahead", [0, 8])
+def test_live_greedy_output_is_exact_after_a_disk_reload(tiny_checkpoint, tmp_path, read_ahead):
     """As above with a 12-block CPU tier over a disk tier in ``tmp_path``: the prompts' blocks are
     pushed through the CPU tier to disk by the fillers, read back from their files on the second
-    round, and the greedy tokens equal transformers' for every request."""
+    round (with ``read_ahead``: issued at the lookup into staging buffers,
+    kvrl.engine.tier_read_ahead), and the greedy tokens equal transformers' for every request."""
     from tests.test_live_exactness import hf_greedy
     rng = np.random.default_rng(4)
     system = rng.integers(0, 512, 20, dtype=np.int32)
     prompts = [np.concatenate([system, rng.integers(0, 512, k, dtype=np.int32)]) for k in (9, 14)]
     fillers = [rng.integers(0, 512, 30, dtype=np.int32) for _ in range(6)]
-    engine = _live_engine(tiny_checkpoint, tier_blocks=12, disk_tier_blocks=64, disk_tier_dir=str(tmp_path))
+    engine = _live_engine(tiny_checkpoint, tier_blocks=12, disk_tier_blocks=64, disk_tier_dir=str(tmp_path),
+                          disk_tier_read_ahead_blocks=read_ahead)
     reqs = [make_request(f"p{i}", tokens=p, output_len=6, arrival_s=0.0) for i, p in enumerate(prompts)]
     reqs += [make_request(f"f{i}", tokens=p, output_len=6, arrival_s=1.0 + i) for i, p in enumerate(fillers)]
     reqs += [make_request(f"q{i}", tokens=p, output_len=6, arrival_s=10.0) for i, p in enumerate(prompts)]
@@ -481,20 +491,29 @@ def test_live_greedy_output_is_exact_after_a_disk_reload(tiny_checkpoint, tmp_pa
     assert summary["tier_disk_loaded_blocks"] >= 4, summary
     assert summary["tier_disk_load_s"] > 0 and summary["tier_disk_store_s"] > 0
     assert 0 < len(list(tmp_path.glob("block-*.kv"))) <= 64     # one file per disk block written
+    if read_ahead:
+        assert summary["tier_disk_read_ahead_used_blocks"] == summary["tier_disk_loaded_blocks"], summary
     expected = hf_greedy(tiny_checkpoint, [*prompts, *fillers, *prompts], 6)
     assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
 
 
-def test_live_kv_round_trips_through_the_disk_files(tiny_checkpoint, tmp_path):
-    """Host tier blocks written to block files and read back into other host blocks are identical."""
-    engine = _live_engine(tiny_checkpoint, tier_blocks=4, disk_tier_blocks=4, disk_tier_dir=str(tmp_path))
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_live_kv_round_trips_through_the_disk_files(tiny_checkpoint, tmp_path, read_ahead):
+    """Host tier blocks written to block files and read back into other host blocks are identical,
+    read at the step or (``read_ahead``) through staging buffers filled ahead of it."""
+    engine = _live_engine(tiny_checkpoint, tier_blocks=4, disk_tier_blocks=4, disk_tier_dir=str(tmp_path),
+                          disk_tier_read_ahead_blocks=2 if read_ahead else 0)
     alloc, pool = engine.allocator, engine.executor.tier_pool
     pool.normal_()
     before = pool[[0, 1]].clone()
     alloc._move_disk([(0, 3), (1, 0)], [])
+    if read_ahead:
+        alloc.read_ahead.issue([(3, "a"), (0, "b")])
     pool.zero_()
-    alloc._move_disk([], [(3, 2), (0, 1)])
+    assert alloc._move_disk([], [(3, 2, "a"), (0, 1, "b")]) == ([] if read_ahead else [(3, 2), (0, 1)])
     assert torch.equal(pool[2], before[0]) and torch.equal(pool[1], before[1])
+    if read_ahead:
+        assert alloc.read_ahead.stats.used_blocks == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["block-0.kv", "block-3.kv"]
 
 

@@ -58,6 +58,10 @@ class EngineConfig:
         disk_tier_dir: directory of the disk tier's block files (one file per block); None
             (default) = a fresh temporary directory, removed when the engine is collected.
         disk_tier_threads: I/O threads of the disk tier (default 4).
+        disk_tier_read_ahead_blocks: staging buffers (blocks) for disk-tier reads issued as soon as
+            a prefix lookup finds a disk hit, so a queued request's reads overlap the running
+            steps (:mod:`kvrl.engine.tier_read_ahead`); 0 (default) = off, each disk hit is read
+            when its step is planned. Live: that many blocks of host memory.
         seed: seed for anything random in the engine and executors.
         pause_gc: during :meth:`Engine.run`, Python's cyclic garbage collector is paused: the
             objects alive at the start are frozen (``gc.freeze``) and automatic collections are
@@ -88,12 +92,14 @@ class EngineConfig:
     disk_tier_blocks: int = 0
     disk_tier_dir: Optional[str] = None
     disk_tier_threads: int = 4
+    disk_tier_read_ahead_blocks: int = 0
     seed: int = 0
     pause_gc: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed",
-                     "num_cpu_blocks", "max_model_len", "cpu_tier_blocks", "disk_tier_blocks", "disk_tier_threads"):
+                     "num_cpu_blocks", "max_model_len", "cpu_tier_blocks", "disk_tier_blocks", "disk_tier_threads",
+                     "disk_tier_read_ahead_blocks"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"engine.{name} must be an integer, got {value!r}")
@@ -107,6 +113,10 @@ class EngineConfig:
         check_range("engine.cpu_tier_blocks", self.cpu_tier_blocks, 0)
         check_range("engine.disk_tier_blocks", self.disk_tier_blocks, 0)
         check_range("engine.disk_tier_threads", self.disk_tier_threads, 1)
+        check_range("engine.disk_tier_read_ahead_blocks", self.disk_tier_read_ahead_blocks, 0)
+        if self.disk_tier_read_ahead_blocks and not self.disk_tier_blocks:
+            raise ValueError("engine.disk_tier_read_ahead_blocks > 0 needs engine.disk_tier_blocks > 0 (it reads "
+                             "ahead from the disk tier)")
         if self.disk_tier_dir is not None and not isinstance(self.disk_tier_dir, str):
             raise ValueError(f"engine.disk_tier_dir must be a directory path or null, got {self.disk_tier_dir!r}")
         if self.disk_tier_blocks and not self.cpu_tier_blocks:

@@ -4,8 +4,10 @@
 (``<dir>/block-<n>.kv``, the block's KV bytes as the executor's host tier holds them) and moves
 them with a thread pool: a write is queued and returns at once (the bytes were copied out of the
 host tier first, so the host block can be reused at once); a read is queued and waited for before
-the step whose tier load needs it. Every I/O on a block waits for the block's previous I/O (a
-read never sees a half-written file, a rewrite never overtakes a read). The index (which
+the step whose tier load needs it (or queued earlier, into a staging buffer, by the read-ahead of
+:mod:`kvrl.engine.tier_read_ahead`). Every I/O on a block waits for the block's previous I/O (a
+read never sees a half-written file, a rewrite never overtakes a read; a read after a failed
+write fails too). The index (which
 identity lives in which disk block, replacement order) is a :class:`~kvrl.engine.tier_store.CpuTier`
 instance, the same structure the CPU tier uses; this module moves bytes only.
 
@@ -23,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Optional
 
@@ -86,7 +88,7 @@ class DiskStore:
         # behind a backlog of demotion writes of other blocks
         self._readers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvrl-disk-read")
         self._writers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvrl-disk-write")
-        self._last: dict[int, Future] = {}           # block -> its latest queued I/O
+        self._last: dict[int, tuple[Future, bool]] = {}   # block -> its latest queued I/O, is a write
         self.read_s = self.write_s = 0.0             # worker seconds spent reading / writing
         self._lock = threading.Lock()
         self._closer = weakref.finalize(self, DiskStore._shutdown, (self._readers, self._writers),
@@ -95,14 +97,22 @@ class DiskStore:
     def path(self, block: int) -> str:
         return os.path.join(self.directory, f"block-{block}.kv")
 
-    def _after(self, block: int, fn, pool: ThreadPoolExecutor) -> Future:
+    def _after(self, block: int, fn, pool: ThreadPoolExecutor, write: bool) -> Future:
+        """``fn`` queued on ``pool`` after the block's previous I/O has finished. Each I/O reports
+        its own failure through its future, except that a read after a failed write fails too (the
+        file may hold part of the block); a failed read does not affect later I/O."""
         before = self._last.get(block)
+        path = self.path(block)         # the worker holds no reference to the store (its finalizer)
 
         def run():
             if before is not None:
-                before.result()
+                previous, was_write = before
+                wait([previous])
+                if not write and was_write and previous.exception() is not None:
+                    raise IOError(f"{path}: the block's last write failed ({previous.exception()})")
             return fn()
-        future = self._last[block] = pool.submit(run)
+        future = pool.submit(run)
+        self._last[block] = (future, write)
         return future
 
     def write(self, block: int, data: np.ndarray) -> Future:
@@ -119,7 +129,7 @@ class DiskStore:
             with self._lock:
                 self.write_s += dt
             return dt
-        return self._after(block, do, self._writers)
+        return self._after(block, do, self._writers, True)
 
     def read(self, block: int, into: np.ndarray) -> Future:
         """Queue reading ``block`` into ``into`` (contiguous, ``block_bytes`` long)."""
@@ -137,12 +147,16 @@ class DiskStore:
             with self._lock:
                 self.read_s += dt
             return dt
-        return self._after(block, do, self._readers)
+        return self._after(block, do, self._readers, False)
 
     def drain(self) -> None:
-        """Wait for every queued I/O (re-raising the first failure)."""
-        for future in list(self._last.values()):
-            future.result()
+        """Wait for every queued I/O, re-raising the first failed write (a failed read is its
+        caller's to handle, through the future :meth:`read` returned)."""
+        last = list(self._last.values())
+        wait([future for future, _ in last])
+        for future, write in last:
+            if write:
+                future.result()
 
     def close(self) -> None:
         self.drain()
@@ -150,8 +164,11 @@ class DiskStore:
 
     @staticmethod
     def _shutdown(pools: tuple, directory: Optional[str]) -> None:
+        # the last reference may go in one of the pools' own workers (a queued I/O holds the
+        # store): a worker cannot join itself, and its pool finishes its queue anyway
+        in_worker = threading.current_thread().name.startswith("kvrl-disk-")
         for pool in pools:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=not in_worker)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 

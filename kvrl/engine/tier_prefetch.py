@@ -85,7 +85,7 @@ class TierPrefetchMixin:
                 entry = disk.take(slot)
                 source = tier.store(entry)
                 tier.take(source)
-                self._disk_in.append((slot, source))
+                self._disk_in.append((slot, source, h))
                 self.stats.disk_loaded_blocks += 1
             else:
                 return True

@@ -48,6 +48,7 @@ from kvrl.engine.hashing import BlockHash
 from kvrl.engine.paged_allocator import OutOfBlocks, PagedAllocator, PrefixMatch
 from kvrl.engine.request import Sequence
 from kvrl.engine.tier_prefetch import TierPrefetchMixin
+from kvrl.engine.tier_read_ahead import DiskReadAhead
 from kvrl.engine.tier_store import CPU, DISK, CpuTier, TierEntry, TierStats
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
     ``timer`` (policy wall time), ``on_error(call, exc)`` (policy-error accounting; a failing
     ``offload`` call drops the block, a failing ``demote`` call drops the CPU block), and for the
     disk tier ``disk_blocks`` (0: none), ``disk_dir`` and ``disk_threads``
-    (:class:`~kvrl.engine.disk_tier.DiskStore`).
+    (:class:`~kvrl.engine.disk_tier.DiskStore`), and ``read_ahead_blocks`` (0: none; else the
+    staging buffers of :class:`~kvrl.engine.tier_read_ahead.DiskReadAhead`, :attr:`read_ahead`).
 
     Disk tier: a CPU tier block that the CPU tier replaces (its oldest store, when full) is
     *demoted* to the disk tier if the policy's ``demote`` says so (else dropped); the disk tier
@@ -91,7 +93,8 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
 
     def __init__(self, *args, tier_blocks: int, policy: "TierPolicy", block_bytes: int,
                  timer: "PolicyTimer", on_error: Callable[[str, Exception], object], disk_blocks: int = 0,
-                 disk_dir: Optional[str] = None, disk_threads: int = 4, **kw) -> None:
+                 disk_dir: Optional[str] = None, disk_threads: int = 4, read_ahead_blocks: int = 0,
+                 **kw) -> None:
         super().__init__(*args, **kw)
         if not self.prefix_cache.enabled:
             raise ValueError("engine.cpu_tier_blocks > 0 needs a prefix cache (prefix_cache=none caches nothing "
@@ -110,7 +113,8 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         self._tier_out: list[tuple[int, int]] = []
         self._tier_in: list[tuple[int, int]] = []
         self._disk_out: list[tuple[int, int]] = []     # (CPU tier block, disk block): demotions
-        self._disk_in: list[tuple[int, int]] = []      # (disk block, CPU tier block): disk hits staged
+        # (disk block, CPU tier block, identity): disk hits staged in CPU tier blocks
+        self._disk_in: list[tuple[int, int, BlockHash]] = []
         self._disk_dir, self._disk_threads = disk_dir, disk_threads
         self._prefetched = [False] * self.num_blocks   # GPU block loaded by a prefetch, not hit yet
         #: finished chains a prefetch may bring back: handle -> (PrefetchChain, identities), oldest first
@@ -120,6 +124,9 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         self._executor = None
         self.disk_store: Optional[DiskStore] = None
         self._host = None                              # the executor's host tier pool as bytes (live)
+        self._read_ahead_blocks = read_ahead_blocks
+        #: disk reads issued at lookups (engine.disk_tier_read_ahead_blocks > 0; set by bind_executor)
+        self.read_ahead: Optional[DiskReadAhead] = None
 
     def bind_executor(self, executor) -> None:
         """Use ``executor``'s tier transfer times and estimates; with a disk tier and an executor
@@ -136,6 +143,15 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
             host = pool.view(torch.uint8).reshape(pool.shape[0], -1)
             self._host = host.numpy()
             self.disk_store = DiskStore(self.disk.num_blocks, self._host.shape[1], self._disk_dir, self._disk_threads)
+        if self.disk is not None and self._read_ahead_blocks:
+            if self.disk_store is not None:
+                self.read_ahead = DiskReadAhead(self._read_ahead_blocks, self._host.shape[1], store=self.disk_store)
+            elif hasattr(executor, "issue_disk_read_ahead"):
+                self.read_ahead = DiskReadAhead(self._read_ahead_blocks, self.stats.block_bytes,
+                                                issue_sim=executor.issue_disk_read_ahead)
+            else:
+                raise ValueError(f"engine.disk_tier_read_ahead_blocks > 0: the {getattr(executor, 'name', '?')} "
+                                 "executor has neither a host tier pool nor a sim disk read queue")
 
     # ----------------------------------------------------------------- reclaim -> offload
     def _reclaim(self, table: list[int], n: int) -> None:
@@ -212,6 +228,8 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         if dslot is None:
             self.stats.cpu_dropped_blocks += 1
             return
+        if self.read_ahead is not None:
+            self.read_ahead.invalidate(dslot)        # a read issued before this write is stale
         self._disk_out.append((slot, dslot))
         self.stats.demoted_blocks += 1
 
@@ -270,7 +288,25 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
             room = tier.num_free + tier.num_replaceable()
             while found and n_disk > room - (len(found) - n_disk):
                 n_disk -= found.pop()[0] == DISK
+            if n_disk and self.read_ahead is not None:
+                self._read_ahead(found, hashes, len(gpu.block_ids))
         return match
+
+    def _read_ahead(self, found: list[tuple[int, int]], hashes, first: int) -> None:
+        """Issue the reads of a match's disk hits (``found[j]`` is chain block ``first + j``). A hit
+        whose earlier read-ahead failed ends the match there (a miss: recomputed) and leaves the disk."""
+        ra, disk = self.read_ahead, self.disk
+        issue = []
+        for j, (level, slot) in enumerate(found):
+            if level != DISK:
+                continue
+            block_hash = hashes[first + j]
+            if ra.failed(slot, block_hash):
+                disk.take(slot)
+                del found[j:]
+                break
+            issue.append((slot, block_hash))
+        ra.issue(issue)
 
     def admit(self, seq: Sequence, match: PrefixMatch, upto: int) -> list[tuple[int, int]]:
         """As :meth:`PagedAllocator.admit`, plus: tier hits are taken out of their tier (disk hits
@@ -306,7 +342,7 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
             if staged is None:                       # match_prefix left room for every disk hit
                 raise AssertionError("no CPU tier block to stage a disk hit in")
             self.tier.take(staged)
-            self._disk_in.append((slot, staged))
+            self._disk_in.append((slot, staged, entry.block_hash))
             sources.append(staged)
         table = list(match.block_ids)
         hashes = seq.block_hashes
@@ -370,44 +406,106 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         become reusable. The disk operations are carried out here, before the step runs (live:
         demoted blocks copied out of the host pool and written in the background, disk hits read
         into their CPU tier blocks and waited for; sim: priced), so the executor sees only the CPU
-        tier's ``tier_out``/``tier_in``; the sim also prices ``disk_out``/``disk_in`` on its clock."""
+        tier's ``tier_out``/``tier_in``; the sim also prices ``disk_out``/``disk_in`` on its clock.
+        ``disk_in`` lists the disk reads issued for this step: with :attr:`read_ahead`, disk hits
+        whose read was issued at a lookup are not in it (the step waits for what is left of those
+        reads: live, then their staged bytes are copied to the CPU tier blocks; sim,
+        ``await_disk_reads``)."""
         self._run_prefetch()
         out, into = self._tier_out, self._tier_in
         disk_out, disk_in = self._disk_out, self._disk_in
         self._tier_out, self._tier_in, self._disk_out, self._disk_in = [], [], [], []
         if disk_out or disk_in:
             if self.disk_store is not None:
-                self._move_disk(disk_out, disk_in)
+                disk_in = self._move_disk(disk_out, disk_in)
             else:
-                nbytes = self.stats.block_bytes
-                self.stats.disk_load_s += self.disk_bandwidth.read_s(len(disk_in) * nbytes)
-                self.stats.disk_store_s += self.disk_bandwidth.write_s(len(disk_out) * nbytes)
+                disk_in = self._price_disk(disk_out, disk_in)
+        ra = self.read_ahead
+        if ra is not None:
+            disk = self.disk
+            ra.sweep(lambda slot, block_hash: disk.lookup(block_hash) == slot)
         self.tier.end_step()
         if self.disk is not None:
             self.disk.end_step()
         return out, into, disk_out, disk_in
 
-    def _move_disk(self, disk_out: list[tuple[int, int]], disk_in: list[tuple[int, int]]) -> None:
+    def _price_disk(self, disk_out: list[tuple[int, int]],
+                    disk_in: list[tuple[int, int, BlockHash]]) -> list[tuple[int, int]]:
+        """Sim disk I/O of one step (the executor prices the returned reads and ``disk_out`` on
+        its clock): read-ahead hits cost what is left of their reads at the step's start."""
+        nbytes, ra = self.stats.block_bytes, self.read_ahead
+        reads = []
+        ready = None
+        for dslot, cpu, block_hash in disk_in:
+            entry = ra.take(dslot, block_hash) if ra is not None else None
+            if entry is None:
+                reads.append((dslot, cpu))
+            else:
+                landed = ra.finish_sim(entry)
+                ready = landed if ready is None else max(ready, landed)
+        if ready is not None:
+            waited = self._executor.await_disk_reads(ready)
+            ra.stats.wait_s += waited
+            self.stats.disk_load_s += waited
+        self.stats.disk_load_s += self.disk_bandwidth.read_s(len(reads) * nbytes)
+        self.stats.disk_store_s += self.disk_bandwidth.write_s(len(disk_out) * nbytes)
+        return reads
+
+    def _move_disk(self, disk_out: list[tuple[int, int]],
+                   disk_in: list[tuple[int, int, BlockHash]]) -> list[tuple[int, int]]:
         """Live disk I/O of one step: earlier steps' host copies finish first (the swap stream),
         then demoted blocks are copied out of the host pool (their blocks may be written by this
-        step) and queued for writing, then the disk hits are read into their CPU tier blocks."""
+        step) and queued for writing, then the disk hits are read into their CPU tier blocks:
+        a read-ahead hit by waiting for its staged read and copying the buffer (read again here
+        if it failed), the others by reading now. Returns the reads issued here. A read that
+        fails here raises an ``IOError`` naming the block file (no step runs on wrong KV)."""
         sync = getattr(self._executor, "sync_swaps", None)
         if sync is not None:
             sync()
         t0 = perf_counter()
-        host, store = self._host, self.disk_store
+        host, store, ra = self._host, self.disk_store, self.read_ahead
         for cpu, dslot in disk_out:
             store.write(dslot, host[cpu].copy())
-        reads = [store.read(dslot, host[cpu]) for dslot, cpu in disk_in]
-        for future in reads:
-            future.result()
+        issued, staged, reads = [], [], []
+        for dslot, cpu, block_hash in disk_in:
+            entry = ra.take(dslot, block_hash) if ra is not None else None
+            if entry is None:
+                issued.append((dslot, cpu))
+                reads.append((dslot, store.read(dslot, host[cpu])))
+            else:
+                staged.append((dslot, cpu, entry))
+        for dslot, cpu, entry in staged:
+            t = perf_counter()
+            if not ra.finish_into(entry, host[cpu]):      # its read failed: once more, now
+                issued.append((dslot, cpu))
+                reads.append((dslot, store.read(dslot, host[cpu])))
+            ra.stats.wait_s += perf_counter() - t
+        for dslot, future in reads:
+            try:
+                future.result()
+            except Exception as exc:
+                raise IOError(f"disk tier: block {dslot} ({store.path(dslot)}) could not be read for the step that "
+                              f"loads it: {exc}") from exc
         self.stats.disk_load_s += perf_counter() - t0
+        return issued
 
     def summary(self) -> dict[str, float]:
         if self.disk_store is not None:
             self.disk_store.drain()
             self.stats.disk_store_s = self.disk_store.write_s
-        return self.stats.summary(self.tier, self.disk)
+        out = self.stats.summary(self.tier, self.disk)
+        ra = self.read_ahead
+        if ra is not None:
+            st = ra.stats
+            out.update({"tier_disk_read_ahead_blocks": ra.capacity,
+                        "tier_disk_read_ahead_staging_bytes": ra.staging_bytes,
+                        "tier_disk_read_ahead_issued_blocks": st.issued_blocks,
+                        "tier_disk_read_ahead_used_blocks": st.used_blocks,
+                        "tier_disk_read_ahead_dropped_blocks": st.dropped_blocks,
+                        "tier_disk_read_ahead_full_blocks": st.full_blocks,
+                        "tier_disk_read_ahead_errors": st.errors,
+                        "tier_disk_read_ahead_wait_s": st.wait_s})
+        return out
 
     def check_invariants(self, live_seqs: list[Sequence]) -> None:
         """The pool's invariants, the tiers', and across them: every GPU-cached block has its
@@ -417,6 +515,8 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         super().check_invariants(live_seqs)
         self.tier.check_invariants()
         disk = self.disk
+        if self.read_ahead is not None:
+            self.read_ahead.check_invariants()
         if disk is not None:
             disk.check_invariants()
             for h in disk._block_of:
@@ -447,4 +547,5 @@ def make_tiered_allocator(config, prefix_cache, clock, policy: "TierPolicy", blo
                            make_hasher(config.prefix_hash, config.prefix_hash_key, config.seed),
                            tier_blocks=config.cpu_tier_blocks, policy=policy, block_bytes=block_bytes,
                            timer=timer, on_error=on_error, disk_blocks=config.disk_tier_blocks,
-                           disk_dir=config.disk_tier_dir, disk_threads=config.disk_tier_threads)
+                           disk_dir=config.disk_tier_dir, disk_threads=config.disk_tier_threads,
+                           read_ahead_blocks=config.disk_tier_read_ahead_blocks)

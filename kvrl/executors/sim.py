@@ -148,6 +148,7 @@ class SimExecutor(Executor):
     def allocate_tier(self, num_blocks: int, block_size: int) -> None:
         self._tier_s = [0.0, 0.0]
         self._disk_busy, self._disk_write_busy, self._disk_bw = 0.0, 0.0, None   # disk-tier queues (_issue_disk)
+        self._disk_ready = 0.0     # read-ahead reads the next step's tier loads wait for (await_disk_reads)
 
     def tier_transfer_s(self) -> tuple[float, float]:
         return self._tier_s[0], self._tier_s[1]
@@ -166,6 +167,8 @@ class SimExecutor(Executor):
         start = self._clock
         if batch.disk_out or batch.disk_in:     # disk tier (kvrl.engine.disk_tier): see _issue_disk
             start = self._issue_disk(len(batch.disk_out), len(batch.disk_in))
+        if self._disk_ready:
+            start, self._disk_ready = max(start, self._disk_ready), 0.0
         swaps.busy_until = max(swaps.busy_until, start) + in_s
         if in_s:
             swaps.swap_in_ready = max(swaps.swap_in_ready, swaps.busy_until)
@@ -190,6 +193,17 @@ class SimExecutor(Executor):
             return self._clock
         self._disk_busy = max(self._disk_busy, self._clock) + bw.read_s(n_in * self._block_bytes)
         return self._disk_busy
+
+    def issue_disk_read_ahead(self, num_blocks: int) -> float:
+        """Disk-tier reads issued ahead of the step that loads them (kvrl.engine.tier_read_ahead):
+        queued now on the read queue (:meth:`_issue_disk`); returns when they land (this clock)."""
+        return self._issue_disk(0, num_blocks)
+
+    def await_disk_reads(self, ready_s: float) -> float:
+        """The next step's tier loads wait until ``ready_s`` (read-ahead reads they use); returns
+        the part of that wait past now (seconds)."""
+        self._disk_ready = max(self._disk_ready, ready_s)
+        return max(0.0, ready_s - self._clock)
 
     def _timed(self, compute_s: float, forward_s: float, swap_out_s: float, swap_in_s: float) -> float:
         """The step's duration on the swap-stream timeline; advances the clock."""
