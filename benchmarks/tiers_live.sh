@@ -19,7 +19,7 @@
 #      built and warmed up once (WARMUP requests); table.md and results.json are rewritten after
 #      every variant, so a live stage cut short by its limit keeps the variants that finished.
 # Environment: PRESET (qwen, the default, or llama), MODEL (default qwen3-0.6b), SEEDS (default "0"),
-# VARIANTS (default "gpu cpu disk"), TIER_BLOCKS (default 1024: 1.9 GB of pinned host memory for
+# VARIANTS (default "gpu cpu disk"; also prefetch, disk_cost, disk_ra = disk with 64 blocks of disk read-ahead), TIER_BLOCKS (default 1024: 1.9 GB of pinned host memory for
 # Qwen3-0.6B), DISK_BLOCKS (default 8192: 15 GB of block files), DISK_DIR (default /tmp/kvrl-disk-tier,
 # removed at the end), WARMUP (default 64), TOTAL_LIMIT_S (default 530: the whole script's budget;
 # the live stage gets what is left of it, at most LIVE_LIMIT_S, default 480), CHECK (default 1; 0
