@@ -67,14 +67,38 @@ class AccountingMixin:
         groups = self._groups
         done: list[Sequence] = []
         running, now = SeqStatus.RUNNING, self.now
-        added = prefill = decodes = 0
+        added = prefill = num_prefills = 0
         for item, tokens in zip(batch.seqs, sampled):
             seq = item.seq
             k = item.num_tokens
-            if k == 1:
-                decodes += 1
-            else:
+            if k == 1 and failed is None and seq.status is running:
+                # a decode, the common item: its token (the general case below, inlined)
+                old = item.start
+                new = old + 1
+                tail = new % bs
+                if tail:
+                    block = seq.block_table[old // bs]
+                    if fill[block] < tail:
+                        added += tail - fill[block]
+                        fill[block] = tail
+                else:
+                    computed.append((seq, old, new))
+                seq.num_computed = new
+                if not tokens:
+                    continue
+                if seq.first_token_s < 0:
+                    seq.first_token_s = now
+                    groups[seq.request.request_id].record.first_token_s = now
+                outputs = seq.output_token_ids
+                outputs.append(tokens[0])
+                if len(outputs) >= seq.request.output_len:
+                    done.append(seq)
+                if len(tokens) > 1:
+                    done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
+                continue
+            if k != 1:
                 prefill += k
+                num_prefills += 1
             if seq.status is not running:
                 continue
             if failed and id(item) in failed:
@@ -113,4 +137,4 @@ class AccountingMixin:
                 self._finish(seq)
         if done:
             self.running = [s for s in self.running if s.status is running]
-        return prefill, decodes
+        return prefill, len(batch.seqs) - num_prefills

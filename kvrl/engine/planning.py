@@ -9,6 +9,7 @@ its own: it reads and changes the engine's queues (``running``, ``swapped``, ``p
 """
 from __future__ import annotations
 
+from sys import getrefcount as refcount
 from time import perf_counter
 from typing import Generator, Iterable, Optional
 
@@ -104,7 +105,12 @@ class PlanningMixin:
         """Schedule the running sequences in order until the budget is spent, all are scheduled,
         or one needs more blocks than are free (no preemption here: most steps have no shortage);
         returns the budget left. ``batch.seqs[j].seq`` is ``running[j]`` for every item added, so
-        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``."""
+        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``.
+
+        A decode's item is the sequence's own :attr:`~Sequence.decode_item`, updated in place when
+        nothing but the sequence references it any more (the previous step's batch is gone, so no
+        one can see the change; CPython's reference count tells), else a new one: a new object per
+        decode and step was a third of this loop's cost."""
         alloc = self.allocator
         needs_blocks, append = alloc.needs_blocks, batch.seqs.append
         bs = self.config.block_size
@@ -121,8 +127,14 @@ class PlanningMixin:
             if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
                 if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
                         else len(seq.block_table) * bs > computed:
-                    append(ScheduledSeq(seq, computed, 1, request.n if request.n > 1 and not outputs
-                                        and seq.parent_seq_id is None else 1))
+                    samples = request.n if request.n > 1 and not outputs and seq.parent_seq_id is None else 1
+                    item = seq.decode_item
+                    if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
+                        item.start = computed
+                        item.num_samples = samples
+                    else:
+                        item = seq.decode_item = ScheduledSeq(seq, computed, 1, samples)
+                    append(item)
                     budget -= 1
                     continue
             elif k > budget:

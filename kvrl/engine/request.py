@@ -109,6 +109,10 @@ class Sequence:
                                        # (0 after a preemption: a swap-in gets private blocks)
     parent_seq_id: Optional[int] = None
     error: Optional[str] = None
+    #: the planner's decode item for this sequence (a :class:`~kvrl.engine.batch.ScheduledSeq`),
+    #: reused from step to step while nothing else holds it (see ``_schedule_running`` in
+    #: :mod:`kvrl.engine.planning`); not part of the sequence's state
+    decode_item: Optional[object] = field(default=None, repr=False)
 
     @property
     def prompt_len(self) -> int:

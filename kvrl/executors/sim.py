@@ -250,24 +250,28 @@ class SimExecutor(Executor):
 
     def _execute_profiled(self, batch: ScheduledBatch) -> StepOutput:
         """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
-        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = n_dec = dec_kv = dec_max = dec_shared = rows = 0
+        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = dec_kv = dec_shared = rows = other = 0
+        dec_last = -1                 # the largest decode start (dec_max is one more)
         sampled: list[list[int]] = []
         append = sampled.append
         vocab, seed = self.model.vocab_size, self.seed
-        for item in batch.seqs:
+        # a decode's id, ``(seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab``, computed as
+        # ``(seq_id * mult + start * 40503 + seed1) % vocab``: the same residue with smaller integers
+        mult, seed1 = 2654435761 % vocab, seed + 40503
+        items = batch.seqs
+        for item in items:
             k, start, seq = item.num_tokens, item.start, item.seq
-            if k == 1:
-                n_dec += 1
-                dec_kv += start + 1
-                if start >= dec_max:
-                    dec_max = start + 1
+            if k == 1:                # a decode; n_dec and its own rows are counted after the loop
+                dec_kv += start
+                if start > dec_last:
+                    dec_last = start
                 cached = seq.shared_prefix_tokens
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
                 if item.num_samples == 1:      # a decode's one token (the general case below, inlined)
-                    rows += 1
-                    append([(seq.seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab])
+                    append([(seq.seq_id * mult + start * 40503 + seed1) % vocab])
                     continue
+                other += 1
             else:
                 n_pre += 1
                 pre_tok += k
@@ -281,6 +285,10 @@ class SimExecutor(Executor):
                 append([(base + j * 97) % vocab for j in range(item.num_samples)])
             else:
                 append([])
+        n_dec = len(items) - n_pre
+        dec_kv += n_dec
+        dec_max = dec_last + 1
+        rows += n_dec - other
         m = self._step_model
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
