@@ -172,7 +172,8 @@ class ServingLoop:
         finally:
             for cb in added:
                 engine.remove_callback(cb)
-            if freeze:
+            if freeze:       # what the run made joins the oldest generation with what was frozen, so
+                gc.freeze()  # the first young collection does not walk every object the run kept
                 gc.unfreeze()
             if pause:
                 gc.enable()

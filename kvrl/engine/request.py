@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 _PACKERS: dict[tuple[int, int], struct.Struct] = {}   # (n, width) -> packer of n little-endian ints (token_bytes)
-_FORMATS = {4: ("<i4", "i"), 8: ("<i8", "q")}         # width -> (numpy dtype, struct code)
+_FORMATS = {4: (np.dtype("<i4"), "i"), 8: (np.dtype("<i8"), "q")}   # width -> (numpy dtype, struct code)
 
 
 class RequestRejected(ValueError):
@@ -142,7 +142,8 @@ class Sequence:
         plen = prompt.shape[0]
         dtype, code = _FORMATS[width]
         if end <= plen:
-            return prompt[start:end].astype(dtype).tobytes()
+            part = prompt[start:end]
+            return (part if part.dtype is dtype else part.astype(dtype)).tobytes()   # no copy to convert
         lo, hi = max(start - plen, 0), end - plen
         packer = _PACKERS.get((hi - lo, width))
         if packer is None:
@@ -150,7 +151,8 @@ class Sequence:
         out = packer.pack(*self.output_token_ids[lo:hi])
         if start >= plen:
             return out
-        return prompt[start:].astype(dtype).tobytes() + out
+        part = prompt[start:]
+        return (part if part.dtype is dtype else part.astype(dtype)).tobytes() + out
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Token ids in positions ``[start, end)`` as an int64 array."""
