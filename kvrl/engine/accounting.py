@@ -86,7 +86,7 @@ class AccountingMixin:
                 seq.num_computed = new
                 if not tokens:
                     continue
-                if seq.first_token_s < 0:
+                if seq.first_token_s < 0.0:    # a float literal: Python compares two floats faster
                     seq.first_token_s = now
                     groups[seq.request.request_id].record.first_token_s = now
                 outputs = seq.output_token_ids
@@ -135,6 +135,9 @@ class AccountingMixin:
         for seq in done:
             if seq.status is running:     # not aborted by a later item's error
                 self._finish(seq)
-        if done:
-            self.running = [s for s in self.running if s.status is running]
+        if done:      # the finished leave the running list, in place (the same list a filter would give)
+            remove = self.running.remove
+            for seq in done:
+                if seq.status is SeqStatus.FINISHED:
+                    remove(seq)
         return prefill, len(batch.seqs) - num_prefills
