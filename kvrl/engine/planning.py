@@ -124,9 +124,20 @@ class PlanningMixin:
             outputs = seq.output_token_ids
             request = seq.request
             k = request.prompt_len + len(outputs) - computed
-            if k == 1:   # a decode (needs_blocks inlined): a block only at a boundary or for a shared tail
-                if (refs is None or refs[seq.block_table[computed // bs]] == 1) if computed % bs \
-                        else len(seq.block_table) * bs > computed:
+            if k == 1:   # a decode (needs_blocks and blocks_to_extend inlined): a block at a boundary
+                table = seq.block_table
+                if computed % bs:
+                    fits = refs is None or refs[table[computed // bs]] == 1   # else a copy of a shared tail
+                elif len(table) * bs > computed:
+                    fits = True
+                elif refs is not None:         # a paged pool, the first token of a block: a new block, no copy
+                    if computed // bs + 1 - len(table) > alloc.num_free_blocks:
+                        break                  # a shortage: _schedule_shortage takes it from here
+                    copies.extend(alloc.extend(seq, computed + 1))
+                    fits = True
+                else:
+                    fits = False
+                if fits:
                     samples = request.n if request.n > 1 and not outputs and seq.parent_seq_id is None else 1
                     item = seq.decode_item
                     if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
