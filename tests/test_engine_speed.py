@@ -30,6 +30,9 @@ def test_decode_items_are_reused_only_when_nobody_holds_them():
     # a decode that needs a new block takes the general path (a new item); all others are reused
     reused = [item for item in third.seqs if item.seq.num_computed % engine.config.block_size != 1]
     assert reused and all(id(item) in ids and item.seq.decode_item is item for item in reused)
+    while engine.has_unfinished:                    # finished sequences keep no item (no reference cycle)
+        engine.step()
+    assert all(s.decode_item is None for group in engine._groups.values() for s in group.seqs)
 
 
 def test_objects_made_during_a_run_join_the_oldest_generation():

@@ -18,6 +18,7 @@ class AccountingMixin:
 
     def _finish(self, seq: Sequence) -> None:
         self.allocator.free(seq)
+        seq.decode_item = None          # no item <-> sequence cycle left behind
         seq.status = SeqStatus.FINISHED
         seq.finish_s = self.now
         self.metrics.finished_output_lens.append(seq.num_output)

@@ -279,6 +279,7 @@ class Engine(PlanningMixin, AccountingMixin):
         else:
             self.preempted.remove(seq) or self.waiting.remove(seq)
         self.allocator.free(seq)
+        seq.decode_item = None          # no item <-> sequence cycle left behind
 
     def outputs(self, request_id: str) -> list[list[int]]:
         """Generated token ids of each sample of a request (in fork order)."""
@@ -431,8 +432,11 @@ class Engine(PlanningMixin, AccountingMixin):
         live = self.live_sequences()
         ids = [s.seq_id for s in live]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"
+        refs, bs = getattr(self.allocator, "ref_counts", None), self.config.block_size
         for s in self.running:
-            assert s.status is SeqStatus.RUNNING and len(s.block_table) * self.config.block_size >= s.num_computed
+            assert s.status is SeqStatus.RUNNING and len(s.block_table) * bs >= s.num_computed
+            if refs is not None and s.num_computed % bs and s.request.n == 1:   # the planner relies on it
+                assert refs[s.block_table[s.num_computed // bs]] == 1, "a partial block shared outside forks"
         for s in self.swapped:
             assert s.status is SeqStatus.SWAPPED and not s.block_table and s.cpu_block_table
         for s in (*self.preempted, *self.waiting):

@@ -126,8 +126,8 @@ class PlanningMixin:
             k = request.prompt_len + len(outputs) - computed
             if k == 1:   # a decode (needs_blocks and blocks_to_extend inlined): a block at a boundary
                 table = seq.block_table
-                if computed % bs:
-                    fits = refs is None or refs[table[computed // bs]] == 1   # else a copy of a shared tail
+                if computed % bs:    # a shared tail is copied first; only forks share a partial block
+                    fits = request.n == 1 or refs is None or refs[table[computed // bs]] == 1
                 elif len(table) * bs > computed:
                     fits = True
                 elif refs is not None:         # a paged pool, the first token of a block: a new block, no copy
