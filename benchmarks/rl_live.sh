@@ -23,7 +23,13 @@
 # docs/results/agents/<scenario>-*/ directory, for watermark docs/results/agents/watermark-dqn);
 # BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 600, per scenario: the
 # live stage is stopped after that, the sim table stays); EXTRA (more overrides for both stages)
-# and LIVE_EXTRA (live stage only). A CPU smoke test with the tiny model:
+# and LIVE_EXTRA (live stage only); GPUS (default 1: more splits the seeds over that many GPUs, one
+# kvrl-eval each, in parallel); REFERENCE (the policy the paired differences are taken against,
+# default fixed 0.01; e.g. lifo for the eviction tasks). The eviction task (d) on 8 GPUs:
+#   GPUS=8 REFERENCE=lifo AGENTS_classes_preemption=docs/results/agents/classes-slot-seed0 \
+#     BASELINES='baselines.eviction=[{name: lifo},{name: slo_slack, mode: swap, pace: 0.5},{name: most_blocks, mode: swap}]' \
+#     bash benchmarks/rl_live.sh classes_preemption
+# A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
 #     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure
 set -uo pipefail
@@ -33,6 +39,7 @@ cd "$(dirname "$0")/.."
 SCENARIOS=("$@"); [ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(pressure phased)
 SEEDS=${SEEDS:-[0,1,2,3,4,5,6,7,8,9]}
 LIVE_LIMIT_S=${LIVE_LIMIT_S:-600}
+GPUS=${GPUS:-1}
 BASELINES=${BASELINES:-'baselines.watermark=[{name: fixed, fraction: 0.01},{name: pi}]'}
 PLOTS=false; python3 -c "import matplotlib" 2>/dev/null && PLOTS=true
 t0=$(date +%s)
@@ -63,12 +70,30 @@ engine_s = sum(float(r["duration_s"]) for r in rows)
 print(f"estimate: {len(rows)} live test runs, {engine_s:.0f} s of engine time in the sim; "
       f"live wall about {engine_s * 1.1 + 60:.0f} s (+10% host overhead, ~60 s model load, graph capture, warm-up)")
 PY
-  echo "=== $sc: live ($(date +%T))"
-  timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=1 ${LIVE_EXTRA:-} \
-    "hydra.run.dir=$dir/live" > "$dir/live.log" 2>&1
-  rc=$?; tail -n 20 "$dir/live.log"; [ $rc -eq 0 ] || { echo "$sc: live stage rc=$rc"; status=$rc; }
-  [ -f "$dir/live/results.csv" ] || continue
-  python3 scripts/rl_live_compare.py "$dir/sim/results.csv" "$dir/live/results.csv" "$sc" > "$dir/compare.md"
+  echo "=== $sc: live ($(date +%T)) on $GPUS GPU(s)"
+  if [ "$GPUS" -le 1 ]; then
+    timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=1 ${LIVE_EXTRA:-} \
+      "hydra.run.dir=$dir/live" > "$dir/live.log" 2>&1
+    rc=$?; tail -n 20 "$dir/live.log"; [ $rc -eq 0 ] || { echo "$sc: live stage rc=$rc"; status=$rc; }
+    live_csvs="$dir/live/results.csv"
+  else
+    # one kvrl-eval per GPU, each serving every policy on its share of the seeds (a seed's policies
+    # all run on one GPU, so the paired differences stay paired)
+    shares=$(python3 -c "import sys, yaml; s = yaml.safe_load(sys.argv[1]); n = int(sys.argv[2])
+print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len(s)))))" "$SEEDS" "$GPUS")
+    i=0; pids=(); live_csvs=""
+    for share in $shares; do
+      CUDA_VISIBLE_DEVICES=$i timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" "seeds=$share" backend=live \
+        val_pick=sim workers=1 ${LIVE_EXTRA:-} "hydra.run.dir=$dir/live_g$i" > "$dir/live_g$i.log" 2>&1 &
+      pids+=($!); live_csvs="$live_csvs${live_csvs:+,}$dir/live_g$i/results.csv"; i=$((i + 1))
+    done
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}"; rc=$?; echo "--- GPU $k (seeds ${shares// /; }): rc=$rc"; tail -n 3 "$dir/live_g$k.log"
+      [ $rc -eq 0 ] || { echo "$sc: live stage on GPU $k rc=$rc"; status=$rc; }
+    done
+  fi
+  ls ${live_csvs//,/ } > /dev/null 2>&1 || { echo "$sc: a live stage wrote no results.csv"; continue; }
+  python3 scripts/rl_live_compare.py "$dir/sim/results.csv" "$live_csvs" "$sc" ${REFERENCE:+--reference "$REFERENCE"} > "$dir/compare.md"
   cat "$dir/compare.md"
 done
 echo "=== done in $(( $(date +%s) - t0 )) s; per scenario: $OUT/<scenario>/{sim,live}/leaderboard.md and compare.md"

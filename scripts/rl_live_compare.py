@@ -1,17 +1,18 @@
 """The sim's prediction beside each live number of an RL evaluation (benchmarks/rl_live.sh).
 
-    python scripts/rl_live_compare.py <sim results.csv> <live results.csv> <scenario> > compare.md
+    python scripts/rl_live_compare.py <sim results.csv> <live results.csv>[,<more live results.csv>] <scenario> \
+        [--reference <policy label prefix>] > compare.md
 
 Per policy: test-split goodput in the sim and live (mean ± 95% CI over the seeds both served), and
-the paired per-seed difference to fixed 0.01 in each, with its verdict (kvrl.analysis.stats); where
+the paired per-seed difference to the reference (default fixed 0.01) in each, with its verdict (kvrl.analysis.stats); where
 the sim's difference is significant, whether live has the same sign. The val-picked constant is
 matched across backends by its plugin, whatever its label says about where it was picked.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import re
-import sys
 from collections import defaultdict
 
 from kvrl.analysis.stats import SAME, mean_ci, paired_compare
@@ -24,16 +25,24 @@ def policy_key(label: str) -> str:
     return re.sub(r"\[val-best[^\]]*\]", "[val-best]", label)
 
 
-def load(path: str) -> dict[str, dict[int, float]]:
+def load(paths: str) -> dict[str, dict[int, float]]:
+    """Test-split goodput per policy and seed from one results.csv, or several joined by commas (the
+    seed shares of a live stage split over GPUs); a (policy, seed) found twice is an error."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    for r in csv.DictReader(open(path)):
-        if r["split"] == "test":
-            out[policy_key(r["policy"])][int(r["seed"])] = float(r[METRIC])
+    for path in paths.split(","):
+        for r in csv.DictReader(open(path)):
+            if r["split"] == "test":
+                key, seed = policy_key(r["policy"]), int(r["seed"])
+                if seed in out[key]:
+                    raise ValueError(f"{path}: {key} seed {seed} is in more than one results file")
+                out[key][seed] = float(r[METRIC])
     return out
 
 
-def render(sim: dict, live: dict, name: str) -> str:
-    ref = next((p for p in sim if p.startswith("fixed(fraction=0.01)")), None)
+def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.01)") -> str:
+    """The Markdown table; ``reference``: the label (prefix) of the policy differences are taken to
+    (that label exactly, else the first of the sim's results that starts with it)."""
+    ref = reference if reference in sim else next((p for p in sim if p.startswith(reference)), None)
     lines = [f"## {name}: sim prediction vs live ({METRIC}, mean ± 95% CI over seeds; Δ = paired per-seed "
              f"difference to {ref})", "",
              "| policy | sim | live | Δ sim (verdict) | Δ live (verdict) | same sign where sim is significant |",
@@ -59,6 +68,9 @@ def render(sim: dict, live: dict, name: str) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: rl_live_compare.py <sim results.csv> <live results.csv> <scenario>")
-    print(render(load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sim"), ap.add_argument("live", help="results.csv, or several joined by commas")
+    ap.add_argument("scenario")
+    ap.add_argument("--reference", default="fixed(fraction=0.01)", help="label prefix of the reference policy")
+    a = ap.parse_args()
+    print(render(load(a.sim), load(a.live), a.scenario, a.reference))

@@ -275,3 +275,28 @@ def test_fact_sources_read_only_their_declared_committed_inputs(monkeypatch):
         assert src.facts(), f"source {name} gives no facts"
         assert set(read) <= set(src.inputs), f"source {name} read {sorted(set(read) - set(src.inputs))} it does not declare"
         assert set(src.inputs) <= tracked, f"source {name} reads untracked {sorted(set(src.inputs) - tracked)}"
+
+
+def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
+    """``rl_live_compare.py``: a live stage split over GPUs gives several results.csv (commas join
+    them; a (policy, seed) in two of them is an error); ``reference`` picks the policy the paired
+    differences are taken to: the exact label first, not a longer one that starts with it."""
+    spec = importlib.util.spec_from_file_location("rl_live_compare", ROOT / "scripts" / "rl_live_compare.py")
+    cmp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cmp)
+    head = "policy,kind,split,seed,goodput_tok_s\n"
+    rows = {"lifo(mode=swap) [val-tuned]": [0, 0, 0, 0], "lifo": [10, 20, 30, 40], "slo": [12, 23, 33, 44]}
+    sim = tmp_path / "sim.csv"
+    sim.write_text(head + "".join(f'"{p}",heuristic,test,{s},{v}\n' for p, vs in rows.items() for s, v in enumerate(vs)))
+    shares = []
+    for g, seeds in enumerate(([0, 2], [1, 3])):
+        path = tmp_path / f"live_g{g}.csv"
+        path.write_text(head + "".join(f'"{p}",heuristic,test,{s},{vs[s] + 1}\n' for p, vs in rows.items() for s in seeds))
+        shares.append(str(path))
+    live = cmp.load(",".join(shares))
+    assert live["slo"] == {0: 13.0, 1: 24.0, 2: 34.0, 3: 45.0}
+    out = cmp.render(cmp.load(str(sim)), live, "x", reference="lifo")
+    assert "difference to lifo)" in out and "| lifo | 25.0 ± " in out and "| reference |" in out
+    assert "| slo | 28.0 ± " in out and "4 seeds served live of 4" in out
+    with pytest.raises(ValueError, match="seed 0 is in more than one results file"):
+        cmp.load(f"{shares[0]},{shares[0]}")
