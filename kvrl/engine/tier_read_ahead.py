@@ -3,7 +3,7 @@ prefix lookup finds them, so the reads of queued requests overlap the running st
 
 Without read-ahead (``engine.disk_tier_read_ahead_blocks=0``, the default) a disk hit is read when
 its step is planned and the step waits for it (:meth:`TieredAllocator._move_disk
-<kvrl.engine.tiers.TieredAllocator._move_disk>`). With read-ahead, every prefix lookup that finds
+<kvrl.engine.tier_disk_io.TierDiskIOMixin._move_disk>`). With read-ahead, every prefix lookup that finds
 blocks on disk (``TieredAllocator.match_prefix``: the scheduler looks up each waiting request it
 considers, every step until it is admitted) *issues* their reads at once, each into a staging buffer
 of its own; the step that loads the block later waits only for what is left of its read and

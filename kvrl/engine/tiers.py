@@ -33,7 +33,8 @@ transfer times (priced by the sim, measured live).
 
 Where the code lives: the stores and counters (:class:`~kvrl.engine.tier_store.CpuTier`,
 :class:`~kvrl.engine.tier_store.TierEntry`, :class:`~kvrl.engine.tier_store.TierStats`) in
-:mod:`kvrl.engine.tier_store`, prefetch loading in :mod:`kvrl.engine.tier_prefetch`, the
+:mod:`kvrl.engine.tier_store`, prefetch loading in :mod:`kvrl.engine.tier_prefetch`, the disk
+reads and writes of a step (and read-ahead issue) in :mod:`kvrl.engine.tier_disk_io`, the
 allocator logic (reclaim, matching, admission, per-step operations) here.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ from kvrl.engine.disk_tier import DEFAULT_DISK_BANDWIDTH, DiskBandwidth, DiskSto
 from kvrl.engine.hashing import BlockHash
 from kvrl.engine.paged_allocator import OutOfBlocks, PagedAllocator, PrefixMatch
 from kvrl.engine.request import Sequence
+from kvrl.engine.tier_disk_io import TierDiskIOMixin
 from kvrl.engine.tier_prefetch import TierPrefetchMixin
 from kvrl.engine.tier_read_ahead import DiskReadAhead
 from kvrl.engine.tier_store import CPU, DISK, CpuTier, TierEntry, TierStats
@@ -71,7 +73,7 @@ class TieredMatch(PrefixMatch):
         return (len(self.block_ids) + len(self.tier_blocks)) * block_size
 
 
-class TieredAllocator(TierPrefetchMixin, PagedAllocator):
+class TieredAllocator(TierPrefetchMixin, TierDiskIOMixin, PagedAllocator):
     """:class:`PagedAllocator` plus a :class:`CpuTier` and, optionally, a disk tier (see module doc).
 
     Extra args: ``tier_blocks`` (CPU tier size), ``policy`` (the ``tier`` plugin), ``block_bytes``,
@@ -292,22 +294,6 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
                 self._read_ahead(found, hashes, len(gpu.block_ids))
         return match
 
-    def _read_ahead(self, found: list[tuple[int, int]], hashes, first: int) -> None:
-        """Issue the reads of a match's disk hits (``found[j]`` is chain block ``first + j``). A hit
-        whose earlier read-ahead failed ends the match there (a miss: recomputed) and leaves the disk."""
-        ra, disk = self.read_ahead, self.disk
-        issue = []
-        for j, (level, slot) in enumerate(found):
-            if level != DISK:
-                continue
-            block_hash = hashes[first + j]
-            if ra.failed(slot, block_hash):
-                disk.take(slot)
-                del found[j:]
-                break
-            issue.append((slot, block_hash))
-        ra.issue(issue)
-
     def admit(self, seq: Sequence, match: PrefixMatch, upto: int) -> list[tuple[int, int]]:
         """As :meth:`PagedAllocator.admit`, plus: tier hits are taken out of their tier (disk hits
         staged through a CPU tier block), loaded into fresh GPU blocks (``tier_in``) and
@@ -428,66 +414,6 @@ class TieredAllocator(TierPrefetchMixin, PagedAllocator):
         if self.disk is not None:
             self.disk.end_step()
         return out, into, disk_out, disk_in
-
-    def _price_disk(self, disk_out: list[tuple[int, int]],
-                    disk_in: list[tuple[int, int, BlockHash]]) -> list[tuple[int, int]]:
-        """Sim disk I/O of one step (the executor prices the returned reads and ``disk_out`` on
-        its clock): read-ahead hits cost what is left of their reads at the step's start."""
-        nbytes, ra = self.stats.block_bytes, self.read_ahead
-        reads = []
-        ready = None
-        for dslot, cpu, block_hash in disk_in:
-            entry = ra.take(dslot, block_hash) if ra is not None else None
-            if entry is None:
-                reads.append((dslot, cpu))
-            else:
-                landed = ra.finish_sim(entry)
-                ready = landed if ready is None else max(ready, landed)
-        if ready is not None:
-            waited = self._executor.await_disk_reads(ready)
-            ra.stats.wait_s += waited
-            self.stats.disk_load_s += waited
-        self.stats.disk_load_s += self.disk_bandwidth.read_s(len(reads) * nbytes)
-        self.stats.disk_store_s += self.disk_bandwidth.write_s(len(disk_out) * nbytes)
-        return reads
-
-    def _move_disk(self, disk_out: list[tuple[int, int]],
-                   disk_in: list[tuple[int, int, BlockHash]]) -> list[tuple[int, int]]:
-        """Live disk I/O of one step: earlier steps' host copies finish first (the swap stream),
-        then demoted blocks are copied out of the host pool (their blocks may be written by this
-        step) and queued for writing, then the disk hits are read into their CPU tier blocks:
-        a read-ahead hit by waiting for its staged read and copying the buffer (read again here
-        if it failed), the others by reading now. Returns the reads issued here. A read that
-        fails here raises an ``IOError`` naming the block file (no step runs on wrong KV)."""
-        sync = getattr(self._executor, "sync_swaps", None)
-        if sync is not None:
-            sync()
-        t0 = perf_counter()
-        host, store, ra = self._host, self.disk_store, self.read_ahead
-        for cpu, dslot in disk_out:
-            store.write(dslot, host[cpu].copy())
-        issued, staged, reads = [], [], []
-        for dslot, cpu, block_hash in disk_in:
-            entry = ra.take(dslot, block_hash) if ra is not None else None
-            if entry is None:
-                issued.append((dslot, cpu))
-                reads.append((dslot, store.read(dslot, host[cpu])))
-            else:
-                staged.append((dslot, cpu, entry))
-        for dslot, cpu, entry in staged:
-            t = perf_counter()
-            if not ra.finish_into(entry, host[cpu]):      # its read failed: once more, now
-                issued.append((dslot, cpu))
-                reads.append((dslot, store.read(dslot, host[cpu])))
-            ra.stats.wait_s += perf_counter() - t
-        for dslot, future in reads:
-            try:
-                future.result()
-            except Exception as exc:
-                raise IOError(f"disk tier: block {dslot} ({store.path(dslot)}) could not be read for the step that "
-                              f"loads it: {exc}") from exc
-        self.stats.disk_load_s += perf_counter() - t0
-        return issued
 
     def summary(self) -> dict[str, float]:
         if self.disk_store is not None:
