@@ -73,7 +73,7 @@ class AccountingMixin:
             seq = item.seq
             k = item.num_tokens
             if k == 1 and failed is None and seq.status is running:
-                # a decode, the common item: its token (the general case below, inlined)
+                # a decode, the common item: the checks of the general case below skipped
                 old = item.start
                 new = old + 1
                 tail = new % bs
@@ -84,44 +84,32 @@ class AccountingMixin:
                         fill[block] = tail
                 else:
                     computed.append((seq, old, new))
-                seq.num_computed = new
-                if not tokens:
-                    continue
-                if seq.first_token_s < 0.0:    # a float literal: Python compares two floats faster
-                    seq.first_token_s = now
-                    groups[seq.request.request_id].record.first_token_s = now
-                outputs = seq.output_token_ids
-                outputs.append(tokens[0])
-                if len(outputs) >= seq.request.output_len:
-                    done.append(seq)
-                if len(tokens) > 1:
-                    done += [c for c in self._fork(seq, tokens[1:]) if c.num_output >= c.request.output_len]
-                continue
-            if k != 1:
-                prefill += k
-                num_prefills += 1
-            if seq.status is not running:
-                continue
-            if failed and id(item) in failed:
-                if computed:
-                    alloc.on_computed_batch(computed)
-                    computed = []
-                self.abort(seq.request.request_id, failed[id(item)])
-                continue
-            old = item.start
-            new = old + k
-            if k == 1 and new % bs:
-                block = seq.block_table[old // bs]
-                f = new % bs - fill[block]
-                if f > 0:
-                    added += f
-                    fill[block] += f
             else:
-                computed.append((seq, old, new))
+                if k != 1:
+                    prefill += k
+                    num_prefills += 1
+                if seq.status is not running:
+                    continue
+                if failed and id(item) in failed:
+                    if computed:
+                        alloc.on_computed_batch(computed)
+                        computed = []
+                    self.abort(seq.request.request_id, failed[id(item)])
+                    continue
+                old = item.start
+                new = old + k
+                if k == 1 and new % bs:
+                    block = seq.block_table[old // bs]
+                    f = new % bs - fill[block]
+                    if f > 0:
+                        added += f
+                        fill[block] += f
+                else:
+                    computed.append((seq, old, new))
             seq.num_computed = new
             if not tokens:
                 continue
-            if seq.first_token_s < 0:
+            if seq.first_token_s < 0.0:    # a float literal: Python compares two floats faster
                 seq.first_token_s = now
                 groups[seq.request.request_id].record.first_token_s = now
             outputs = seq.output_token_ids
