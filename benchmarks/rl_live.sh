@@ -79,16 +79,16 @@ PY
   else
     # one kvrl-eval per GPU, each serving every policy on its share of the seeds (a seed's policies
     # all run on one GPU, so the paired differences stay paired)
-    shares=$(python3 -c "import sys, yaml; s = yaml.safe_load(sys.argv[1]); n = int(sys.argv[2])
-print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len(s)))))" "$SEEDS" "$GPUS")
+    shares=($(python3 -c "import sys, yaml; s = yaml.safe_load(sys.argv[1]); n = int(sys.argv[2])
+print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len(s)))))" "$SEEDS" "$GPUS"))
     i=0; pids=(); live_csvs=""
-    for share in $shares; do
+    for share in "${shares[@]}"; do
       CUDA_VISIBLE_DEVICES=$i timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" "seeds=$share" backend=live \
         val_pick=sim workers=1 ${LIVE_EXTRA:-} "hydra.run.dir=$dir/live_g$i" > "$dir/live_g$i.log" 2>&1 &
       pids+=($!); live_csvs="$live_csvs${live_csvs:+,}$dir/live_g$i/results.csv"; i=$((i + 1))
     done
     for k in "${!pids[@]}"; do
-      wait "${pids[$k]}"; rc=$?; echo "--- GPU $k (seeds ${shares// /; }): rc=$rc"; tail -n 3 "$dir/live_g$k.log"
+      wait "${pids[$k]}"; rc=$?; echo "--- GPU $k (seeds ${shares[$k]}): rc=$rc"; tail -n 3 "$dir/live_g$k.log"
       [ $rc -eq 0 ] || { echo "$sc: live stage on GPU $k rc=$rc"; status=$rc; }
     done
   fi
