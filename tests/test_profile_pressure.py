@@ -270,7 +270,7 @@ def test_live_fit_recovers_host_and_mixed_terms_from_the_fit_workloads_only(tmp_
     saved = tmp_path / "fitted.json"
     fitted.save(saved)
     again = P.StepProfile.load(saved)
-    assert again.model.to_dict()["fit_version"] == 9
+    assert again.model.to_dict()["fit_version"] == P.FIT_VERSION
     assert again.model.eager["coef"]["mixed_dec"] == pytest.approx(3e-5, rel=1e-5)
     with pytest.raises(LiveFitError, match="nowhere"):
         fit_live_terms(prof, run, ["fitme", "nowhere"])

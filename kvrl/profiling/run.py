@@ -212,6 +212,9 @@ def render_report(prof) -> str:
                   f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us); "
                   + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_WORK_TERMS),
               f"decodes beside a prefill (mixed_dec): {m.eager['coef'].get('mixed_dec', 0.0) * 1e6:.2f} us each",
+              f"shared KV token of an eager decode (dec_shared): {m.eager['coef'].get('dec_shared', 0.0):.3g} s; beside a "
+              f"prefill (mixed_shared, fit version 10): " + (f"{m.eager['coef']['mixed_shared']:.3g} s"
+                                                            if "mixed_shared" in m.eager["coef"] else "not fitted (dec_shared)"),
               f"swap-stream transfers: {xfer}"]
     if f.get("host_run_work"):
         hp = f.get("host_pool", {})

@@ -39,6 +39,11 @@ relative error (:func:`scipy.optimize.nnls`), prices the compute stream of a ste
                               + c_has_pre * [n_pre > 0] + c_has_dec * [B > 0] + c_rows * rows
                               + c_mixed_dec * B * [n_pre > 0]          (fit version 9)
 
+where, in a step that also prefills, a shared KV token costs ``s_mix`` instead of ``s_e``
+(``mixed_shared``, fit version 10: fitted only where at least four fitted samples have both a
+prefill and shared decode KV, as kvrl-profile's ``shared_mixed`` grid points; else, and in older
+profiles, ``s_mix = s_e``)
+
 with ``B = n_dec``, ``Bpad`` the captured graph size that serves B, ``N = pre_tok + n_dec``
 padded to the token bucket of the live executor's piecewise graphs when the profile had them
 (``token_sizes``; see :mod:`kvrl.executors.piecewise`);
@@ -69,12 +74,12 @@ from kvrl.executors.profile.fit import (FLOOR_TERMS, HOST_TERMS, choose_knots, e
                                         unidentified_host_terms)
 from kvrl.executors.profile.format import (FIT_VERSION, FORMAT, LOADABLE_FIT_VERSIONS, SHAPE_FIELDS, VERSION,
                                            ProfileError, ProfileKey, device_key)
-from kvrl.executors.profile.model import Linear1D, StepModel, fit_engine_factor, fit_model
+from kvrl.executors.profile.model import Linear1D, StepModel, fit_engine_factor, fit_errors, fit_model, refit_report
 from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile, clear_cache, load_cached, now_stamp,
                                              profile_file, resolve_profile, search_paths)
 
 __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORWARD_FEATURES", "HOST_WORK",
            "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
-           "device_key", "error_stats", "fit_engine_factor", "fit_host", "fit_model", "hat_basis", "host_work",
-           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "resolve_profile", "search_paths", "unidentified_host_terms"]
+           "device_key", "error_stats", "fit_engine_factor", "fit_errors", "fit_host", "fit_model", "hat_basis", "host_work",
+           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "refit_report", "resolve_profile", "search_paths", "unidentified_host_terms"]

@@ -11,8 +11,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from kvrl.executors.profile.features import FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS
-from kvrl.executors.profile.fit import (FLOOR_TERMS, choose_knots, column, fit_host, fit_max, fit_weighted,
-                                        hat_basis)
+from kvrl.executors.profile.fit import (FLOOR_TERMS, choose_knots, column, error_stats, fit_host, fit_max,
+                                        fit_weighted, hat_basis, unidentified_host_terms)
 from kvrl.executors.profile.format import FIT_VERSION, ProfileError
 
 
@@ -62,6 +62,11 @@ class _LinearOp:
         return self.c0 + self.c1 * n if n > 0 else 0.0
 
 
+#: fewer fitted eager samples with both a prefill and shared decode KV than this: one price of a
+#: shared KV token for every eager step (``dec_shared``), as before fit version 10
+MIN_MIXED_SHARED = 4
+
+
 class StepModel:
     """The fitted step-time model (see the module doc). :meth:`predict` is pure Python."""
 
@@ -97,6 +102,9 @@ class StepModel:
         self._e_dense, self._e_kv, self._e_kvmax = (Linear1D.from_dict(e[k]) for k in ("dense", "kv", "kvmax"))
         c = e["coef"]
         self._e_shared = float(c.get("dec_shared", 0.0))
+        #: per shared KV token of a decode in a step that also prefills (fit version 10; older
+        #: profiles: the price of a shared token in any eager step, ``dec_shared``)
+        self._e_mixed_shared = float(c.get("mixed_shared", self._e_shared))
         #: per decode sequence of a step that also prefills (fit version 9; older profiles: 0)
         self._e_mixed_dec = float(c.get("mixed_dec", 0.0))
         self._c = (c["pre_pairs"], c["pre_ctx"], c.get("pre_max_ctx", 0.0), c["n_pre"], c["has_pre"], c["has_dec"],
@@ -155,7 +163,8 @@ class StepModel:
         if n_pre:
             t += c_has_pre
         if b:
-            t += (c_has_dec + c_dec * b + self._e_kv(b) * (dec_kv - dec_shared) + self._e_shared * dec_shared
+            t += (c_has_dec + c_dec * b + self._e_kv(b) * (dec_kv - dec_shared)
+                  + (self._e_mixed_shared if n_pre else self._e_shared) * dec_shared
                   + self._e_kvmax(b) * b * dec_max)
             if n_pre:
                 t += self._e_mixed_dec * b
@@ -278,11 +287,16 @@ class StepModel:
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
         kv, kvmax, shared = column(eager_s, "dec_kv"), b * column(eager_s, "dec_max"), column(eager_s, "dec_shared")
+        has_pre = (column(eager_s, "n_pre") > 0).astype(float)
         names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared",
                  "mixed_dec")
         extra = [column(eager_s, "pre_pairs"), column(eager_s, "pre_ctx"), column(eager_s, "pre_max_ctx"), column(eager_s, "n_pre"),
-                 (column(eager_s, "n_pre") > 0).astype(float), (b > 0).astype(float), column(eager_s, "rows"), b, shared,
-                 b * (column(eager_s, "n_pre") > 0)]
+                 has_pre, (b > 0).astype(float), column(eager_s, "rows"), b, shared, b * has_pre]
+        # the shared token's price beside a prefill apart (fit version 10), where samples measure it
+        if np.count_nonzero(shared * has_pre) >= MIN_MIXED_SHARED:
+            names += ("mixed_shared",)
+            extra[8] = shared * (1.0 - has_pre)
+            extra.append(shared * has_pre)
         cols = [*hat_basis(knots_n, n).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + column(eager_s, "n_pre"), kv + column(eager_s, "pre_ctx"), n]
         x, xf = fit_max(cols, floor_cols, column(eager_s, "t"))
@@ -340,3 +354,28 @@ def fit_model(samples: list, engine_samples: list, host_samples: Sequence, meta:
     model.engine_factor = fit_engine_factor(model, engine_samples)
     model._build()
     return model
+
+
+def fit_errors(model: StepModel, samples: Sequence[dict]) -> dict:
+    """Relative errors of ``model`` on a profile's samples, as ``kvrl-profile``'s fit report gives
+    them: ``grid`` (the fitted grid and random steps), ``holdout`` (the held-out random steps) and
+    ``by_group`` (each grid group, diagnostic ones included), each an :func:`error_stats` dict.
+    As there, without the engine-context factor (the grid is timed outside an engine run)."""
+    grid_model = StepModel.from_dict({**model.to_dict(), "engine_factor": None})
+    pred = lambda rows: [grid_model.predict_features(s, bool(s["graph"])) for s in rows]
+    grid = [s for s in samples if not (s.get("holdout") or s.get("diagnostic"))]
+    held = [s for s in samples if s.get("holdout")]
+    groups = sorted({s["group"] for s in samples if not s.get("holdout")})
+    return {"grid": error_stats(pred(grid), [s["t"] for s in grid]),
+            "holdout": error_stats(pred(held), [s["t"] for s in held]),
+            "by_group": {g: error_stats(pred(sel), [s["t"] for s in sel])
+                         for g in groups for sel in [[s for s in samples if s["group"] == g and not s.get("holdout")]]}}
+
+
+def refit_report(model: StepModel, samples: Sequence[dict], host_samples: Sequence[Sequence[float]]) -> dict:
+    """The fit report of a model fitted offline from a profile file's samples and host rows:
+    :func:`fit_errors`, the host rows' count and median gap, and the host terms they leave
+    unidentified (:func:`~kvrl.executors.profile.fit.unidentified_host_terms`)."""
+    gaps = [float(r[2]) for r in host_samples]
+    return {**fit_errors(model, samples), "host": {"steps": len(gaps), "median_gap_s": float(np.median(gaps)) if gaps else 0.0},
+            "host_unidentified": unidentified_host_terms(host_samples)}

@@ -14,7 +14,7 @@ from typing import Optional, Union
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 from kvrl.executors.profile.format import (FORMAT, LOADABLE_FIT_VERSIONS, VERSION, ProfileError, ProfileKey,
                                            round_floats)
-from kvrl.executors.profile.model import StepModel, fit_model
+from kvrl.executors.profile.model import StepModel, fit_model, refit_report
 
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,46 @@ class StepProfile:
         """This profile with its model fitted again from its samples by this kvrl's fitting code."""
         model = fit_model(self.samples, self.engine_samples, self.host_samples, self.meta)
         return replace(self, model=model, path=f"{self.path} (refitted)" if self.path else None)
+
+    @classmethod
+    def pooled(cls, profiles: list["StepProfile"]) -> "StepProfile":
+        """One profile from several re-profiles of the same code on the same device and shape: their
+        grid, held-out and engine-run samples and host rows together, the model fitted once over all
+        of them (:func:`fit_model`), the fit report's grid and held-out errors recomputed over the
+        pooled samples. A grid point measured in each re-profile then enters the fit once per
+        re-profile, so the fit sees the mean of its times, and terms that the samples identify
+        only weakly move less from one pooled fit to the next than between single re-profiles.
+
+        Every profile must have the same key (device and model shape), block size and code
+        fingerprint (``meta["fingerprint"]["code"]``): a :class:`ProfileError` names the first that
+        differs. The pooled profile's ``meta`` is the newest profile's, with ``meta["pooled_from"]``
+        listing each source (path, ``created_utc``, sample counts)."""
+        if len(profiles) < 2:
+            raise ProfileError(f"pooling needs at least two profiles (got {len(profiles)})")
+        first = profiles[0]
+        fp = lambda p: (p.meta.get("fingerprint") or {}).get("code")
+        for p in profiles[1:]:
+            name = p.path or "<in memory>"
+            if p.key != first.key:
+                raise ProfileError(f"cannot pool {name}: its key differs ({'; '.join(first.key.mismatch(p.key))})")
+            if p.meta.get("block_size") != first.meta.get("block_size"):
+                raise ProfileError(f"cannot pool {name}: block_size {p.meta.get('block_size')} != "
+                                   f"{first.meta.get('block_size')}")
+            if fp(p) is None or fp(p) != fp(first):
+                raise ProfileError(f"cannot pool {name}: meta.fingerprint.code {fp(p)!r} != {fp(first)!r} (only "
+                                   f"re-profiles of the same timing code are pooled)")
+        newest = max(profiles, key=lambda p: float(p.meta.get("created", 0.0)))
+        samples = [s for p in profiles for s in p.samples]
+        engine = [s for p in profiles for s in p.engine_samples]
+        host = [r for p in profiles for r in p.host_samples]
+        meta = dict(newest.meta)
+        meta["pooled_from"] = [{"path": p.path, "created_utc": p.meta.get("created_utc"), "samples": len(p.samples),
+                                "engine_samples": len(p.engine_samples), "host_samples": len(p.host_samples)}
+                               for p in profiles]
+        model = fit_model(samples, engine, host, meta)
+        report = {"pooled": len(profiles), **refit_report(model, samples, host),
+                  "seconds": {"total": sum(float(p.fit_report.get("seconds", {}).get("total", 0.0)) for p in profiles)}}
+        return cls(newest.key, model, meta, samples, host, report, dict(newest.raw_key), None, engine)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "StepProfile":
