@@ -183,5 +183,5 @@ def test_fidelity_compare_counts_the_pairs_within_every_target(tmp_path):
         dirs.append(f"{name}={d}")
     assert fidelity_compare.main([*dirs, "--out", str(tmp_path / "cmp")]) == 0
     text = (tmp_path / "cmp.md").read_text()
-    assert "| held out | 2 | 2 of 2 | 1 of 2 |" in text
+    assert "| held out | 2 | 2 of 2 (2) | 1 of 2 (1) |" in text
     assert "- misses, b: w2/p (TTFT p50)" in text and "- misses, a: none" in text
