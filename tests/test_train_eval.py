@@ -416,3 +416,45 @@ def test_the_same_seed_trains_the_same_agent(trained, tmp_path):
     second = PPO.load(str(again / "model.zip"), device="cpu").policy.state_dict()
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_init_agent_starts_training_from_the_saved_agent(trained, tmp_path):
+    """``train.init_agent`` continues a saved agent: with a zero learning rate and another seed, the
+    result has the saved agent's weights exactly (a new policy of seed 1 would not)."""
+    import torch
+    from stable_baselines3 import PPO
+
+    run_dir = tmp_path / "warm"
+    app("train", f"hydra.run.dir={run_dir}", *[a for a in TRAIN if a != "seed=0"], "seed=1",
+        f"train.init_agent={trained[0]}", "agent.kwargs.learning_rate=0.0", "train.total_timesteps=32",
+        "agent.kwargs.n_steps=16", "agent.kwargs.batch_size=16", "train.eval_every=0")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["init_agent"].endswith("best_model.zip") and summary["init_agent_timesteps"] > 0
+    assert summary["timesteps"] == 32                    # the fine-tuning decisions, counted from 0
+    source = PPO.load(str(trained[0] / "best_model.zip"), device="cpu").policy.state_dict()
+    tuned = PPO.load(str(run_dir / "model.zip"), device="cpu").policy.state_dict()
+    assert all(torch.equal(source[k], tuned[k]) for k in source)
+
+
+def test_init_agent_must_fit_the_task(trained, tmp_path):
+    """An agent trained with other observation features, or by another algorithm, is refused by
+    name (the zip alone would load: the shapes can match)."""
+    from kvrl.apps.schema import ConfigError
+    from kvrl.apps.warm_start import load_warm_start
+
+    proc = app("train", f"hydra.run.dir={tmp_path / 'w'}", *TRAIN, f"train.init_agent={trained[0]}",
+               "env.features.latency_alpha=0.5", check=False)
+    assert proc.returncode != 0 and "env.features.latency_alpha: agent 0.05, here 0.5" in proc.stderr
+    with pytest.raises(ConfigError, match="agent=ppo"):
+        load_warm_start(trained[0], "dqn", "kvrl/Watermark-v0", None, None, {})
+    with pytest.raises(ConfigError, match="train.init_agent: no saved agent"):
+        load_warm_start(tmp_path, "ppo", "kvrl/Watermark-v0", None, None, {})
+
+
+def test_max_wall_s_bounds_training(tmp_path):
+    run_dir = tmp_path / "bounded"
+    app("train", f"hydra.run.dir={run_dir}", *TRAIN, "train.total_timesteps=100000", "train.max_wall_s=0.001",
+        "train.eval_every=0")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by_max_wall_s"] and summary["timesteps"] < 100000
+    assert (run_dir / "model.zip").is_file()

@@ -32,6 +32,12 @@ class TrainSettings:
             it starts the agent at a heuristic: on Preemption-v0 ``{1: 6, 0: 3}`` follows the
             plugin in slot 0 with swap (index ``2 * slot + mode``) about 92% of the time and falls
             back to recompute where swap is masked. ``null``: no prior.
+        init_agent: a saved agent (a kvrl-train run directory or one of its zips) to start from
+            instead of an untrained policy (:mod:`kvrl.apps.warm_start`): fine-tuning, e.g. a
+            sim-trained agent on ``backend=live``. ``null``: a new policy.
+        max_wall_s: stop training after this many wall-clock seconds (checked at every agent
+            decision; the model so far is saved as usual): a bounded budget for live training.
+            ``null``: no limit.
     """
 
     total_timesteps: int = 8192
@@ -41,6 +47,8 @@ class TrainSettings:
     checkpoint_every: int = 4096
     torch_threads: int = 1
     init_logits: Any = None    # {action index: logit}; a typed Dict would refuse new keys on the command line
+    init_agent: Optional[str] = None
+    max_wall_s: Optional[float] = None
 
 
 @dataclass
@@ -108,6 +116,10 @@ def validate_train(cfg: Any) -> None:
         plugins.check_range("train.eval_every", t.eval_every, 0)
         plugins.check_range("train.checkpoint_every", t.checkpoint_every, 1)
         plugins.check_range("train.torch_threads", t.torch_threads, 1)
+        if t.max_wall_s is not None:
+            plugins.check_range("train.max_wall_s", t.max_wall_s, 1e-3)
+        if t.init_agent is not None and t.init_logits is not None:
+            raise ValueError("train.init_agent and train.init_logits both set the starting policy: give one")
         if t.init_logits is not None:
             if not hasattr(t.init_logits, "items"):
                 raise ValueError(f"train.init_logits must be a map {{action index: logit}}, got {t.init_logits!r}")

@@ -9,7 +9,9 @@ run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_mode
 
 ``resume=true hydra.run.dir=<that run directory>`` continues the run with its own config from
 its newest readable checkpoint up to ``train.total_timesteps``, appending to its history
-(:mod:`kvrl.apps.resume`). ``env.action.bins=auto`` takes the watermark bins from a validation
+(:mod:`kvrl.apps.resume`). ``train.init_agent=<saved agent>`` starts from that agent instead of a new policy
+(:mod:`kvrl.apps.warm_start`: fine-tuning, e.g. a sim-trained agent on ``backend=live``) and
+``train.max_wall_s`` bounds the training's wall-clock time. ``env.action.bins=auto`` takes the watermark bins from a validation
 sweep of fixed watermarks on the scenario (:mod:`kvrl.apps.bins`; the sweep is logged and kept in
 ``bins_sweep.json``). ``logger=csv|wandb`` also sends SB3's log to the tracker (W&B: plus
 ``WandbCallback``), inside the job, always finished.
@@ -26,7 +28,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from kvrl.apps import resume, tracking
+from kvrl.apps import resume, tracking, warm_start
 from kvrl.apps.leaderboard import key_value_table
 from kvrl.apps.outputs import atomic_write, write_json
 from kvrl.apps.rl_schema import register_rl_schemas, validate_train
@@ -127,6 +129,26 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
     return callbacks
 
 
+def _wall_clock_stop(max_wall_s: float, stopped: dict):
+    """A callback that ends ``learn`` at the first agent decision after ``max_wall_s`` wall-clock
+    seconds from its creation (just before ``learn``, so the first episode's reset counts;
+    ``train.max_wall_s``); sets ``stopped["at_s"]``."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    t0 = time.perf_counter()
+
+    class WallClockStop(BaseCallback):
+        def _on_step(self) -> bool:
+            elapsed = time.perf_counter() - t0
+            if elapsed < max_wall_s:
+                return True
+            stopped["at_s"] = elapsed
+            log.info("train.max_wall_s=%g reached after %d timesteps: stopping", max_wall_s, self.num_timesteps)
+            return False
+
+    return WallClockStop()
+
+
 def resolve_bins(cfg: DictConfig, out_dir: Path) -> None:
     """``env.action.bins=auto``: replace it in ``cfg`` with the useful range of a validation sweep
     of fixed watermarks on the scenario (:func:`kvrl.apps.bins.sweep_fixed`), logged and written
@@ -205,6 +227,7 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
     env = make_envs(env_id, env_cfg, t.n_envs, int(cfg.seed), subproc=t.vec_env == "subproc")
     try:
         found = resume.load_newest(cls, out_dir, env, algo in OFF_POLICY) if cfg.resume else None
+        warm = None
         history, evaluations = "", None
         if found is not None:
             log.info("resuming from %s (%d timesteps)", found.path, found.timesteps)
@@ -213,13 +236,23 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
         else:
             if cfg.resume:
                 log.warning("resume=true but %s holds no checkpoint: starting from scratch", out_dir / "checkpoints")
-            model = _new_model(cls, cfg, env)
+            if t.init_agent:
+                warm = warm_start.load_warm_start(t.init_agent, algo, env_id, env_cfg, env,
+                                                  OmegaConf.to_container(cfg.agent.kwargs, resolve=True))
+                log.info("train.init_agent: starting from %s (%d timesteps of its own training)", warm.source,
+                         warm.source_timesteps)
+                model = warm.model
+            else:
+                model = _new_model(cls, cfg, env)
         model.set_logger(Logger(str(out_dir), [resume.appending_csv(out_dir / "progress.csv", history),
                                                _tracker_writer(tracker)]))
         remaining = max(t.total_timesteps - model.num_timesteps, 0)
+        callbacks = _callbacks(cfg, out_dir, algo, env_id, eval_cfg, evaluations)
+        stopped: dict = {}
+        if t.max_wall_s is not None:
+            callbacks.append(_wall_clock_stop(float(t.max_wall_s), stopped))
         wall = time.perf_counter()
-        model.learn(total_timesteps=remaining, callback=_callbacks(cfg, out_dir, algo, env_id, eval_cfg, evaluations),
-                    reset_num_timesteps=False, progress_bar=cfg.progress)
+        model.learn(total_timesteps=remaining, callback=callbacks, reset_num_timesteps=False, progress_bar=cfg.progress)
         model.save(str(out_dir / "model.zip"))
     finally:
         env.close()
@@ -228,6 +261,9 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
                "bins": getattr(env_cfg.action, "bins", None) if env_cfg.action.type == "discrete" else None,
                "training_rate_scales": episode_rate_scales(env_cfg),
                "resumed_from": str(found.path) if found else None,
+               "init_agent": str(warm.source) if warm else None,
+               "init_agent_timesteps": warm.source_timesteps if warm else None,
+               "stopped_by_max_wall_s": "at_s" in stopped,
                "unreadable_checkpoints": found.unreadable if found else []}
     evaluations = out_dir / "evaluations.npz"
     if evaluations.is_file():
