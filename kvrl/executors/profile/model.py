@@ -295,7 +295,7 @@ class StepModel:
         # the shared token's price beside a prefill apart (fit version 10), where samples measure it
         if np.count_nonzero(shared * has_pre) >= MIN_MIXED_SHARED:
             names += ("mixed_shared",)
-            extra[8] = shared * (1.0 - has_pre)
+            extra[names.index("dec_shared")] = shared * (1.0 - has_pre)
             extra.append(shared * has_pre)
         cols = [*hat_basis(knots_n, n).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + column(eager_s, "n_pre"), kv + column(eager_s, "pre_ctx"), n]
