@@ -48,3 +48,39 @@ def test_objects_made_during_a_run_join_the_oldest_generation():
     assert not any(o is record for o in gc.get_objects(generation=1))
     assert any(o is record for o in gc.get_objects(generation=2))
     assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_plain_decodes_are_priced_and_sampled_as_their_items_say():
+    """The sim prices a planned batch's plain decodes from the planner's summary and leaves their
+    tokens to its rule: the same step time and tokens as from the items one by one; callbacks see
+    every token as a list, and the summary is dropped once the step has run."""
+    import copy
+    import dataclasses
+
+    engine = make_engine(num_blocks=256)
+    for request in _requests(8) + [make_request("fork", prompt_len=9, output_len=12, n=3)]:
+        engine.add_request(request)
+    engine.step()                                   # prefills (and the fork)
+    engine.step()
+    batch = engine.schedule()
+    plain = batch.plain
+    assert plain.count >= 8 and plain.end == len(batch.seqs) and plain.count + len(plain.others) == plain.end
+    summed, itemwise = copy.deepcopy(engine.executor), copy.deepcopy(engine.executor)
+    out = summed.execute(batch)
+    ref = itemwise.execute(dataclasses.replace(batch, plain=None))
+    assert ref.decode_tokens is None and None not in ref.sampled
+    assert sum(tokens is None for tokens in out.sampled) == plain.count
+    assert out.elapsed_s == ref.elapsed_s
+    out.resolve(batch)
+    assert out.sampled == ref.sampled
+    seen = []
+
+    class Keep:
+        def on_step(self, event):
+            seen.append(event)
+            return True
+
+    engine.add_callback(Keep())
+    engine._execute(batch, engine._planned_aborts)
+    assert seen[0].output.sampled == ref.sampled and batch.plain is None
+    assert [s.output_token_ids[-1] for s in (i.seq for i in batch.seqs)] == [t[0] for t in ref.sampled]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvrl.engine.batch import ScheduledBatch
+from kvrl.engine.batch import DecodeTokens, ScheduledBatch
 from kvrl.engine.request import Sequence, SeqStatus
 
 
@@ -50,12 +50,14 @@ class AccountingMixin:
             children.append(child)
         return children
 
-    def apply(self, batch: ScheduledBatch, sampled: list[list[int]],
-              errors: Optional[dict[int, str]] = None) -> tuple[int, int]:
+    def apply(self, batch: ScheduledBatch, sampled: list[Optional[list[int]]],
+              errors: Optional[dict[int, str]] = None, decode_tokens: Optional[DecodeTokens] = None) -> tuple[int, int]:
         """Record the executed batch item by item: computed tokens (the block pool's bookkeeping),
         sampled tokens, forks, and the abort of each failed item's request (``errors``: item index
         -> reason) as it comes; then the finishes. Returns the batch's (prefill tokens, decode
-        tokens), counting every item.
+        tokens), counting every item. A ``None`` entry of ``sampled`` is a plain decode whose token
+        follows ``decode_tokens`` (see :class:`~kvrl.engine.batch.StepOutput`); with ``errors``
+        there must be none.
 
         One loop for the whole batch, the per-step hot path of the engine: a decode token inside a
         block (most of them) is recorded on the pool's :attr:`block_fill` without a call
@@ -69,8 +71,29 @@ class AccountingMixin:
         done: list[Sequence] = []
         running, now = SeqStatus.RUNNING, self.now
         added = prefill = num_prefills = 0
+        if decode_tokens is not None:
+            ta, tb, tc, tm = decode_tokens.a, decode_tokens.b, decode_tokens.c, decode_tokens.m
         for item, tokens in zip(batch.seqs, sampled):
             seq = item.seq
+            if tokens is None:       # a plain decode: one token inside or at the end of a block
+                if seq.status is not running:
+                    continue
+                old = item.start
+                new = old + 1
+                tail = new % bs
+                if tail:
+                    block = seq.block_table[old // bs]
+                    if fill[block] < tail:
+                        added += tail - fill[block]
+                        fill[block] = tail
+                else:
+                    computed.append((seq, old, new))
+                seq.num_computed = new
+                outputs = seq.output_token_ids
+                outputs.append((seq.seq_id * ta + old * tb + tc) % tm)
+                if len(outputs) >= seq.request.output_len:
+                    done.append(seq)
+                continue
             k = item.num_tokens
             if k == 1 and failed is None and seq.status is running:
                 # a decode, the common item: the checks of the general case below skipped

@@ -24,6 +24,37 @@ class ScheduledSeq:
         return self.num_tokens == 1
 
 
+@dataclass(slots=True)
+class PlainDecodes:
+    """The planner's summary of a batch's plain decodes, for the executor of that step only (a
+    sim prices them from it without a loop over them): items ``[0, end)`` of ``seqs`` are the
+    running sequences' first items, and every one of them whose index is not in ``others`` is a
+    *plain decode*: one token (``num_tokens == 1``) after the first output token, sampled once.
+    ``count`` of them, ``kv`` the sum of their starts, ``last`` the largest start (-1: none) and
+    ``shared`` the sum of ``min(seq.shared_prefix_tokens, start + 1)`` over them."""
+
+    end: int
+    others: list[int]
+    count: int
+    kv: int
+    last: int
+    shared: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTokens:
+    """An executor's token rule for plain decodes (:class:`PlainDecodes`): the one token of a
+    plain decode item is ``(seq_id * a + start * b + c) % m``."""
+
+    a: int
+    b: int
+    c: int
+    m: int
+
+    def token(self, item: ScheduledSeq) -> int:
+        return (item.seq.seq_id * self.a + item.start * self.b + self.c) % self.m
+
+
 @dataclass
 class ScheduledBatch:
     """One engine step. Block operations run before the forward pass, in this order: swap-out
@@ -50,6 +81,9 @@ class ScheduledBatch:
     num_preempted: int = 0    # sequences preempted while scheduling this step
     num_waiting: int = 0      # waiting + recompute-preempted sequences when scheduling began
     num_finished: int = 0     # sequences finished by the previous step's apply
+    # the planner's plain decodes (None: not summed up); the engine drops it once this step is
+    # executed, and anything that changes ``seqs`` other than by appending must drop it too
+    plain: Optional[PlainDecodes] = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,10 +98,22 @@ class ScheduledBatch:
 class StepOutput:
     """Executor result: sampled token ids per scheduled sequence (aligned with ``batch.seqs``),
     the step's duration in seconds, and per-sequence errors (index -> message) for sequences
-    whose computation failed (e.g. non-finite logits); those are aborted by the engine."""
+    whose computation failed (e.g. non-finite logits); those are aborted by the engine.
 
-    sampled: list[list[int]]
+    With ``decode_tokens`` set, the entry of a plain decode (see :class:`PlainDecodes`) may be
+    ``None``: its one token follows that rule (:meth:`resolve` fills such entries in)."""
+
+    sampled: list[Optional[list[int]]]
     elapsed_s: float
     errors: Optional[dict[int, str]] = None
     host_gap_s: Optional[float] = None   # live: wall time since the previous step ended (None: not measured)
     host_gap_counted: bool = True        # whether that gap is part of ``elapsed_s``
+    decode_tokens: Optional[DecodeTokens] = None
+
+    def resolve(self, batch: ScheduledBatch) -> None:
+        """Replace every ``None`` entry of :attr:`sampled` with its token by :attr:`decode_tokens`
+        (``batch``: the executed batch; its items' ``seq`` and ``start`` are read)."""
+        rule = self.decode_tokens
+        if rule is not None:
+            self.sampled = [[rule.token(item)] if tokens is None else tokens
+                            for item, tokens in zip(batch.seqs, self.sampled)]

@@ -370,6 +370,9 @@ class Engine(PlanningMixin, AccountingMixin):
         t0 = perf_counter() if callbacks else 0.0
         out = self.executor.execute(batch)
         execute_wall_s = perf_counter() - t0 if callbacks else 0.0
+        batch.plain = None            # for this execute only (a kept batch is priced again from its items)
+        if out.decode_tokens is not None and (callbacks or out.errors):
+            out.resolve(batch)        # what callbacks see, and apply with errors, has every token
         if len(out.sampled) != len(batch.seqs):
             raise RuntimeError(f"executor returned {len(out.sampled)} samples for {len(batch.seqs)} sequences")
         duration = out.elapsed_s
@@ -380,7 +383,7 @@ class Engine(PlanningMixin, AccountingMixin):
             self.metrics.record_host_gap(out.host_gap_s, out.host_gap_counted)
         self.now += duration
         self.step_index += 1
-        prefill, decodes = self.apply(batch, out.sampled, out.errors)
+        prefill, decodes = self.apply(batch, out.sampled, out.errors, out.decode_tokens)
         metrics = self.metrics
         if metrics.record_steps:
             metrics.record_step(

@@ -13,7 +13,7 @@ from sys import getrefcount as refcount
 from time import perf_counter
 from typing import Generator, Iterable, Optional
 
-from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
+from kvrl.engine.batch import PlainDecodes, ScheduledBatch, ScheduledSeq
 from kvrl.engine.decisions import Shortage
 from kvrl.engine.request import Sequence, SeqStatus
 from kvrl.engine.views import SeqView
@@ -102,10 +102,11 @@ class PlanningMixin:
         return 1
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        """Schedule the running sequences in order until the budget is spent, all are scheduled,
-        or one needs more blocks than are free (no preemption here: most steps have no shortage);
-        returns the budget left. ``batch.seqs[j].seq`` is ``running[j]`` for every item added, so
-        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``.
+        """Schedule the running sequences, into a new ``batch``, in order until the budget is
+        spent, all are scheduled, or one needs more blocks than are free (no preemption here: most
+        steps have no shortage); returns the budget left. ``batch.seqs[j].seq`` is ``running[j]`` for every item added, so
+        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``. Sets ``batch.plain``
+        to the summary of the plain decodes among these items (see :class:`PlainDecodes`).
 
         A decode's item is the sequence's own :attr:`~Sequence.decode_item`, updated in place when
         nothing but the sequence references it any more (the previous step's batch is gone, so no
@@ -117,6 +118,10 @@ class PlanningMixin:
         refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
         running = self.running
         copies = batch.copies
+        others: list[int] = []                         # items that are not plain decodes
+        index = 0                                      # the batch is new: no items yet
+        count = kv = shared = 0                        # plain decodes: PlainDecodes
+        last = -1
         for seq in running:   # until the first block shortage (most steps have none): no preemption here
             if budget <= 0:
                 break
@@ -138,7 +143,18 @@ class PlanningMixin:
                 else:
                     fits = False
                 if fits:
-                    samples = request.n if request.n > 1 and not outputs and seq.parent_seq_id is None else 1
+                    if outputs:                # a plain decode: one sample, after the first token
+                        samples = 1
+                        count += 1
+                        kv += computed
+                        if computed > last:
+                            last = computed
+                        cached = seq.shared_prefix_tokens
+                        if cached:
+                            shared += cached if cached <= computed else computed + 1
+                    else:
+                        samples = request.n if request.n > 1 and seq.parent_seq_id is None else 1
+                        others.append(index)
                     item = seq.decode_item
                     if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
                         item.start = computed
@@ -146,6 +162,7 @@ class PlanningMixin:
                     else:
                         item = seq.decode_item = ScheduledSeq(seq, computed, 1, samples)
                     append(item)
+                    index += 1
                     budget -= 1
                     continue
             elif k > budget:
@@ -156,7 +173,10 @@ class PlanningMixin:
                     break                      # a shortage: _schedule_shortage takes it from here
                 copies.extend(alloc.extend(seq, upto))
             append(ScheduledSeq(seq, computed, k, self._num_samples(seq, upto)))
+            others.append(index)
+            index += 1
             budget -= k
+        batch.plain = PlainDecodes(index, others, count, kv, last, shared)
         return budget
 
     def _schedule_shortage(self, batch: ScheduledBatch, budget: int) -> Generator[Shortage, object, tuple[int, bool]]:
@@ -204,6 +224,7 @@ class PlanningMixin:
         kept = [item for item in batch.seqs if item.seq.status is SeqStatus.RUNNING]
         freed = sum(item.num_tokens for item in batch.seqs) - sum(item.num_tokens for item in kept)
         batch.seqs = kept
+        batch.plain = None                     # its indices no longer hold
         batch.swap_out = [pair for pair in batch.swap_out if pair[1] not in cpu]
         batch.copies = [pair for pair in batch.copies if pair[1] not in gpu]
         return freed

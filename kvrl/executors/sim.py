@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
-from kvrl.engine.batch import ScheduledBatch, StepOutput
+from kvrl.engine.batch import DecodeTokens, ScheduledBatch, StepOutput
 from kvrl.executors.base import Executor
 from kvrl.executors.fingerprint import staleness
 from kvrl.executors.hardware import DeviceSpec, ModelShape
@@ -249,17 +249,27 @@ class SimExecutor(Executor):
                                                len(batch.swap_in) * pcie))
 
     def _execute_profiled(self, batch: ScheduledBatch) -> StepOutput:
-        """Step time from the profile's fitted model (same sampled ids as the roofline path)."""
-        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = dec_kv = dec_shared = rows = other = 0
-        dec_last = -1                 # the largest decode start (dec_max is one more)
-        sampled: list[list[int]] = []
-        append = sampled.append
+        """Step time from the profile's fitted model (same sampled ids as the roofline path). The
+        plain decodes of a batch with the planner's summary (``batch.plain``) are priced from it and
+        their tokens left to the returned :attr:`~StepOutput.decode_tokens` (``None`` entries of
+        ``sampled``); every other item is looked at one by one."""
+        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = rows = other = 0
         vocab, seed = self.model.vocab_size, self.seed
         # a decode's id, ``(seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab``, computed as
         # ``(seq_id * mult + start * 40503 + seed1) % vocab``: the same residue with smaller integers
         mult, seed1 = 2654435761 % vocab, seed + 40503
         items = batch.seqs
-        for item in items:
+        sampled: list = [None] * len(items)
+        plain = batch.plain
+        if plain is None:
+            indices = range(len(items))
+            dec_kv = dec_shared = 0
+            dec_last = -1             # the largest decode start (dec_max is one more)
+        else:
+            indices = [*plain.others, *range(plain.end, len(items))]
+            dec_kv, dec_shared, dec_last = plain.kv, plain.shared, plain.last
+        for i in indices:
+            item = items[i]
             k, start, seq = item.num_tokens, item.start, item.seq
             if k == 1:                # a decode; n_dec and its own rows are counted after the loop
                 dec_kv += start
@@ -269,7 +279,7 @@ class SimExecutor(Executor):
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
                 if item.num_samples == 1:      # a decode's one token (the general case below, inlined)
-                    append([(seq.seq_id * mult + start * 40503 + seed1) % vocab])
+                    sampled[i] = [(seq.seq_id * mult + start * 40503 + seed1) % vocab]
                     continue
                 other += 1
             else:
@@ -282,9 +292,9 @@ class SimExecutor(Executor):
             if item.num_samples:
                 rows += 1
                 base = seq.seq_id * 2654435761 + (start + k) * 40503 + seed
-                append([(base + j * 97) % vocab for j in range(item.num_samples)])
+                sampled[i] = [(base + j * 97) % vocab for j in range(item.num_samples)]
             else:
-                append([])
+                sampled[i] = []
         n_dec = len(items) - n_pre
         dec_kv += n_dec
         dec_max = dec_last + 1
@@ -299,12 +309,14 @@ class SimExecutor(Executor):
                                      pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
         self._last_pre_tok = pre_tok
         compute *= self.step_time_scale
+        rule = None if plain is None else DecodeTokens(mult, 40503, seed1, vocab)
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
-            return StepOutput(sampled, compute)
+            return StepOutput(sampled, compute, decode_tokens=rule)
         forward = self.step_time_scale * m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv,
                                                      dec_max, dec_shared, rows, self.cuda_graphs)
-        return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)))
+        return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)),
+                          decode_tokens=rule)
 
     def estimate_prefill_s(self, num_tokens: int) -> float:
         if num_tokens <= 0:
