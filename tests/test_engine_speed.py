@@ -84,3 +84,22 @@ def test_plain_decodes_are_priced_and_sampled_as_their_items_say():
     engine._execute(batch, engine._planned_aborts)
     assert seen[0].output.sampled == ref.sampled and batch.plain is None
     assert [s.output_token_ids[-1] for s in (i.seq for i in batch.seqs)] == [t[0] for t in ref.sampled]
+
+
+def test_append_blocks_takes_what_extend_takes_or_nothing():
+    """A decode's new block at a block boundary (PagedAllocator.append_blocks): the same blocks, in
+    the same order, as extend would take (uncached free ones, then reclaimed cached ones), or
+    nothing at all when too few are free."""
+    from kvrl.engine.request import Sequence
+
+    engines = [make_engine(num_blocks=8, block_size=4) for _ in range(2)]
+    for engine in engines:   # 3 full prompt blocks stay cached (evictable) after the run
+        engine.run([make_request("a", prompt_len=12, output_len=1, seed=1)])
+    alloc, twin = engines[0].allocator, engines[1].allocator
+    assert alloc.num_free_blocks == 8 and alloc.prefix_cache.num_evictable == 3
+    table: list[int] = []
+    assert not alloc.append_blocks(table, 9) and table == [] and alloc.num_free_blocks == 8
+    assert alloc.append_blocks(table, 7) and alloc.num_free_blocks == 1 and alloc.prefix_cache.num_evictable == 1
+    seq = Sequence(99, make_request("b", prompt_len=28, seed=2))
+    twin.extend(seq, 28)
+    assert seq.block_table == table and twin.ref_counts == alloc.ref_counts

@@ -75,9 +75,7 @@ class AccountingMixin:
             ta, tb, tc, tm = decode_tokens.a, decode_tokens.b, decode_tokens.c, decode_tokens.m
         for item, tokens in zip(batch.seqs, sampled):
             seq = item.seq
-            if tokens is None:       # a plain decode: one token inside or at the end of a block
-                if seq.status is not running:
-                    continue
+            if tokens is None:       # a plain decode (running: with no errors, no item aborts another)
                 old = item.start
                 new = old + 1
                 tail = new % bs

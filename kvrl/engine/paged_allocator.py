@@ -287,19 +287,34 @@ class PagedAllocator:
                 seq.block_table[idx] = new
         need = -(-upto // self.block_size) - len(seq.block_table)
         if need > 0:
-            table, free_list = seq.block_table, self._free
-            take = min(need, len(free_list))       # uncached free blocks first, as _allocate takes them
-            if take:
-                ref, fill = self.ref_counts, self._fill
-                for _ in range(take):
-                    block = free_list.popleft()
-                    ref[block] = 1
-                    fill[block] = 0
-                    table.append(block)
-                self._num_used += take
-            if need > take:
-                self._reclaim(table, need - take)
+            self._take(seq.block_table, need)
         return copies
+
+    def _take(self, table: list[int], n: int) -> None:
+        """Append ``n`` new blocks to ``table``: uncached free blocks first, as :meth:`_allocate`
+        takes them, then reclaimed ones (:class:`OutOfBlocks` if too few)."""
+        free_list = self._free
+        take = min(n, len(free_list))
+        if take:
+            ref, fill = self.ref_counts, self._fill
+            for _ in range(take):
+                block = free_list.popleft()
+                ref[block] = 1
+                fill[block] = 0
+                table.append(block)
+            self._num_used += take
+        if n > take:
+            self._reclaim(table, n - take)
+
+    def append_blocks(self, table: list[int], n: int) -> bool:
+        """Append ``n`` new blocks to a block table that ends at a block boundary (what
+        :meth:`extend` allocates there: no copy is due), or return False, changing nothing, if
+        fewer than ``n`` blocks are free."""
+        free = len(self._free)
+        if n > free and n - free > self.prefix_cache.num_evictable:
+            return False
+        self._take(table, n)
+        return True
 
     def _reclaim(self, table: list[int], n: int) -> None:
         """Append to ``table`` ``n`` blocks taken from the prefix cache's evictable ones, as ``n``

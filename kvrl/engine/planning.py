@@ -120,7 +120,7 @@ class PlanningMixin:
         copies = batch.copies
         others: list[int] = []                         # items that are not plain decodes
         index = 0                                      # the batch is new: no items yet
-        count = kv = shared = 0                        # plain decodes: PlainDecodes
+        kv = shared = 0                                # plain decodes: PlainDecodes
         last = -1
         for seq in running:   # until the first block shortage (most steps have none): no preemption here
             if budget <= 0:
@@ -136,16 +136,14 @@ class PlanningMixin:
                 elif len(table) * bs > computed:
                     fits = True
                 elif refs is not None:         # a paged pool, the first token of a block: a new block, no copy
-                    if computed // bs + 1 - len(table) > alloc.num_free_blocks:
+                    if not alloc.append_blocks(table, computed // bs + 1 - len(table)):
                         break                  # a shortage: _schedule_shortage takes it from here
-                    copies.extend(alloc.extend(seq, computed + 1))
                     fits = True
                 else:
                     fits = False
                 if fits:
                     if outputs:                # a plain decode: one sample, after the first token
                         samples = 1
-                        count += 1
                         kv += computed
                         if computed > last:
                             last = computed
@@ -176,7 +174,7 @@ class PlanningMixin:
             others.append(index)
             index += 1
             budget -= k
-        batch.plain = PlainDecodes(index, others, count, kv, last, shared)
+        batch.plain = PlainDecodes(index, others, index - len(others), kv, last, shared)
         return budget
 
     def _schedule_shortage(self, batch: ScheduledBatch, budget: int) -> Generator[Shortage, object, tuple[int, bool]]:

@@ -12,8 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-_PACKERS: dict[tuple[int, int], struct.Struct] = {}   # (n, width) -> packer of n little-endian ints (token_bytes)
 _FORMATS = {4: (np.dtype("<i4"), "i"), 8: (np.dtype("<i8"), "q")}   # width -> (numpy dtype, struct code)
+_PACKERS: dict[int, dict] = {width: {} for width in _FORMATS}   # width -> n -> pack of n little-endian ints (token_bytes)
 
 
 class RequestRejected(ValueError):
@@ -138,20 +138,21 @@ class Sequence:
         """Token ids in positions ``[start, end)`` as little-endian integers of ``width`` bytes (4
         or 8: what :func:`kvrl.engine.hashing.block_bytes` gives for :meth:`token_slice`), without
         an intermediate array for the generated part."""
-        prompt = self.request.prompt_token_ids
-        plen = prompt.shape[0]
-        dtype, code = _FORMATS[width]
+        request = self.request
+        plen = request.prompt_len
         if end <= plen:
-            part = prompt[start:end]
+            part = request.prompt_token_ids[start:end]
+            dtype = _FORMATS[width][0]
             return (part if part.dtype is dtype else part.astype(dtype)).tobytes()   # no copy to convert
-        lo, hi = max(start - plen, 0), end - plen
-        packer = _PACKERS.get((hi - lo, width))
-        if packer is None:
-            packer = _PACKERS[hi - lo, width] = struct.Struct(f"<{hi - lo}{code}")
-        out = packer.pack(*self.output_token_ids[lo:hi])
+        lo = start - plen if start > plen else 0
+        pack = _PACKERS[width].get(end - plen - lo)
+        if pack is None:
+            pack = _PACKERS[width][end - plen - lo] = struct.Struct(f"<{end - plen - lo}{_FORMATS[width][1]}").pack
+        out = pack(*self.output_token_ids[lo:end - plen])
         if start >= plen:
             return out
-        part = prompt[start:]
+        part = request.prompt_token_ids[start:]
+        dtype = _FORMATS[width][0]
         return (part if part.dtype is dtype else part.astype(dtype)).tobytes() + out
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
