@@ -22,7 +22,7 @@
 # Environment: SEEDS (default [0,...,9]); AGENTS_<scenario> (a comma-separated list; default every
 # docs/results/agents/<scenario>-*/ directory, for watermark docs/results/agents/watermark-dqn);
 # BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 600, per scenario: the
-# live stage is stopped after that, the sim table stays); EXTRA (more overrides for both stages)
+# live stage is stopped after that; the sim table and the live runs it finished stay); EXTRA (more overrides for both stages)
 # and LIVE_EXTRA (live stage only); GPUS (default 1: more splits the seeds over that many GPUs, one
 # kvrl-eval each, in parallel); REFERENCE (the policy the paired differences are taken against,
 # default fixed 0.01; e.g. lifo for the eviction tasks). The eviction task (d) on 8 GPUs:
@@ -92,7 +92,14 @@ print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len
       [ $rc -eq 0 ] || { echo "$sc: live stage on GPU $k rc=$rc"; status=$rc; }
     done
   fi
-  ls ${live_csvs//,/ } > /dev/null 2>&1 || { echo "$sc: a live stage wrote no results.csv"; continue; }
+  # a live stage stopped by LIVE_LIMIT_S leaves the runs it finished in results.partial.csv (kvrl-eval's journal)
+  csvs=""; for f in ${live_csvs//,/ }; do
+    p=${f%results.csv}results.partial.csv
+    if [ -f "$f" ]; then csvs="$csvs${csvs:+,}$f"
+    elif [ -f "$p" ]; then echo "$sc: $f missing (stopped); using the runs it finished, $p"; csvs="$csvs${csvs:+,}$p"
+    else echo "$sc: a live stage wrote no results"; fi
+  done
+  live_csvs=$csvs; [ -n "$live_csvs" ] || continue
   python3 scripts/rl_live_compare.py "$dir/sim/results.csv" "$live_csvs" "$sc" ${REFERENCE:+--reference "$REFERENCE"} > "$dir/compare.md"
   cat "$dir/compare.md"
 done

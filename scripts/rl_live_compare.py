@@ -47,10 +47,10 @@ def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.
              f"difference to {ref})", "",
              "| policy | sim | live | Δ sim (verdict) | Δ live (verdict) | same sign where sim is significant |",
              "|---|---|---|---|---|---|"]
-    served = 0
+    served, counts = 0, {}
     for p in sim:
         seeds = sorted(set(sim[p]) & set(live.get(p, {})))
-        served = max(served, len(seeds))
+        served, counts[p] = max(served, len(seeds)), len(seeds)
         s = mean_ci([sim[p][k] for k in seeds]) if seeds else mean_ci(sim[p].values())
         l = mean_ci([live[p][k] for k in seeds]) if seeds else (float("nan"), float("nan"))
         cells = [f"{s[0]:.1f} ± {s[1]:.1f}", f"{l[0]:.1f} ± {l[1]:.1f}"]
@@ -64,6 +64,9 @@ def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.
             cells += ["reference" if p == ref else "", "", ""]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     lines += ["", f"{served} seeds served live of {len(next(iter(sim.values()), {}))} in the sim."]
+    if len(set(counts.values())) > 1:       # e.g. a live stage stopped by its limit (results.partial.csv)
+        lines += ["Live seeds per policy (each row's cells are over its own): "
+                  + ", ".join(f"{p} {n}" for p, n in counts.items()) + "."]
     return "\n".join(lines)
 
 

@@ -300,3 +300,6 @@ def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
     assert "| slo | 28.0 ± " in out and "4 seeds served live of 4" in out
     with pytest.raises(ValueError, match="seed 0 is in more than one results file"):
         cmp.load(f"{shares[0]},{shares[0]}")
+    assert "Live seeds per policy" not in out
+    del live["slo"][3]                        # a live stage stopped before its last run (results.partial.csv)
+    assert "lifo 4, slo 3." in cmp.render(cmp.load(str(sim)), live, "x", reference="lifo")

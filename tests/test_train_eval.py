@@ -102,6 +102,7 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     proc = app("eval", f"hydra.run.dir={tmp_path / 'live'}", f"agents=[{run_dir}]", *LIVE, "val_pick=sim",
                "sweep=[0.0,0.3]")
     rows = list(csv.DictReader((tmp_path / "live" / "results.csv").read_text().splitlines()))
+    assert not (tmp_path / "live" / "results.partial.csv").exists()     # the journal is gone once results.csv is
     val = [r for r in rows if r["split"] == "val"]
     test = [r for r in rows if r["split"] == "test"]
     assert len(val) == 2 and {r["backend"] for r in val} == {"sim"}
@@ -458,3 +459,19 @@ def test_max_wall_s_bounds_training(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by_max_wall_s"] and summary["timesteps"] < 100000
     assert (run_dir / "model.zip").is_file()
+
+
+def test_sequential_jobs_journal_each_finished_run_before_a_failure():
+    """kvrl-eval's journal (results.partial.csv): with jobs run one by one, as on the live backend,
+    every finished run is handed on before a later one fails (or a time limit stops the app)."""
+    from kvrl.apps.eval import Job, Policy, run_jobs
+    from kvrl.envs.config import load_task
+
+    _, cfg = load_task("watermark", ["workload=synthetic", "workload.num_requests=30", "workload.rate_scale=1.0",
+                                     "engine.num_blocks=256"])
+    jobs = [Job(Policy("ok", "x", {"name": "fixed", "fraction": 0.0}), "test", 0),
+            Job(Policy("bad", "x", {"name": "fixed", "fraction": 7.0}), "test", 0)]
+    seen = []
+    with pytest.raises(Exception, match="fraction"):
+        run_jobs(cfg.run, "watermark", jobs, None, workers=1, on_result=lambda done: seen.append([r["policy"] for r in done]))
+    assert seen == [["ok"]]

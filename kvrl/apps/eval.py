@@ -18,7 +18,8 @@ goodput) and to the oracle.
 
 Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
 ``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
-included), ``goodput.png`` (bars with CIs), ``traces.png`` (watermark and KV usage over time,
+included; while the test runs go one by one, as on the live backend, ``results.partial.csv``
+holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png`` (bars with CIs), ``traces.png`` (watermark and KV usage over time,
 first seed), ``config.yaml``; prints the leaderboard. ``logger=wandb`` also logs the table and
 the plots.
 """
@@ -37,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import hydra
 import numpy as np
@@ -56,6 +57,7 @@ from kvrl.envs.agent_io import JOINT_SLOTS, ROLES, model_path, read_meta
 from kvrl.envs.config import describe_workload, env_config_from_app
 
 log = logging.getLogger("kvrl.eval")
+JOURNAL = "results.partial.csv"    # the test runs finished so far (live: after each job); gone once results.csv is written
 
 register_rl_schemas()
 
@@ -200,11 +202,14 @@ class JobProgress:
 
 
 def run_jobs(run: dict, role: str, jobs: Sequence[Job], resample: Optional[float], workers: int,
-             chunk: int = 1, live_warmup: int = 0) -> list[dict]:
+             chunk: int = 1, live_warmup: int = 0,
+             on_result: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Every job's result, in the order of ``jobs``; each job is reported as it finishes
     (:class:`JobProgress`). ``workers`` > 1 spreads them over fresh (spawned) processes in chunks
     of ``chunk`` consecutive jobs (jobs of one split and seed share their workload in a chunk).
-    The live backend runs every job in this process, one after another (one accelerator)."""
+    The live backend runs every job in this process, one after another (one accelerator); there
+    ``on_result`` is called with the results so far after each job (kvrl-eval's journal, so a live
+    stage stopped by a time limit keeps what it served)."""
     if run["backend"]["name"] == "live":
         workers = 1
     progress = JobProgress(jobs)
@@ -215,6 +220,8 @@ def run_jobs(run: dict, role: str, jobs: Sequence[Job], resample: Optional[float
                 wall = time.perf_counter()
                 results.append(run_job(run, role, job, resample, live_warmup))
                 progress.report(index, results[-1]["goodput_tok_s"], time.perf_counter() - wall)
+                if on_result is not None:
+                    on_result(results)
             return results
         context = get_context("spawn")
         done = context.Queue()
@@ -356,8 +363,10 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents, role)     # one row per distinct plugin config
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
-    test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies),
-                            live_warmup=cfg.live_warmup)
+    journal = out_dir / JOURNAL
+    out_dir.mkdir(parents=True, exist_ok=True)
+    test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies), live_warmup=cfg.live_warmup,
+                            on_result=lambda done: write_results(results + done, journal))
     results += test_results
     oracle = None
     if role in ("watermark", "joint") and cfg.oracle and cfg.sweep:     # a reference line, not a competitor
@@ -368,8 +377,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     if competitor:
         notes.append(f"Strongest competitor (best mean test goodput of the heuristics, val-best and val-tuned "
                      f"policies; the agents' paired Δ reference): {competitor}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_results(results, out_dir / "results.csv")
+    journal.unlink(missing_ok=True)
     references = [policies[0].label] if baselines else []
     references += [p.label for p in policies if p.kind == "val-best"]
     references += [r for r in (competitor, oracle) if r and r not in references]
