@@ -81,8 +81,9 @@ class AccountingMixin:
                 tail = new % bs
                 if tail:
                     block = seq.block_table[old // bs]
-                    if fill[block] < tail:
-                        added += tail - fill[block]
+                    f = fill[block]
+                    if f < tail:
+                        added += tail - f
                         fill[block] = tail
                 else:
                     computed.append((seq, old, new))

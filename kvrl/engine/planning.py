@@ -113,13 +113,13 @@ class PlanningMixin:
         one can see the change; CPython's reference count tells), else a new one: a new object per
         decode and step was a third of this loop's cost."""
         alloc = self.allocator
-        needs_blocks, append = alloc.needs_blocks, batch.seqs.append
+        seqs = batch.seqs                              # new: no items yet
+        needs_blocks, append = alloc.needs_blocks, seqs.append
         bs = self.config.block_size
         refs = getattr(alloc, "ref_counts", None)     # paged pools: a shared partial tail is copied first
         running = self.running
         copies = batch.copies
         others: list[int] = []                         # items that are not plain decodes
-        index = 0                                      # the batch is new: no items yet
         kv = shared = 0                                # plain decodes: PlainDecodes
         last = -1
         for seq in running:   # until the first block shortage (most steps have none): no preemption here
@@ -130,12 +130,12 @@ class PlanningMixin:
             request = seq.request
             k = request.prompt_len + len(outputs) - computed
             if k == 1:   # a decode (needs_blocks and blocks_to_extend inlined): a block at a boundary
-                table = seq.block_table
                 if computed % bs:    # a shared tail is copied first; only forks share a partial block
-                    fits = request.n == 1 or refs is None or refs[table[computed // bs]] == 1
-                elif len(table) * bs > computed:
+                    fits = request.n == 1 or refs is None or refs[seq.block_table[computed // bs]] == 1
+                elif len(seq.block_table) * bs > computed:
                     fits = True
                 elif refs is not None:         # a paged pool, the first token of a block: a new block, no copy
+                    table = seq.block_table
                     if not alloc.append_blocks(table, computed // bs + 1 - len(table)):
                         break                  # a shortage: _schedule_shortage takes it from here
                     fits = True
@@ -152,7 +152,7 @@ class PlanningMixin:
                             shared += cached if cached <= computed else computed + 1
                     else:
                         samples = request.n if request.n > 1 and seq.parent_seq_id is None else 1
-                        others.append(index)
+                        others.append(len(seqs))
                     item = seq.decode_item
                     if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
                         item.start = computed
@@ -160,7 +160,6 @@ class PlanningMixin:
                     else:
                         item = seq.decode_item = ScheduledSeq(seq, computed, 1, samples)
                     append(item)
-                    index += 1
                     budget -= 1
                     continue
             elif k > budget:
@@ -170,11 +169,10 @@ class PlanningMixin:
                 if alloc.blocks_to_extend(seq, upto) > alloc.num_free_blocks:
                     break                      # a shortage: _schedule_shortage takes it from here
                 copies.extend(alloc.extend(seq, upto))
+            others.append(len(seqs))
             append(ScheduledSeq(seq, computed, k, self._num_samples(seq, upto)))
-            others.append(index)
-            index += 1
             budget -= k
-        batch.plain = PlainDecodes(index, others, index - len(others), kv, last, shared)
+        batch.plain = PlainDecodes(len(seqs), others, len(seqs) - len(others), kv, last, shared)
         return budget
 
     def _schedule_shortage(self, batch: ScheduledBatch, budget: int) -> Generator[Shortage, object, tuple[int, bool]]:
