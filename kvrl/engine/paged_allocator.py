@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from kvrl.engine.guards import PooledHashLRU
 from kvrl.engine.hashing import BlockHasher
+from kvrl.engine.pool_invariants import check_paged_pool
 from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
 
@@ -490,25 +491,6 @@ class PagedAllocator:
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self, live_seqs: list[Sequence]) -> None:
-        """Assert the pool's invariants given every sequence that may hold blocks (tests)."""
-        refs = [0] * self.num_blocks
-        for seq in live_seqs:
-            for block in seq.block_table:
-                refs[block] += 1
-        assert refs == self.ref_counts, "reference counts differ from block-table references"
-        free = set(self._free)
-        assert len(free) == len(self._free), "a block is on the free list twice"
-        for block in free:
-            assert self.ref_counts[block] == 0 and not self._cached[block], f"free block {block} is in use or cached"
-        evictable = sum(1 for b in range(self.num_blocks) if self._cached[b] and self.ref_counts[b] == 0)
-        assert evictable == self.prefix_cache.num_evictable, "evictable count mismatch"
-        if self._checked:
-            for b in range(self.num_blocks):
-                assert (self._identity[b] is not None) == self._cached[b], f"block {b}: identity record drift"
-        used = sum(1 for r in self.ref_counts if r > 0)
-        assert used == self._num_used, "used-block counter drifted"
-        assert used + len(free) + evictable == self.num_blocks, "blocks leaked"
-        assert self._tokens_in_use == sum(self._fill[b] for b in range(self.num_blocks) if self.ref_counts[b] > 0)
-        cpu_held = [b for seq in live_seqs for b in seq.cpu_block_table]
-        assert len(set(cpu_held)) == len(cpu_held) and not set(cpu_held) & set(self._cpu_free)
-        assert len(cpu_held) + len(self._cpu_free) == self.num_cpu_blocks, "CPU blocks leaked"
+        """Assert the pool's invariants given every sequence that may hold blocks (tests; see
+        :func:`~kvrl.engine.pool_invariants.check_paged_pool`)."""
+        check_paged_pool(self, live_seqs)

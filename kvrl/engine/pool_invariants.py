@@ -1,0 +1,38 @@
+"""The paged block pool's invariants, asserted by the tests (fuzzing, property tests) through
+:meth:`PagedAllocator.check_invariants <kvrl.engine.paged_allocator.PagedAllocator.check_invariants>`:
+kept apart from the pool's hot paths so that its module stays small."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:    # the pool imports this module
+    from kvrl.engine.paged_allocator import PagedAllocator
+    from kvrl.engine.request import Sequence
+
+
+def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> None:
+    """Assert ``pool``'s invariants given every sequence that may hold blocks: reference counts
+    equal block-table references, free and evictable blocks are exactly the unused ones (none
+    lost, none twice), identity records exist for exactly the cached blocks (checked hashes), the
+    used-block and stored-token counters match, and CPU blocks are held once or free."""
+    refs = [0] * pool.num_blocks
+    for seq in live_seqs:
+        for block in seq.block_table:
+            refs[block] += 1
+    assert refs == pool.ref_counts, "reference counts differ from block-table references"
+    free = set(pool._free)
+    assert len(free) == len(pool._free), "a block is on the free list twice"
+    for block in free:
+        assert pool.ref_counts[block] == 0 and not pool._cached[block], f"free block {block} is in use or cached"
+    evictable = sum(1 for b in range(pool.num_blocks) if pool._cached[b] and pool.ref_counts[b] == 0)
+    assert evictable == pool.prefix_cache.num_evictable, "evictable count mismatch"
+    if pool._checked:
+        for b in range(pool.num_blocks):
+            assert (pool._identity[b] is not None) == pool._cached[b], f"block {b}: identity record drift"
+    used = sum(1 for r in pool.ref_counts if r > 0)
+    assert used == pool._num_used, "used-block counter drifted"
+    assert used + len(free) + evictable == pool.num_blocks, "blocks leaked"
+    assert pool._tokens_in_use == sum(pool._fill[b] for b in range(pool.num_blocks) if pool.ref_counts[b] > 0)
+    cpu_held = [b for seq in live_seqs for b in seq.cpu_block_table]
+    assert len(set(cpu_held)) == len(cpu_held) and not set(cpu_held) & set(pool._cpu_free)
+    assert len(cpu_held) + len(pool._cpu_free) == pool.num_cpu_blocks, "CPU blocks leaked"
