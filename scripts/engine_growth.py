@@ -19,14 +19,19 @@ import logging
 import os
 import platform
 import subprocess
+import sys
 import time
 
-import kvrl
+# the kvrl of this script's own checkout, not whichever one the environment installed (timing an
+# older checkout with its own script must time that checkout)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvrl.builder import build_engine
-from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
-from kvrl.executors.sim import SimExecutor
-from kvrl.workloads import build_workload
+import kvrl  # noqa: E402
+
+from kvrl.builder import build_engine  # noqa: E402
+from kvrl.executors.hardware import DEVICES, MODEL_SHAPES  # noqa: E402
+from kvrl.executors.sim import SimExecutor  # noqa: E402
+from kvrl.workloads import build_workload  # noqa: E402
 
 
 #: engine phases --phases times (class, method): the time of a nested one is also in its caller's
