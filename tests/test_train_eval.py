@@ -475,3 +475,17 @@ def test_sequential_jobs_journal_each_finished_run_before_a_failure():
     with pytest.raises(Exception, match="fraction"):
         run_jobs(cfg.run, "watermark", jobs, None, workers=1, on_result=lambda done: seen.append([r["policy"] for r in done]))
     assert seen == [["ok"]]
+
+
+def test_train_settings_for_a_warm_start_are_checked_by_name():
+    from omegaconf import OmegaConf
+
+    from kvrl.apps.rl_schema import TrainSettings, validate_train
+    from kvrl.apps.schema import ConfigError
+
+    both = OmegaConf.create({"train": OmegaConf.structured(TrainSettings(init_agent="a", init_logits={1: 1.0}))})
+    with pytest.raises(ConfigError, match="train.init_agent and train.init_logits"):
+        validate_train(both)
+    with pytest.raises(ConfigError, match="train.max_wall_s"):
+        validate_train(OmegaConf.create({"train": OmegaConf.structured(TrainSettings(max_wall_s=0.0))}))
+    validate_train(OmegaConf.create({"train": OmegaConf.structured(TrainSettings(init_agent="a", max_wall_s=60.0))}))
