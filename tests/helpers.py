@@ -82,3 +82,20 @@ def step_features(dec=(), pre=(), copies=0, swap_out=0, swap_in=0, shared=0) -> 
         f["rows"] += 1
     f.update(copies=copies, swap_out=swap_out, swap_in=swap_in)
     return f
+
+
+def known_eager_model(coef: dict | None = None, host: dict | None = None):
+    """A small known eager step model (no CUDA graphs) whose fit terms the profile tests recover:
+    fixed dense and KV curves, these per-feature ``coef`` (over defaults with no shared-token,
+    mixed or host-work price) and host terms ``host`` (over a base and per-sequence cost)."""
+    from kvrl.executors import profile as P
+
+    return P.StepModel(
+        [], None,
+        {"dense": {"knots": [1, 64, 256, 1024], "values": [2e-3, 2.2e-3, 3e-3, 8e-3]},
+         "kv": {"knots": [1, 8, 64], "values": [5e-8, 4e-8, 3e-8]},
+         "kvmax": {"knots": [1, 8, 64], "values": [0.0, 0.0, 0.0]},
+         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "pre_max_ctx": 0.0, "n_pre": 5e-5, "has_pre": 3e-4,
+                  "has_dec": 2e-4, "rows": 1e-6, "n_dec": 1e-5, "dec_shared": 0.0, "mixed_dec": 0.0, **(coef or {})}},
+        {op: [0.0, 0.0] for op in P.StepModel.OPS},
+        {"base": 5e-5, "per_seq": 3e-6, "per_prefill": 0.0, **(host or {})})

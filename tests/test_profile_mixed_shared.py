@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvrl.executors import profile as P
-from tests.helpers import step_features
+from tests.helpers import known_eager_model, step_features
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = P.PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16.json"
@@ -21,14 +21,7 @@ TINY_KEY = {"device": "cpu", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
 
 def _truth(dec_shared: float, **coef) -> P.StepModel:
     """A small known eager model (no graphs) with a shared-token price ``dec_shared`` and ``coef``."""
-    return P.StepModel(
-        [], None,
-        {"dense": {"knots": [1, 64, 256, 1024], "values": [2e-3, 2.2e-3, 3e-3, 8e-3]},
-         "kv": {"knots": [1, 8, 64], "values": [5e-8, 4e-8, 3e-8]},
-         "kvmax": {"knots": [1, 8, 64], "values": [0.0, 0.0, 0.0]},
-         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "pre_max_ctx": 0.0, "n_pre": 5e-5, "has_pre": 3e-4,
-                  "has_dec": 2e-4, "rows": 1e-6, "n_dec": 1e-5, "dec_shared": dec_shared, "mixed_dec": 0.0, **coef}},
-        {op: [0.0, 0.0] for op in P.StepModel.OPS}, {"base": 5e-5, "per_seq": 3e-6, "per_prefill": 0.0})
+    return known_eager_model({"dec_shared": dec_shared, **coef})
 
 
 def _grid(truth: P.StepModel, shared_mixed: bool = True, scale: float = 1.0) -> list[dict]:

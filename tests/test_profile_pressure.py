@@ -12,7 +12,7 @@ import pytest
 from kvrl.executors import profile as P
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 from kvrl.executors.sim import SimExecutor
-from tests.helpers import step_features
+from tests.helpers import known_eager_model, step_features
 
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, vocab_size=512, max_model_len=2048, dtype_bytes=4)
@@ -23,15 +23,7 @@ RAW_KEY = {"device": "cpu", **{f: getattr(TINY, f) for f in P.SHAPE_FIELDS}}
 
 def _truth(mixed_dec: float = 0.0, **host) -> P.StepModel:
     """A small known model (eager only, no graphs) with ``mixed_dec`` and host terms ``host``."""
-    return P.StepModel(
-        [], None,
-        {"dense": {"knots": [1, 64, 256, 1024], "values": [2e-3, 2.2e-3, 3e-3, 8e-3]},
-         "kv": {"knots": [1, 8, 64], "values": [5e-8, 4e-8, 3e-8]},
-         "kvmax": {"knots": [1, 8, 64], "values": [0.0, 0.0, 0.0]},
-         "coef": {"pre_pairs": 1e-10, "pre_ctx": 2e-8, "pre_max_ctx": 0.0, "n_pre": 5e-5, "has_pre": 3e-4,
-                  "has_dec": 2e-4, "rows": 1e-6, "n_dec": 1e-5, "dec_shared": 0.0, "mixed_dec": mixed_dec}},
-        {op: [0.0, 0.0] for op in P.StepModel.OPS},
-        {"base": 5e-5, "per_seq": 3e-6, "per_prefill": 0.0, **host})
+    return known_eager_model({"mixed_dec": mixed_dec}, host)
 
 
 # ------------------------------------------------------------------------------ old profiles
