@@ -22,8 +22,8 @@
 # Environment: SEEDS (default [0,...,9]); AGENTS_<scenario> (a comma-separated list; default every
 # docs/results/agents/<scenario>-*/ directory, for watermark docs/results/agents/watermark-dqn);
 # BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 600, per scenario: the
-# live stage is stopped after that; the sim table and the live runs it finished stay); EXTRA (more overrides for both stages)
-# and LIVE_EXTRA (live stage only); GPUS (default 1: more splits the seeds over that many GPUs, one
+# live stage is stopped after that; the sim table and the live runs it finished stay); EXTRA (more
+# overrides for both stages) and LIVE_EXTRA (live stage only); GPUS (default 1: more splits the seeds over that many GPUs, one
 # kvrl-eval each, in parallel); REFERENCE (the policy the paired differences are taken against,
 # default fixed 0.01; e.g. lifo for the eviction tasks). The eviction task (d) on 8 GPUs:
 #   GPUS=8 REFERENCE=lifo AGENTS_classes_preemption=docs/results/agents/classes-slot-seed0 \

@@ -19,9 +19,9 @@ goodput) and to the oracle.
 Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
 ``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
 included; while the test runs go one by one, as on the live backend, ``results.partial.csv``
-holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png`` (bars with CIs), ``traces.png`` (watermark and KV usage over time,
-first seed), ``config.yaml``; prints the leaderboard. ``logger=wandb`` also logs the table and
-the plots.
+holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png``
+(bars with CIs), ``traces.png`` (watermark and KV usage over time, first seed), ``config.yaml``;
+prints the leaderboard. ``logger=wandb`` also logs the table and the plots.
 """
 from __future__ import annotations
 

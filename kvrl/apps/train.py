@@ -9,10 +9,10 @@ run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_mode
 
 ``resume=true hydra.run.dir=<that run directory>`` continues the run with its own config from
 its newest readable checkpoint up to ``train.total_timesteps``, appending to its history
-(:mod:`kvrl.apps.resume`). ``train.init_agent=<saved agent>`` starts from that agent instead of a new policy
-(:mod:`kvrl.apps.warm_start`: fine-tuning, e.g. a sim-trained agent on ``backend=live``) and
-``train.max_wall_s`` bounds the training's wall-clock time. ``env.action.bins=auto`` takes the watermark bins from a validation
-sweep of fixed watermarks on the scenario (:mod:`kvrl.apps.bins`; the sweep is logged and kept in
+(:mod:`kvrl.apps.resume`). ``train.init_agent=<saved agent>`` starts from that agent instead of
+a new policy (:mod:`kvrl.apps.warm_start`: fine-tuning, e.g. a sim-trained agent on
+``backend=live``) and ``train.max_wall_s`` bounds the training's wall-clock time.
+``env.action.bins=auto`` takes the watermark bins from a validation sweep of fixed watermarks on the scenario (:mod:`kvrl.apps.bins`; the sweep is logged and kept in
 ``bins_sweep.json``). ``logger=csv|wandb`` also sends SB3's log to the tracker (W&B: plus
 ``WandbCallback``), inside the job, always finished.
 """
@@ -129,20 +129,21 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
     return callbacks
 
 
-def _wall_clock_stop(max_wall_s: float, stopped: dict):
+def _wall_clock_stop(max_wall_s: float):
     """A callback that ends ``learn`` at the first agent decision after ``max_wall_s`` wall-clock
     seconds from its creation (just before ``learn``, so the first episode's reset counts;
-    ``train.max_wall_s``); sets ``stopped["at_s"]``."""
+    ``train.max_wall_s``); its ``stopped`` says whether it did."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     t0 = time.perf_counter()
 
     class WallClockStop(BaseCallback):
+        stopped = False
+
         def _on_step(self) -> bool:
-            elapsed = time.perf_counter() - t0
-            if elapsed < max_wall_s:
+            if time.perf_counter() - t0 < max_wall_s:
                 return True
-            stopped["at_s"] = elapsed
+            self.stopped = True
             log.info("train.max_wall_s=%g reached after %d timesteps: stopping", max_wall_s, self.num_timesteps)
             return False
 
@@ -248,9 +249,9 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
                                                _tracker_writer(tracker)]))
         remaining = max(t.total_timesteps - model.num_timesteps, 0)
         callbacks = _callbacks(cfg, out_dir, algo, env_id, eval_cfg, evaluations)
-        stopped: dict = {}
-        if t.max_wall_s is not None:
-            callbacks.append(_wall_clock_stop(float(t.max_wall_s), stopped))
+        wall_stop = _wall_clock_stop(float(t.max_wall_s)) if t.max_wall_s is not None else None
+        if wall_stop is not None:
+            callbacks.append(wall_stop)
         wall = time.perf_counter()
         model.learn(total_timesteps=remaining, callback=callbacks, reset_num_timesteps=False, progress_bar=cfg.progress)
         model.save(str(out_dir / "model.zip"))
@@ -263,7 +264,7 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
                "resumed_from": str(found.path) if found else None,
                "init_agent": str(warm.source) if warm else None,
                "init_agent_timesteps": warm.source_timesteps if warm else None,
-               "stopped_by_max_wall_s": "at_s" in stopped,
+               "stopped_by_max_wall_s": bool(wall_stop and wall_stop.stopped),
                "unreadable_checkpoints": found.unreadable if found else []}
     evaluations = out_dir / "evaluations.npz"
     if evaluations.is_file():
