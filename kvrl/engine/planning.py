@@ -104,9 +104,12 @@ class PlanningMixin:
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         """Schedule the running sequences, into a new ``batch``, in order until the budget is
         spent, all are scheduled, or one needs more blocks than are free (no preemption here: most
-        steps have no shortage); returns the budget left. ``batch.seqs[j].seq`` is ``running[j]`` for every item added, so
-        :meth:`_schedule_shortage` goes on from ``running[len(batch.seqs)]``. Sets ``batch.plain``
-        to the summary of the plain decodes among these items (see :class:`PlainDecodes`).
+        steps have no shortage); returns the budget left. ``batch.seqs[j].seq`` is ``running[j]``
+        for every item added, so :meth:`_schedule_shortage` goes on from
+        ``running[len(batch.seqs)]``. Sets ``batch.plain`` to the summary of the plain decodes
+        among these items (see :class:`PlainDecodes`); the sim's per-item pass
+        (``SimExecutor._execute_profiled``) sums the other decodes the same way, and
+        tests/test_engine_speed.py checks that the two price a step alike.
 
         A decode's item is the sequence's own :attr:`~Sequence.decode_item`, updated in place when
         nothing but the sequence references it any more (the previous step's batch is gone, so no

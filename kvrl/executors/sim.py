@@ -256,8 +256,9 @@ class SimExecutor(Executor):
         n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = rows = other = 0
         vocab, seed = self.model.vocab_size, self.seed
         # a decode's id, ``(seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab``, computed as
-        # ``(seq_id * mult + start * 40503 + seed1) % vocab``: the same residue with smaller integers
-        mult, seed1 = 2654435761 % vocab, seed + 40503
+        # ``(seq_id * (2654435761 % vocab) + start * 40503 + seed + 40503) % vocab``: the same residue
+        # with smaller integers
+        decode_token = DecodeTokens(2654435761 % vocab, 40503, seed + 40503, vocab)
         items = batch.seqs
         sampled: list = [None] * len(items)
         plain = batch.plain
@@ -278,8 +279,8 @@ class SimExecutor(Executor):
                 cached = seq.shared_prefix_tokens
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
-                if item.num_samples == 1:      # a decode's one token (the general case below, inlined)
-                    sampled[i] = [(seq.seq_id * mult + start * 40503 + seed1) % vocab]
+                if item.num_samples == 1:      # a decode's one token (the general case below, simplified)
+                    sampled[i] = [decode_token.token(item)]
                     continue
                 other += 1
             else:
@@ -309,7 +310,7 @@ class SimExecutor(Executor):
                                      pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
         self._last_pre_tok = pre_tok
         compute *= self.step_time_scale
-        rule = None if plain is None else DecodeTokens(mult, 40503, seed1, vocab)
+        rule = None if plain is None else decode_token
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute, decode_tokens=rule)
