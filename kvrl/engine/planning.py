@@ -132,6 +132,23 @@ class PlanningMixin:
             outputs = seq.output_token_ids
             request = seq.request
             k = request.prompt_len + len(outputs) - computed
+            if k == 1 and computed % bs and request.n == 1 and outputs:
+                # the most common item: a plain decode inside its own partial block (the case below,
+                # without its checks; an n == 1 request's decode items all sample once)
+                kv += computed
+                if computed > last:
+                    last = computed
+                cached = seq.shared_prefix_tokens
+                if cached:
+                    shared += cached if cached <= computed else computed + 1
+                item = seq.decode_item
+                if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
+                    item.start = computed
+                else:
+                    item = seq.decode_item = ScheduledSeq(seq, computed, 1, 1)
+                append(item)
+                budget -= 1
+                continue
             if k == 1:   # a decode (needs_blocks and blocks_to_extend inlined): a block at a boundary
                 if computed % bs:    # a shared tail is copied first; only forks share a partial block
                     fits = request.n == 1 or refs is None or refs[seq.block_table[computed // bs]] == 1
