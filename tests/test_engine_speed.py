@@ -103,3 +103,22 @@ def test_append_blocks_takes_what_extend_takes_or_nothing():
     seq = Sequence(99, make_request("b", prompt_len=28, seed=2))
     twin.extend(seq, 28)
     assert seq.block_table == table and twin.ref_counts == alloc.ref_counts
+
+
+def test_a_running_sequences_partial_block_holds_its_computed_tokens():
+    """apply sets a plain decode's fill without reading it (PagedAllocator.exact_tail_fill): a
+    running sequence's partial block holds its computed tokens there, step after step with forks,
+    and check_invariants catches a pool where it does not (even with the stored-token counter agreeing)."""
+    import pytest
+
+    engine = make_engine(num_blocks=256)
+    for request in _requests(8) + [make_request("fork", prompt_len=9, output_len=12, n=3)]:
+        engine.add_request(request)
+    for _ in range(3):
+        engine.step()
+        engine.check_invariants()
+    seq = next(s for s in engine.running if s.num_computed % 4 > 1)
+    engine.allocator.block_fill[seq.block_table[seq.num_computed // 4]] -= 1
+    engine.allocator.add_stored_tokens(-1)
+    with pytest.raises(AssertionError, match="partial block's fill"):
+        engine.check_invariants()

@@ -73,20 +73,27 @@ class AccountingMixin:
         added = prefill = num_prefills = 0
         if decode_tokens is not None:
             ta, tb, tc, tm = decode_tokens.a, decode_tokens.b, decode_tokens.c, decode_tokens.m
+            exact = alloc.exact_tail_fill  # a plain decode's partial block holds old % bs tokens (see the pool)
+            if exact:
+                added = sampled.count(None)    # a token each for the plain decodes (those that fill a block: below)
         for item, tokens in zip(batch.seqs, sampled):
             seq = item.seq
             if tokens is None:       # a plain decode (running: with no errors, no item aborts another)
                 old = item.start
                 new = old + 1
                 tail = new % bs
-                if tail:
+                if not tail:
+                    if exact:
+                        added -= 1   # counted by on_computed_batch
+                    computed.append((seq, old, new))
+                elif exact:
+                    fill[seq.block_table[old // bs]] = tail
+                else:
                     block = seq.block_table[old // bs]
                     f = fill[block]
                     if f < tail:
                         added += tail - f
                         fill[block] = tail
-                else:
-                    computed.append((seq, old, new))
                 seq.num_computed = new
                 outputs = seq.output_token_ids
                 outputs.append((seq.seq_id * ta + old * tb + tc) % tm)

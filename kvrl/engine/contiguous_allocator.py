@@ -30,6 +30,9 @@ class ContiguousAllocator:
 
     supports_swap = False
     num_free_cpu_blocks = 0
+    #: a fork's copied blocks carry the fill its parent had before the step that forked it (see
+    #: :meth:`fork`); the child's first decode raises it (see PagedAllocator.exact_tail_fill)
+    exact_tail_fill = False
 
     def __init__(self, num_blocks: int, block_size: int, reserve: str, max_model_len: int,
                  clock: Callable[[], float]) -> None:

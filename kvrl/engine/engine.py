@@ -436,10 +436,14 @@ class Engine(PlanningMixin, AccountingMixin):
         ids = [s.seq_id for s in live]
         assert len(ids) == len(set(ids)), "a sequence is queued twice"
         refs, bs = getattr(self.allocator, "ref_counts", None), self.config.block_size
+        fill = self.allocator.block_fill if getattr(self.allocator, "exact_tail_fill", False) else None
         for s in self.running:
             assert s.status is SeqStatus.RUNNING and len(s.block_table) * bs >= s.num_computed
             if refs is not None and s.num_computed % bs and s.request.n == 1:   # the planner relies on it
                 assert refs[s.block_table[s.num_computed // bs]] == 1, "a partial block shared outside forks"
+            if fill is not None and s.num_computed % bs:    # apply relies on it (a plain decode's fill)
+                assert fill[s.block_table[s.num_computed // bs]] == s.num_computed % bs, \
+                    f"seq {s.seq_id}: its partial block's fill differs from its computed tokens"
         for s in self.swapped:
             assert s.status is SeqStatus.SWAPPED and not s.block_table and s.cpu_block_table
         for s in (*self.preempted, *self.waiting):

@@ -58,6 +58,9 @@ class PagedAllocator:
     """
 
     supports_swap = True
+    #: a running sequence's partial block holds ``num_computed % block_size`` tokens (forks share it), so
+    #: ``apply`` sets a plain decode's fill without reading it (asserted by ``Engine.check_invariants``)
+    exact_tail_fill = True
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
