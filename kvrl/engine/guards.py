@@ -315,7 +315,7 @@ class PooledHashLRU:
         blocks = []
         pop = evictable.popitem
         for _ in range(min(n, len(evictable))):
-            block, _ = pop(last=False)
+            block, _ = pop(False)   # the oldest
             del block_of[hash_of.pop(block)]
             blocks.append(block)
         return blocks

@@ -330,7 +330,7 @@ class PagedAllocator:
             block_of, hash_of, evictable = self._lru
             pop, k = evictable.popitem, min(n, len(evictable))
             for _ in range(k):
-                block, _ = pop(last=False)
+                block, _ = pop(False)     # last=False: the oldest (positional: a cheaper call)
                 del block_of[hash_of.pop(block)]
                 cached[block] = False
                 identity[block] = None
