@@ -71,9 +71,10 @@ class AccountingMixin:
         done: list[Sequence] = []
         running, now = SeqStatus.RUNNING, self.now
         added = prefill = num_prefills = 0
+        exact = False                  # a plain decode's partial block holds old % bs tokens (see the pool)
         if decode_tokens is not None:
             ta, tb, tc, tm = decode_tokens.a, decode_tokens.b, decode_tokens.c, decode_tokens.m
-            exact = alloc.exact_tail_fill  # a plain decode's partial block holds old % bs tokens (see the pool)
+            exact = getattr(alloc, "exact_tail_fill", False)
             if exact:
                 added = sampled.count(None)    # a token each for the plain decodes (those that fill a block: below)
         for item, tokens in zip(batch.seqs, sampled):
