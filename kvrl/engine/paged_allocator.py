@@ -58,9 +58,7 @@ class PagedAllocator:
     """
 
     supports_swap = True
-    #: a running sequence's partial block holds ``num_computed % block_size`` tokens (forks share it), so
-    #: ``apply`` sets a plain decode's fill without reading it (asserted by ``Engine.check_invariants``)
-    exact_tail_fill = True
+    exact_tail_fill = True   #: a running sequence's partial block holds its ``num_computed % block_size`` tokens
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
@@ -311,13 +309,15 @@ class PagedAllocator:
             self._reclaim(table, n - take)
 
     def append_blocks(self, table: list[int], n: int) -> bool:
-        """Append ``n`` new blocks to a block table that ends at a block boundary (what
-        :meth:`extend` allocates there: no copy is due), or return False, changing nothing, if
-        fewer than ``n`` blocks are free."""
+        """Append ``n`` new blocks to a block table that ends at a block boundary (what :meth:`extend`
+        allocates there: no copy is due), or return False, changing nothing, if fewer are free."""
         free = len(self._free)
         if n > free and n - free > self.prefix_cache.num_evictable:
             return False
-        self._take(table, n)
+        if free:
+            self._take(table, n)
+        else:                            # what _take does with no free block left
+            self._reclaim(table, n)
         return True
 
     def _reclaim(self, table: list[int], n: int) -> None:
@@ -367,9 +367,9 @@ class PagedAllocator:
         (:meth:`on_computed_batch` of this one item).
 
         One decode token inside a block (``new - old == 1``, ``new % block_size != 0``) only raises
-        its block's fill to ``new % block_size``; a caller may do that itself on
-        :attr:`block_fill` (and count the increase with :meth:`add_stored_tokens`) instead of
-        calling this, as the engine's ``apply`` does: subclasses must keep that case that way."""
+        its block's fill to ``new % block_size`` (:attr:`exact_tail_fill`); a caller may do that itself
+        on :attr:`block_fill` (counting it with :meth:`add_stored_tokens`) instead of calling this, as
+        the engine's ``apply`` does: subclasses must keep that case that way."""
         self.on_computed_batch(((seq, old, new),))
 
     def on_computed_batch(self, items) -> None:
@@ -397,8 +397,9 @@ class PagedAllocator:
                 continue
             first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
             if lru is not None and last_full > first_full:     # hash_lru's insert_blocks, block by block
-                self._ensure_hashes(seq, last_full)
                 hashes = seq.block_hashes
+                if len(hashes) < last_full:        # a prompt's were hashed when it was matched
+                    self._ensure_hashes(seq, last_full)
                 for i in range(first_full, last_full):
                     block = table[i]
                     added += bs - fill[block]
