@@ -274,6 +274,24 @@ def test_every_task_uses_the_shipped_profile(task):
     assert "archive" not in env.unwrapped.session.executor.cost_source
 
 
+HELD_OUT = (("pressure", "pressure_heldout"), ("phased", "phased_heldout"), ("classes_preemption", "classes_heldout"),
+            ("joint", "joint_heldout"), ("tenants", "tenants_heldout"))
+
+
+@pytest.mark.parametrize("task,heldout", HELD_OUT)
+def test_a_held_out_family_keeps_its_tasks_interface_and_changes_its_traffic(task, heldout):
+    """An agent trained on ``task`` must run unchanged on ``heldout``: same env id, spaces and
+    decision config; only the traffic (the workload) differs."""
+    small = lambda name: ["workload.horizon_s=5"] if "tenants" in name else ["workload.max_requests=5"]  # noqa: E731
+    (id_a, cfg_a), (id_b, cfg_b) = load_task(task, small(task)), load_task(heldout, small(heldout))
+    assert id_a == id_b
+    assert cfg_a.action == cfg_b.action and getattr(cfg_a, "decision", None) == getattr(cfg_b, "decision", None)
+    assert cfg_a.features == cfg_b.features
+    assert cfg_a.run["workload"] != cfg_b.run["workload"]
+    env_a, env_b = gym.make(id_a, config=cfg_a), gym.make(id_b, config=cfg_b)
+    assert env_a.observation_space == env_b.observation_space and env_a.action_space == env_b.action_space
+
+
 def test_history_features_extend_the_observation_and_the_saved_agent_sees_them(tmp_path):
     from kvrl.envs.features import ENGINE_FEATURES, HISTORY_FEATURES
 
