@@ -122,3 +122,23 @@ def test_a_running_sequences_partial_block_holds_its_computed_tokens():
     engine.allocator.add_stored_tokens(-1)
     with pytest.raises(AssertionError, match="partial block's fill"):
         engine.check_invariants()
+
+
+def test_decode_token_offsets_give_the_rules_tokens():
+    """apply computes a plain decode's token from the rule's per-sequence offsets, ``(offsets[seq_id]
+    + start * b) % m``: the same token as the rule itself, also for sequence ids whose products
+    need more than one CPython digit, and the offsets are kept (extended, not rebuilt) between calls."""
+    from kvrl.engine.batch import DecodeTokens, ScheduledSeq
+    from kvrl.engine.request import Sequence
+
+    rule = DecodeTokens(2654435761 % 151936, 40503, 7 + 40503, 151936)
+    request = make_request("r", prompt_len=4)
+    first = rule.seq_offsets(10)
+    assert len(first) >= 10
+    ids = [0, 1, 9, 9_431, 9_432, 123_456, 199_999]    # seq_id * a needs two digits from 9,432 on
+    offsets = rule.seq_offsets(max(ids) + 1)
+    assert offsets is first and len(offsets) == max(ids) + 1
+    for seq_id in ids:
+        for start in (0, 15, 4_095, 131_071):
+            item = ScheduledSeq(Sequence(seq_id, request), start, 1, 1)
+            assert (offsets[seq_id] + start * rule.b) % rule.m == rule.token(item)

@@ -73,7 +73,7 @@ class AccountingMixin:
         added = prefill = num_prefills = 0
         exact = False                  # a plain decode's partial block holds old % bs tokens (see the pool)
         if decode_tokens is not None:
-            ta, tb, tc, tm = decode_tokens.a, decode_tokens.b, decode_tokens.c, decode_tokens.m
+            offsets, tb, tm = decode_tokens.seq_offsets(self._next_seq_id), decode_tokens.b, decode_tokens.m
             exact = getattr(alloc, "exact_tail_fill", False)
             if exact:
                 added = sampled.count(None)    # a token each for the plain decodes (those that fill a block: below)
@@ -97,7 +97,7 @@ class AccountingMixin:
                         fill[block] = tail
                 seq.num_computed = new
                 outputs = seq.output_token_ids
-                outputs.append((seq.seq_id * ta + old * tb + tc) % tm)
+                outputs.append((offsets[seq.seq_id] + old * tb) % tm)     # decode_tokens' rule
                 if len(outputs) >= seq.request.output_len:
                     done.append(seq)
                 continue

@@ -50,9 +50,20 @@ class DecodeTokens:
     b: int
     c: int
     m: int
+    _offsets: list = field(default_factory=list, repr=False, compare=False)   # see seq_offsets
 
     def token(self, item: ScheduledSeq) -> int:
         return (item.seq.seq_id * self.a + item.start * self.b + self.c) % self.m
+
+    def seq_offsets(self, n: int) -> list[int]:
+        """``(seq_id * a + c) % m`` at index ``seq_id``, for every ``seq_id < n`` at least (kept
+        between calls), so that a token is ``(offsets[seq_id] + start * b) % m``: the same residue
+        from integers small enough for CPython's one-digit fast paths."""
+        offsets = self._offsets
+        if len(offsets) < n:
+            a, c, m = self.a, self.c, self.m
+            offsets += [(i * a + c) % m for i in range(len(offsets), n)]
+        return offsets
 
 
 @dataclass

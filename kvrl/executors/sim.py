@@ -92,6 +92,7 @@ class SimExecutor(Executor):
         self._clock = 0.0
         self._swaps = SwapStream()
         self._last_pre_tok = 0
+        self._decode_rule: Optional[DecodeTokens] = None
         self.profile = None
         self._step_model = None
         self.cost_source = "roofline"
@@ -258,7 +259,9 @@ class SimExecutor(Executor):
         # a decode's id, ``(seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab``, computed as
         # ``(seq_id * (2654435761 % vocab) + start * 40503 + seed + 40503) % vocab``: the same residue
         # with smaller integers
-        decode_token = DecodeTokens(2654435761 % vocab, 40503, seed + 40503, vocab)
+        decode_token = self._decode_rule          # one per vocabulary and seed (it keeps per-sequence offsets)
+        if decode_token is None or decode_token.m != vocab or decode_token.c != seed + 40503:
+            decode_token = self._decode_rule = DecodeTokens(2654435761 % vocab, 40503, seed + 40503, vocab)
         items = batch.seqs
         sampled: list = [None] * len(items)
         plain = batch.plain
