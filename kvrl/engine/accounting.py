@@ -74,6 +74,7 @@ class AccountingMixin:
         exact = False                  # a plain decode's partial block holds old % bs tokens (see the pool)
         if decode_tokens is not None:
             offsets, tb, tm = decode_tokens.seq_offsets(self._next_seq_id), decode_tokens.b, decode_tokens.m
+            last_decode = self._last_decode
             exact = getattr(alloc, "exact_tail_fill", False)
             if exact:
                 added = sampled.count(None)    # a token each for the plain decodes (those that fill a block: below)
@@ -96,9 +97,8 @@ class AccountingMixin:
                         added += tail - f
                         fill[block] = tail
                 seq.num_computed = new
-                outputs = seq.output_token_ids
-                outputs.append((offsets[seq.seq_id] + old * tb) % tm)     # decode_tokens' rule
-                if len(outputs) >= seq.request.output_len:
+                seq.output_token_ids.append((offsets[seq.seq_id] + old * tb) % tm)     # decode_tokens' rule
+                if old >= last_decode[seq.seq_id]:      # its output_len-th token: one decode per token
                     done.append(seq)
                 continue
             k = item.num_tokens

@@ -136,6 +136,7 @@ class Engine(PlanningMixin, AccountingMixin):
         self._groups: dict[str, _Group] = {}
         self._views: dict[int, SeqView] = {}
         self._next_seq_id = 0
+        self._last_decode: list[int] = []         # by seq_id: where its last decode starts (apply's finish test)
         self._admit_counter = 0
         self._pending_copies: list[tuple[int, int]] = []   # fork copies for the next step
         self._finished_at_schedule = 0                     # finished sequences counted into a batch so far
@@ -193,6 +194,7 @@ class Engine(PlanningMixin, AccountingMixin):
     def _new_seq(self, request: Request, parent: Optional[Sequence] = None) -> Sequence:
         seq = Sequence(self._next_seq_id, request, parent_seq_id=None if parent is None else parent.seq_id)
         self._next_seq_id += 1
+        self._last_decode.append(request.prompt_len + request.output_len - 2)
         return seq
 
     def check_request(self, request: Request) -> None:
