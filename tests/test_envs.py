@@ -265,11 +265,16 @@ def test_live_backend_episode_runs_on_cpu():
 SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants")
 
 
+def _few_requests(task: str) -> list[str]:
+    """The override that makes ``task``'s workload a few requests (tenant workloads are sized by horizon)."""
+    return ["workload.horizon_s=5" if task.startswith("tenants") else "workload.max_requests=5"]
+
+
 @pytest.mark.parametrize("task", SUITE)
 def test_every_task_uses_the_shipped_profile(task):
     _, cfg = load_task(task)
     assert cfg.run["backend"]["profile"] == "auto"
-    env_id, small = load_task(task, ["workload.horizon_s=5" if task == "tenants" else "workload.max_requests=5"])
+    env_id, small = load_task(task, _few_requests(task))
     env = gym.make(env_id, config=small)
     assert "archive" not in env.unwrapped.session.executor.cost_source
 
@@ -282,8 +287,7 @@ HELD_OUT = (("pressure", "pressure_heldout"), ("phased", "phased_heldout"), ("cl
 def test_a_held_out_family_keeps_its_tasks_interface_and_changes_its_traffic(task, heldout):
     """An agent trained on ``task`` must run unchanged on ``heldout``: same env id, spaces and
     decision config; only the traffic (the workload) differs."""
-    small = lambda name: ["workload.horizon_s=5"] if "tenants" in name else ["workload.max_requests=5"]  # noqa: E731
-    (id_a, cfg_a), (id_b, cfg_b) = load_task(task, small(task)), load_task(heldout, small(heldout))
+    (id_a, cfg_a), (id_b, cfg_b) = load_task(task, _few_requests(task)), load_task(heldout, _few_requests(heldout))
     assert id_a == id_b
     assert cfg_a.action == cfg_b.action and getattr(cfg_a, "decision", None) == getattr(cfg_b, "decision", None)
     assert cfg_a.features == cfg_b.features
