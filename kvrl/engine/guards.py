@@ -260,6 +260,18 @@ class PooledHashLRU:
         self.maps = (self._block_of, self._hash_of, self._evictable)
         self.lookup = self._block_of.get          # HashLRU.lookup, without a call of our own
 
+    @property
+    def num_pending(self) -> int:
+        """Cached blocks that the pool registered lazily, without an identity yet (see
+        :mod:`kvrl.engine.paged_allocator`): in the evictable order like any cached block, absent
+        from the identity maps. Kept on the policy (``HashLRU._num_pending``) so that its own
+        ``num_cached`` counts them; the pool updates it."""
+        return self.policy._num_pending
+
+    @num_pending.setter
+    def num_pending(self, value: int) -> None:
+        self.policy._num_pending = value
+
     def __setstate__(self, state: dict) -> None:
         """Copies (``copy.deepcopy``, pickling) rebind :attr:`lookup` to the copy's own map: a bound
         builtin method is copied as is and would still read the original's."""
@@ -272,7 +284,7 @@ class PooledHashLRU:
 
     @property
     def num_cached(self) -> int:
-        return len(self._block_of)
+        return len(self._block_of) + self.policy._num_pending
 
     def insert(self, block_hash, parent_hash, block_id: int, now: float) -> bool:
         if self._block_of.setdefault(block_hash, block_id) != block_id:
@@ -310,13 +322,18 @@ class PooledHashLRU:
         return blocks[0] if blocks else None
 
     def evict_blocks(self, n: int) -> list[int]:
-        """The ``n`` blocks released longest ago (all of them if fewer are evictable), forgotten."""
+        """The ``n`` blocks released longest ago (all of them if fewer are evictable), forgotten
+        (a pending block, registered without an identity, leaves only the pending count)."""
         evictable, hash_of, block_of = self._evictable, self._hash_of, self._block_of
         blocks = []
         pop = evictable.popitem
         for _ in range(min(n, len(evictable))):
             block, _ = pop(False)   # the oldest
-            del block_of[hash_of.pop(block)]
+            block_hash = hash_of.pop(block, None)
+            if block_hash is None:
+                self.policy._num_pending -= 1
+            else:
+                del block_of[block_hash]
             blocks.append(block)
         return blocks
 

@@ -14,6 +14,20 @@ ids and salt, recorded at registration, must equal the requesting sequence's, or
 forks share a parent's block table by reference (same request, same tokens); swapped-out blocks are
 private and re-enter the cache on swap-in only through :meth:`on_computed`, from their own tokens.
 The allocator returns block operations (copy and swap pairs) for the executor; it never touches KV data.
+
+Lazy registration (a plain ``hash_lru`` run by the pool with a checked hash, the default): a full block
+is registered without computing its identity while its *family* (the blocks of the chains that start
+with the same first-block identity) has one owner sequence that registers blocks in order. Such a
+block is cached (it is released to the evictable order and reclaimed from there like any other), but
+it has no entry in the identity maps yet: only a lookup can tell that it is there, and a lookup of any
+identity of a family begins with the family's first block, so :meth:`PagedAllocator.match_prefix`
+names every pending block of that family (in registration order) before it looks up anything, and
+from then on the family registers eagerly. So does a family as soon as a second sequence registers in
+it, or its owner registers a block index again (after a swap-in). Every lookup, registration, cached
+flag and count is what eager registration gives, since identities of different families never equal
+one another (as far as the hash is collision resistant) and a pending family holds no identity twice;
+what is saved is hashing and the identity maps for the blocks of prompts that no one else shares
+(nearly all of them in an offline batch of distinct prompts).
 """
 from __future__ import annotations
 
@@ -26,6 +40,18 @@ from kvrl.engine.hashing import BlockHasher
 from kvrl.engine.pool_invariants import check_paged_pool
 from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
+
+
+@dataclass(eq=False, slots=True)
+class _Family:
+    """The lazily registered blocks of one family (see the module doc): ``blocks`` lists, in
+    registration order, the blocks that ``owner`` registered without an identity (a block reclaimed
+    since then is still listed; its identity record no longer names ``owner``), or is None once
+    the family registers eagerly. ``next``: the owner's first block index not registered yet."""
+
+    owner: Sequence
+    next: int
+    blocks: Optional[list[int]]
 
 
 @dataclass
@@ -59,6 +85,9 @@ class PagedAllocator:
 
     supports_swap = True
     exact_tail_fill = True   #: a running sequence's partial block holds its ``num_computed % block_size`` tokens
+    #: register blocks lazily where the prefix cache allows it (module doc); a subclass that reads a
+    #: cached block's identity outside a lookup (a tier storing reclaimed blocks by identity) sets False
+    lazy_registration = True
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
@@ -77,6 +106,10 @@ class PagedAllocator:
         # a plain hash_lru (kvrl.engine.guards.PooledHashLRU): its maps, which the per-block loops
         # below update in place of the bulk calls (the same operations in the same order)
         self._lru = prefix_cache.maps if isinstance(prefix_cache, PooledHashLRU) else None
+        # lazy registration (module doc): families by first-block identity; pending blocks are counted
+        # by the pooled hash_lru (PooledHashLRU.num_pending) so that its num_cached includes them
+        self._lazy = self._lru is not None and self._checked and self.lazy_registration
+        self._families: dict = {}
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache
@@ -197,6 +230,13 @@ class PagedAllocator:
             return match
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
+        if self._lazy and max_blocks:      # the family's pending blocks are named first (module doc)
+            self._ensure_hashes(seq, 1)
+            family = self._families.get(seq.block_hashes[0])
+            if family is None:             # nothing of this family is cached: a miss, no more hashing
+                return match
+            if family.blocks is not None:
+                self._name_family(family)
         self._ensure_hashes(seq, max_blocks)
         lookup = self.prefix_cache.lookup
         hashes = seq.block_hashes
@@ -219,6 +259,44 @@ class PagedAllocator:
             if self.ref_counts[block] == 0:
                 match.num_evictable += 1
         return match
+
+    def _family_of(self, seq: Sequence, first: int) -> Optional[_Family]:
+        """The family in which ``seq`` registers its blocks from index ``first`` on lazily, or None
+        if they must be registered eagerly (the family turns eager here if ``seq`` is not its owner
+        or registers an index again)."""
+        hashes = seq.block_hashes
+        if not hashes:
+            self._ensure_hashes(seq, 1)
+        key = hashes[0]
+        family = self._families.get(key)
+        if family is None:
+            family = self._families[key] = _Family(seq, first, [])
+            return family
+        if family.blocks is None:
+            return None
+        if family.owner is seq and first >= family.next:
+            return family
+        self._name_family(family)
+        return None
+
+    def _name_family(self, family: _Family) -> None:
+        """Register the identities of ``family``'s pending blocks that are still cached, in their
+        registration order, and make the family eager. No identity of a pending family is in the
+        maps (only its lookups or registrations could have put one there, and both name the family
+        first), and its owner registered each block index once, so every one of them is new."""
+        owner, identity = family.owner, self._identity
+        pending = [block for block in family.blocks if (record := identity[block]) is not None and record[0] is owner]
+        family.blocks = None
+        if not pending:
+            return
+        self._ensure_hashes(owner, family.next)
+        hashes, (block_of, hash_of, _) = owner.block_hashes, self._lru
+        for block in pending:
+            block_hash = hashes[identity[block][1]]
+            if block_of.setdefault(block_hash, block) != block:
+                raise AssertionError(f"block {block}: a pending identity was cached already")
+            hash_of[block] = block_hash
+        self.prefix_cache.num_pending -= len(pending)
 
     def _registered_identity(self, block: int) -> tuple:
         """(parent identity, token bytes, salt) that cached ``block`` was registered with.
@@ -328,16 +406,23 @@ class PagedAllocator:
         cached, identity, ref, fill = self._cached, self._identity, self.ref_counts, self._fill
         if self._lru is not None:                  # hash_lru's evict_blocks, block by block
             block_of, hash_of, evictable = self._lru
-            pop, k = evictable.popitem, min(n, len(evictable))
+            pop, forget, k = evictable.popitem, hash_of.pop, min(n, len(evictable))
+            pending = 0
             for _ in range(k):
                 block, _ = pop(False)     # last=False: the oldest (positional: a cheaper call)
-                del block_of[hash_of.pop(block)]
+                block_hash = forget(block, None)
+                if block_hash is None:    # registered lazily, without an identity (module doc)
+                    pending += 1
+                else:
+                    del block_of[block_hash]
                 cached[block] = False
                 identity[block] = None
                 ref[block] = 1
                 fill[block] = 0
                 table.append(block)
             self._num_used += k
+            if pending:
+                self.prefix_cache.num_pending -= pending
             if k < n:
                 raise OutOfBlocks("no free GPU block")
             return
@@ -381,10 +466,10 @@ class PagedAllocator:
         (what its ``insert_blocks`` does, block by block in the same order)."""
         bs, fill = self.block_size, self._fill
         enabled, cached = self.prefix_cache.enabled, self._cached
-        lru, checked, identity = self._lru, self._checked, self._identity
+        lru, checked, identity, lazy = self._lru, self._checked, self._identity, self._lazy
         if lru is not None:
             setdefault, hash_of = lru[0].setdefault, lru[1]
-        added = 0
+        added = pending = 0
         entries, owners = [], []       # blocks to register, and their (sequence, block index)
         for seq, old, new in items:
             table = seq.block_table
@@ -396,7 +481,20 @@ class PagedAllocator:
                     fill[block] = tail
                 continue
             first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
-            if lru is not None and last_full > first_full:     # hash_lru's insert_blocks, block by block
+            family = self._family_of(seq, first_full) if lazy and last_full > first_full else None
+            if family is not None:         # registered without identities (module doc)
+                listed = family.blocks.append
+                for i in range(first_full, last_full):
+                    block = table[i]
+                    added += bs - fill[block]
+                    fill[block] = bs
+                    if not cached[block]:
+                        cached[block] = True
+                        identity[block] = (seq, i)
+                        listed(block)
+                        pending += 1
+                family.next = last_full
+            elif lru is not None and last_full > first_full:     # hash_lru's insert_blocks, block by block
                 hashes = seq.block_hashes
                 if len(hashes) < last_full:        # a prompt's were hashed when it was matched
                     self._ensure_hashes(seq, last_full)
@@ -433,6 +531,8 @@ class PagedAllocator:
                 added += tail - fill[block]
                 fill[block] = tail
         self._tokens_in_use += added
+        if pending:
+            self.prefix_cache.num_pending += pending
         if not entries:
             return
         registered = self.prefix_cache.insert_blocks(entries, self._clock())

@@ -13,7 +13,8 @@ if TYPE_CHECKING:    # the pool imports this module
 def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> None:
     """Assert ``pool``'s invariants given every sequence that may hold blocks: reference counts
     equal block-table references, free and evictable blocks are exactly the unused ones (none
-    lost, none twice), identity records exist for exactly the cached blocks (checked hashes), the
+    lost, none twice), identity records exist for exactly the cached blocks (checked hashes), a
+    cached block without an identity in the maps is a listed pending block (lazy registration), the
     used-block and stored-token counters match, and CPU blocks are held once or free."""
     refs = [0] * pool.num_blocks
     for seq in live_seqs:
@@ -29,6 +30,15 @@ def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> Non
     if pool._checked:
         for b in range(pool.num_blocks):
             assert (pool._identity[b] is not None) == pool._cached[b], f"block {b}: identity record drift"
+    if pool._lazy:    # a cached block without an identity is listed in its owner's pending family
+        hash_of = pool._lru[1]
+        pending = [b for b in range(pool.num_blocks) if pool._cached[b] and b not in hash_of]
+        assert len(pending) == pool.prefix_cache.num_pending, "pending-block count drifted"
+        for b in pending:
+            owner, i = pool._identity[b]
+            family = pool._families.get(owner.block_hashes[0])
+            assert family is not None and family.owner is owner and family.blocks is not None, f"block {b}: no pending family"
+            assert b in family.blocks and i < family.next, f"block {b}: not listed in its family"
     used = sum(1 for r in pool.ref_counts if r > 0)
     assert used == pool._num_used, "used-block counter drifted"
     assert used + len(free) + evictable == pool.num_blocks, "blocks leaked"

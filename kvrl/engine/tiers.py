@@ -93,6 +93,8 @@ class TieredAllocator(TierPrefetchMixin, TierDiskIOMixin, PagedAllocator):
     sim the disk I/O is priced (:class:`~kvrl.engine.disk_tier.DiskBandwidth`).
     """
 
+    lazy_registration = False    # a reclaimed block is stored in the tier by its identity
+
     def __init__(self, *args, tier_blocks: int, policy: "TierPolicy", block_bytes: int,
                  timer: "PolicyTimer", on_error: Callable[[str, Exception], object], disk_blocks: int = 0,
                  disk_dir: Optional[str] = None, disk_threads: int = 4, read_ahead_blocks: int = 0,

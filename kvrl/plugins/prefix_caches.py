@@ -80,11 +80,14 @@ class HashLRU(_HashTable):
 
     # Its whole state is three maps: _block_of, _hash_of and _evictable (release order). The engine
     # runs a plain HashLRU (no method overridden) itself on those maps, in bulk and with the same
-    # answers (kvrl.engine.guards.PooledHashLRU); these methods serve everyone else.
+    # answers (kvrl.engine.guards.PooledHashLRU); these methods serve everyone else. Run so, the
+    # pool may register a block lazily: it is cached and evictable but has no identity in the maps
+    # yet, and _num_pending counts such blocks (always 0 when these methods run).
 
     def __init__(self, params) -> None:
         super().__init__(params)
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._num_pending = 0
 
     def on_release(self, block_id, now):
         self._evictable[block_id] = None
@@ -126,6 +129,7 @@ class HashLRU(_HashTable):
         return blocks
 
     num_evictable = property(lambda self: len(self._evictable))
+    num_cached = property(lambda self: len(self._block_of) + self._num_pending)
 
 
 @register("prefix_cache", "hash_lfu")
