@@ -44,13 +44,13 @@ from kvrl.plugins.base import PrefixCachePolicy
 
 @dataclass(eq=False, slots=True)
 class _Family:
-    """The lazily registered blocks of one family (see the module doc): ``blocks`` lists, in
-    registration order, the blocks that ``owner`` registered without an identity (a block reclaimed
-    since then is still listed; its identity record no longer names ``owner``), or is None once
-    the family registers eagerly. ``next``: the owner's first block index not registered yet."""
+    """The lazily registered blocks of one family (see the module doc): ``blocks[j]`` is the block
+    at index ``first + j`` of ``owner``'s table when ``owner`` registered it, or None once the family
+    registers eagerly. Such a block is still pending while its identity record is this family
+    object (set at registration, cleared when the block is reclaimed)."""
 
     owner: Sequence
-    next: int
+    first: int
     blocks: Optional[list[int]]
 
 
@@ -274,28 +274,29 @@ class PagedAllocator:
             return family
         if family.blocks is None:
             return None
-        if family.owner is seq and first >= family.next:
+        if family.owner is seq and first == family.first + len(family.blocks):
             return family
         self._name_family(family)
         return None
 
     def _name_family(self, family: _Family) -> None:
-        """Register the identities of ``family``'s pending blocks that are still cached, in their
-        registration order, and make the family eager. No identity of a pending family is in the
-        maps (only its lookups or registrations could have put one there, and both name the family
-        first), and its owner registered each block index once, so every one of them is new."""
-        owner, identity = family.owner, self._identity
-        pending = [block for block in family.blocks if (record := identity[block]) is not None and record[0] is owner]
+        """Register the identities of ``family``'s pending blocks, in their registration order, and
+        make the family eager. No identity of a pending family is in the maps (only an eager
+        registration in the family could have put one there), and its owner registered each block
+        index once, so every one of them is new."""
+        owner, first, blocks, identity = family.owner, family.first, family.blocks, self._identity
         family.blocks = None
+        pending = [j for j, block in enumerate(blocks) if identity[block] is family]
         if not pending:
             return
-        self._ensure_hashes(owner, family.next)
+        self._ensure_hashes(owner, first + pending[-1] + 1)
         hashes, (block_of, hash_of, _) = owner.block_hashes, self._lru
-        for block in pending:
-            block_hash = hashes[identity[block][1]]
+        for j in pending:
+            block, block_hash = blocks[j], hashes[first + j]
             if block_of.setdefault(block_hash, block) != block:
                 raise AssertionError(f"block {block}: a pending identity was cached already")
             hash_of[block] = block_hash
+            identity[block] = (owner, first + j)
         self.prefix_cache.num_pending -= len(pending)
 
     def _registered_identity(self, block: int) -> tuple:
@@ -484,16 +485,14 @@ class PagedAllocator:
             family = self._family_of(seq, first_full) if lazy and last_full > first_full else None
             if family is not None:         # registered without identities (module doc)
                 listed = family.blocks.append
-                for i in range(first_full, last_full):
-                    block = table[i]
+                for block in table[first_full:last_full]:
                     added += bs - fill[block]
                     fill[block] = bs
+                    listed(block)
                     if not cached[block]:
                         cached[block] = True
-                        identity[block] = (seq, i)
-                        listed(block)
+                        identity[block] = family
                         pending += 1
-                family.next = last_full
             elif lru is not None and last_full > first_full:     # hash_lru's insert_blocks, block by block
                 hashes = seq.block_hashes
                 if len(hashes) < last_full:        # a prompt's were hashed when it was matched

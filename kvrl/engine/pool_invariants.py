@@ -35,10 +35,13 @@ def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> Non
         pending = [b for b in range(pool.num_blocks) if pool._cached[b] and b not in hash_of]
         assert len(pending) == pool.prefix_cache.num_pending, "pending-block count drifted"
         for b in pending:
-            owner, i = pool._identity[b]
-            family = pool._families.get(owner.block_hashes[0])
-            assert family is not None and family.owner is owner and family.blocks is not None, f"block {b}: no pending family"
-            assert b in family.blocks and i < family.next, f"block {b}: not listed in its family"
+            family = pool._identity[b]
+            assert pool._families.get(family.owner.block_hashes[0]) is family and family.blocks is not None, \
+                f"block {b}: no pending family"
+            j = family.blocks.index(b)
+            owner = family.owner
+            assert not owner.block_table or owner.block_table[family.first + j] == b, \
+                f"block {b}: not where its family lists it"
     used = sum(1 for r in pool.ref_counts if r > 0)
     assert used == pool._num_used, "used-block counter drifted"
     assert used + len(free) + evictable == pool.num_blocks, "blocks leaked"
