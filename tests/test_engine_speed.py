@@ -105,22 +105,36 @@ def test_append_blocks_takes_what_extend_takes_or_nothing():
     assert seq.block_table == table and twin.ref_counts == alloc.ref_counts
 
 
-def test_a_running_sequences_partial_block_holds_its_computed_tokens():
-    """apply sets a plain decode's fill without reading it (PagedAllocator.exact_tail_fill): a
-    running sequence's partial block holds its computed tokens there, step after step with forks,
-    and check_invariants catches a pool where it does not (even with the stored-token counter agreeing)."""
+def test_a_running_sequences_partial_block_entry_lags_and_is_settled():
+    """apply counts a decode token inside a block without writing the block's fill entry
+    (PagedAllocator.exact_tail_fill): the entry of a running sequence's partial block lags behind
+    its computed tokens, yet the stored-token counter stays exact step after step (with forks and
+    finishes, which settle the entry before releasing the block); check_invariants catches a
+    drifted counter and an entry that runs ahead."""
     import pytest
 
     engine = make_engine(num_blocks=256)
-    for request in _requests(8) + [make_request("fork", prompt_len=9, output_len=12, n=3)]:
+    longer = [make_request(f"long{i}", prompt_len=10 + i, output_len=40) for i in range(3)]
+    for request in _requests(8) + longer + [make_request("fork", prompt_len=9, output_len=12, n=3)]:
         engine.add_request(request)
-    for _ in range(3):
+    lagged = False
+    while engine.has_unfinished:
         engine.step()
         engine.check_invariants()
+        fill = engine.allocator.block_fill
+        lagged |= any(fill[s.block_table[s.num_computed // 4]] < s.num_computed % 4 for s in engine.running
+                      if s.num_computed % 4)
+        if engine.metrics.num_finished and lagged and any(s.num_computed % 4 > 1 for s in engine.running):
+            break
+    assert lagged and engine.metrics.num_finished
     seq = next(s for s in engine.running if s.num_computed % 4 > 1)
-    engine.allocator.block_fill[seq.block_table[seq.num_computed // 4]] -= 1
+    block = seq.block_table[seq.num_computed // 4]
     engine.allocator.add_stored_tokens(-1)
-    with pytest.raises(AssertionError, match="partial block's fill"):
+    with pytest.raises(AssertionError, match="stored-token counter"):
+        engine.check_invariants()
+    engine.allocator.add_stored_tokens(1)
+    engine.allocator.block_fill[block] = seq.num_computed % 4 + 1
+    with pytest.raises(AssertionError, match="exceeds its computed tokens"):
         engine.check_invariants()
 
 

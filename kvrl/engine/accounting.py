@@ -60,10 +60,11 @@ class AccountingMixin:
         there must be none.
 
         One loop for the whole batch, the per-step hot path of the engine: a decode token inside a
-        block (most of them) is recorded on the pool's :attr:`block_fill` without a call
-        (see ``on_computed`` of the allocators); everything else is handed to the pool in one
-        ``on_computed_batch`` call, in batch order, before anything that could read or change the
-        prefix cache (an abort, the finishes)."""
+        block (most of them) is counted without a call (see ``on_computed`` of the allocators): on
+        a pool with ``exact_tail_fill`` its block's :attr:`block_fill` entry is left to lag behind
+        (the pool settles it from the sequence before reading it), on others it is raised here;
+        everything else is handed to the pool in one ``on_computed_batch`` call, in batch order,
+        before anything that could read or change the prefix cache (an abort, the finishes)."""
         alloc = self.allocator
         computed, fill, bs = [], alloc.block_fill, alloc.block_size
         failed = {id(batch.seqs[i]): reason for i, reason in errors.items()} if errors else None
@@ -71,11 +72,11 @@ class AccountingMixin:
         done: list[Sequence] = []
         running, now = SeqStatus.RUNNING, self.now
         added = prefill = num_prefills = 0
-        exact = False                  # a plain decode's partial block holds old % bs tokens (see the pool)
+        # a decode's partial block holds old % bs tokens; its fill entry may lag (see the pool)
+        exact = getattr(alloc, "exact_tail_fill", False)
         if decode_tokens is not None:
             offsets, tb, tm = decode_tokens.seq_offsets(self._next_seq_id), decode_tokens.b, decode_tokens.m
             last_decode = self._last_decode
-            exact = getattr(alloc, "exact_tail_fill", False)
             if exact:
                 added = sampled.count(None)    # a token each for the plain decodes (those that fill a block: below)
         for item, tokens in zip(batch.seqs, sampled):
@@ -88,9 +89,7 @@ class AccountingMixin:
                     if exact:
                         added -= 1   # counted by on_computed_batch
                     computed.append((seq, old, new))
-                elif exact:
-                    fill[seq.block_table[old // bs]] = tail
-                else:
+                elif not exact:
                     block = seq.block_table[old // bs]
                     f = fill[block]
                     if f < tail:
@@ -108,10 +107,13 @@ class AccountingMixin:
                 new = old + 1
                 tail = new % bs
                 if tail:
-                    block = seq.block_table[old // bs]
-                    if fill[block] < tail:
-                        added += tail - fill[block]
-                        fill[block] = tail
+                    if exact:
+                        added += 1
+                    else:
+                        block = seq.block_table[old // bs]
+                        if fill[block] < tail:
+                            added += tail - fill[block]
+                            fill[block] = tail
                 else:
                     computed.append((seq, old, new))
             else:
@@ -129,11 +131,14 @@ class AccountingMixin:
                 old = item.start
                 new = old + k
                 if k == 1 and new % bs:
-                    block = seq.block_table[old // bs]
-                    f = new % bs - fill[block]
-                    if f > 0:
-                        added += f
-                        fill[block] += f
+                    if exact:
+                        added += 1
+                    else:
+                        block = seq.block_table[old // bs]
+                        f = new % bs - fill[block]
+                        if f > 0:
+                            added += f
+                            fill[block] += f
                 else:
                     computed.append((seq, old, new))
             seq.num_computed = new

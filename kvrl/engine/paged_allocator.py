@@ -84,7 +84,11 @@ class PagedAllocator:
     """
 
     supports_swap = True
-    exact_tail_fill = True   #: a running sequence's partial block holds its ``num_computed % block_size`` tokens
+    #: a running sequence's partial block holds its ``num_computed % block_size`` tokens. Its entry in
+    #: :attr:`block_fill` may lag behind (the engine's apply only counts a decode token inside a block);
+    #: the pool settles it from the sequence before it reads it (:meth:`_settle_tail`). A partial block
+    #: shared by forks is copied before a decode writes it (the copy holds what the sequence computed).
+    exact_tail_fill = True
     #: register blocks lazily where the prefix cache allows it (module doc); a subclass that reads a
     #: cached block's identity outside a lookup (a tier storing reclaimed blocks by identity) sets False
     lazy_registration = True
@@ -195,6 +199,13 @@ class PagedAllocator:
         self._tokens_in_use -= tokens
         if released:
             self.prefix_cache.on_release_blocks(released, now)
+
+    def _settle_tail(self, seq: Sequence) -> None:
+        """Set the :attr:`block_fill` entry of ``seq``'s partial block (if any) to what it holds,
+        ``num_computed % block_size`` tokens (see :attr:`exact_tail_fill`), before it is read."""
+        tail = seq.num_computed % self.block_size
+        if tail and seq.block_table:       # (a swapped sequence holds no GPU block)
+            self._fill[seq.block_table[seq.num_computed // self.block_size]] = tail
 
     def _decref(self, block: int, now: float) -> None:
         rc = self.ref_counts[block] - 1
@@ -361,8 +372,9 @@ class PagedAllocator:
             old = seq.block_table[idx]
             if self.ref_counts[old] > 1:
                 new = self._allocate()
-                self._fill[new] = self._fill[old]
-                self._tokens_in_use += self._fill[new]
+                held = start % self.block_size     # what the shared block holds (its entry may lag)
+                self._fill[new] = held
+                self._tokens_in_use += held
                 copies.append((old, new))
                 self._decref(old, self._clock())
                 seq.block_table[idx] = new
@@ -440,8 +452,8 @@ class PagedAllocator:
 
     @property
     def block_fill(self) -> list[int]:
-        """Tokens with computed KV in each block: the pool's own list. The engine records a decode
-        token inside a block here directly (see :meth:`on_computed`)."""
+        """Tokens with computed KV in each block: the pool's own list, where a running sequence's
+        partial block may lag behind (see :attr:`exact_tail_fill` and :meth:`on_computed`)."""
         return self._fill
 
     def add_stored_tokens(self, n: int) -> None:
@@ -452,9 +464,9 @@ class PagedAllocator:
         """Record that tokens ``[old, new)`` of ``seq`` now have KV; registers newly full blocks
         (:meth:`on_computed_batch` of this one item).
 
-        One decode token inside a block (``new - old == 1``, ``new % block_size != 0``) only raises
-        its block's fill to ``new % block_size`` (:attr:`exact_tail_fill`); a caller may do that itself
-        on :attr:`block_fill` (counting it with :meth:`add_stored_tokens`) instead of calling this, as
+        One decode token inside a block (``new - old == 1``, ``new % block_size != 0``) counts one
+        stored token and sets its block's entry to ``new % block_size``; a caller may instead only
+        count it (:meth:`add_stored_tokens`) and leave the entry to lag (:attr:`exact_tail_fill`), as
         the engine's ``apply`` does: subclasses must keep that case that way."""
         self.on_computed_batch(((seq, old, new),))
 
@@ -464,7 +476,11 @@ class PagedAllocator:
         order. The same as separate calls: the items write to distinct blocks (a block being
         written is private, see copy-on-write in :meth:`extend`), so only the registration order
         could matter, and it is kept. A plain hash_lru's maps are updated in this loop itself
-        (what its ``insert_blocks`` does, block by block in the same order)."""
+        (what its ``insert_blocks`` does, block by block in the same order).
+
+        Each item stores ``new - old`` tokens: by :attr:`exact_tail_fill` the block where ``old``
+        falls held ``old % block_size`` of them and any later block of the table none (it is new),
+        so no entry of :attr:`block_fill` is read (one that lagged is only overwritten)."""
         bs, fill = self.block_size, self._fill
         enabled, cached = self.prefix_cache.enabled, self._cached
         lru, checked, identity, lazy = self._lru, self._checked, self._identity, self._lazy
@@ -475,18 +491,15 @@ class PagedAllocator:
         for seq, old, new in items:
             table = seq.block_table
             tail = new % bs
-            if new - old == 1 and tail:    # one decode token inside a block: fill only raised
-                block = table[old // bs]
-                if fill[block] < tail:
-                    added += tail - fill[block]
-                    fill[block] = tail
+            added += new - old
+            if new - old == 1 and tail:    # one decode token inside a block
+                fill[table[old // bs]] = tail
                 continue
             first_full, last_full = old // bs, new // bs   # blocks [first_full, last_full) are now full
             family = self._family_of(seq, first_full) if lazy and last_full > first_full else None
             if family is not None:         # registered without identities (module doc)
                 listed = family.blocks.append
                 for block in table[first_full:last_full]:
-                    added += bs - fill[block]
                     fill[block] = bs
                     listed(block)
                     if not cached[block]:
@@ -499,7 +512,6 @@ class PagedAllocator:
                     self._ensure_hashes(seq, last_full)
                 for i in range(first_full, last_full):
                     block = table[i]
-                    added += bs - fill[block]
                     fill[block] = bs
                     if not cached[block]:
                         block_hash = hashes[i]
@@ -514,7 +526,6 @@ class PagedAllocator:
                 parent = hashes[first_full - 1] if first_full else None
                 for i in range(first_full, last_full):
                     block = table[i]
-                    added += bs - fill[block]
                     fill[block] = bs
                     block_hash = hashes[i]
                     if not cached[block]:
@@ -523,12 +534,9 @@ class PagedAllocator:
                     parent = block_hash
             else:
                 for block in table[first_full:last_full]:
-                    added += bs - fill[block]
                     fill[block] = bs
             if tail:
-                block = table[last_full]
-                added += tail - fill[block]
-                fill[block] = tail
+                fill[table[last_full]] = tail
         self._tokens_in_use += added
         if pending:
             self.prefix_cache.num_pending += pending
@@ -560,6 +568,7 @@ class PagedAllocator:
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s GPU and CPU blocks (tail first, so cached tails are reclaimed first)."""
+        self._settle_tail(seq)
         self._release(reversed(seq.block_table), self._clock())
         seq.block_table = []
         self._cpu_free.extend(seq.cpu_block_table)
@@ -572,6 +581,7 @@ class PagedAllocator:
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Move ``seq`` to the CPU pool; returns (gpu_block, cpu_block) pairs to copy first."""
         pairs = [(block, self._cpu_free.pop()) for block in seq.block_table]
+        self._settle_tail(seq)
         self._release(reversed(seq.block_table), self._clock())
         seq.cpu_block_table = [cpu for _, cpu in pairs]
         seq.block_table = []

@@ -15,7 +15,8 @@ def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> Non
     equal block-table references, free and evictable blocks are exactly the unused ones (none
     lost, none twice), identity records exist for exactly the cached blocks (checked hashes), a
     cached block without an identity in the maps is a listed pending block (lazy registration), the
-    used-block and stored-token counters match, and CPU blocks are held once or free."""
+    used-block and stored-token counters match (a partial block counted as its sequence's computed
+    tokens, its entry may lag), and CPU blocks are held once or free."""
     refs = [0] * pool.num_blocks
     for seq in live_seqs:
         for block in seq.block_table:
@@ -45,7 +46,14 @@ def check_paged_pool(pool: "PagedAllocator", live_seqs: "list[Sequence]") -> Non
     used = sum(1 for r in pool.ref_counts if r > 0)
     assert used == pool._num_used, "used-block counter drifted"
     assert used + len(free) + evictable == pool.num_blocks, "blocks leaked"
-    assert pool._tokens_in_use == sum(pool._fill[b] for b in range(pool.num_blocks) if pool.ref_counts[b] > 0)
+    fill = list(pool._fill)       # with each sequence's partial block settled (its entry may lag)
+    if pool.exact_tail_fill:
+        for seq in live_seqs:
+            tail = seq.num_computed % pool.block_size
+            if tail and seq.block_table:
+                fill[seq.block_table[seq.num_computed // pool.block_size]] = tail
+    assert pool._tokens_in_use == sum(fill[b] for b in range(pool.num_blocks) if pool.ref_counts[b] > 0), \
+        "stored-token counter drifted"
     cpu_held = [b for seq in live_seqs for b in seq.cpu_block_table]
     assert len(set(cpu_held)) == len(cpu_held) and not set(cpu_held) & set(pool._cpu_free)
     assert len(cpu_held) + len(pool._cpu_free) == pool.num_cpu_blocks, "CPU blocks leaked"
