@@ -210,20 +210,21 @@ def main(argv=None) -> int:
 
 
 def write_report(text: str, rows: list[dict], out: str | None) -> None:
-    """``text`` (Markdown) to ``<out>.md`` and ``rows`` to ``<out>.csv``; only ``text`` to stdout
-    without ``out``. Shared by scripts/fidelity_compare.py."""
+    """``text`` (Markdown) to ``<out>.md`` and ``rows`` to ``<out>.csv`` (``out`` whole: a dotted
+    name such as ``residuals_qwen3-0.6b`` keeps its dot; a trailing ``.md`` or ``.csv`` is dropped
+    first); only ``text`` to stdout without ``out``. Shared by scripts/fidelity_compare.py."""
     if not out:
         print(text)
         return
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
+    base = str(out).removesuffix(".md").removesuffix(".csv")
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{base}.md").write_text(text)
     buf = io.StringIO()
     wr = csv.DictWriter(buf, fieldnames=list(rows[0]))
     wr.writeheader()
     wr.writerows(rows)
-    out.with_suffix(".csv").write_text(buf.getvalue())
-    print(f"wrote {out.with_suffix('.md')} and .csv")
+    Path(f"{base}.csv").write_text(buf.getvalue())
+    print(f"wrote {base}.md and .csv")
 
 
 if __name__ == "__main__":

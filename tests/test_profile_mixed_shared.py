@@ -174,7 +174,9 @@ def test_fidelity_compare_counts_the_pairs_within_every_target(tmp_path):
                for pair, k in ttft.items()}
         (d / "fidelity.json").write_text(json.dumps(res))
         dirs.append(f"{name}={d}")
-    assert fidelity_compare.main([*dirs, "--out", str(tmp_path / "cmp")]) == 0
-    text = (tmp_path / "cmp.md").read_text()
+    # a dotted name (as calibrate.sh's residuals_qwen3-0.6b) keeps its dot: not cmp_0.md
+    assert fidelity_compare.main([*dirs, "--out", str(tmp_path / "cmp_0.6b")]) == 0
+    assert (tmp_path / "cmp_0.6b.csv").exists()
+    text = (tmp_path / "cmp_0.6b.md").read_text()
     assert "| held out | 2 | 2 of 2 (2) | 1 of 2 (1) |" in text
     assert "- misses, b: w2/p (TTFT p50)" in text and "- misses, a: none" in text
