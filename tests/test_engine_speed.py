@@ -89,7 +89,8 @@ def test_plain_decodes_are_priced_and_sampled_as_their_items_say():
 def test_append_blocks_takes_what_extend_takes_or_nothing():
     """A decode's new block at a block boundary (PagedAllocator.append_blocks): the same blocks, in
     the same order, as extend would take (uncached free ones, then reclaimed cached ones), or
-    nothing at all when too few are free."""
+    nothing at all when too few are free; also one block at a time (append_blocks' own one-block
+    path, from the free list and from the cached blocks)."""
     from kvrl.engine.request import Sequence
 
     engines = [make_engine(num_blocks=8, block_size=4) for _ in range(2)]
@@ -99,10 +100,14 @@ def test_append_blocks_takes_what_extend_takes_or_nothing():
     assert alloc.num_free_blocks == 8 and alloc.prefix_cache.num_evictable == 3
     table: list[int] = []
     assert not alloc.append_blocks(table, 9) and table == [] and alloc.num_free_blocks == 8
-    assert alloc.append_blocks(table, 7) and alloc.num_free_blocks == 1 and alloc.prefix_cache.num_evictable == 1
-    seq = Sequence(99, make_request("b", prompt_len=28, seed=2))
-    twin.extend(seq, 28)
+    assert alloc.append_blocks(table, 1) and alloc.num_free_blocks == 7 and alloc.prefix_cache.num_evictable == 3
+    assert alloc.append_blocks(table, 6) and alloc.num_free_blocks == 1 and alloc.prefix_cache.num_evictable == 1
+    assert alloc.append_blocks(table, 1) and alloc.num_free_blocks == 0
+    assert not alloc.append_blocks(table, 1) and len(table) == 8
+    seq = Sequence(99, make_request("b", prompt_len=32, seed=2))
+    twin.extend(seq, 32)
     assert seq.block_table == table and twin.ref_counts == alloc.ref_counts
+    assert alloc.prefix_cache.num_cached == twin.prefix_cache.num_cached == 0
 
 
 def test_a_running_sequences_partial_block_entry_lags_and_is_settled():

@@ -113,6 +113,8 @@ class PagedAllocator:
         # lazy registration (module doc): families by first-block identity; pending blocks are counted
         # by the pooled hash_lru (PooledHashLRU.num_pending) so that its num_cached includes them
         self._lazy = self._lru is not None and self._checked and self.lazy_registration
+        # append_blocks takes one block itself where _reclaim is this class's (a tier's offloads)
+        self._one_block = self._lru is not None and type(self)._reclaim is PagedAllocator._reclaim
         self._families: dict = {}
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
@@ -274,15 +276,18 @@ class PagedAllocator:
     def _family_of(self, seq: Sequence, first: int) -> Optional[_Family]:
         """The family in which ``seq`` registers its blocks from index ``first`` on lazily, or None
         if they must be registered eagerly (the family turns eager here if ``seq`` is not its owner
-        or registers an index again)."""
-        hashes = seq.block_hashes
-        if not hashes:
-            self._ensure_hashes(seq, 1)
-        key = hashes[0]
-        family = self._families.get(key)
+        or registers an index again). Kept on ``seq`` (:attr:`Sequence.prefix_family`) until it is
+        freed: a sequence's family never changes."""
+        family = seq.prefix_family
         if family is None:
-            family = self._families[key] = _Family(seq, first, [])
-            return family
+            hashes = seq.block_hashes
+            if not hashes:
+                self._ensure_hashes(seq, 1)
+            key = hashes[0]
+            family = self._families.get(key)
+            if family is None:
+                family = self._families[key] = _Family(seq, first, [])
+            seq.prefix_family = family
         if family.blocks is None:
             return None
         if family.owner is seq and first == family.first + len(family.blocks):
@@ -401,7 +406,31 @@ class PagedAllocator:
 
     def append_blocks(self, table: list[int], n: int) -> bool:
         """Append ``n`` new blocks to a block table that ends at a block boundary (what :meth:`extend`
-        allocates there: no copy is due), or return False, changing nothing, if fewer are free."""
+        allocates there: no copy is due), or return False, changing nothing, if fewer are free.
+
+        One block (a decode's next block, the common call) is taken here, as :meth:`_take` and a
+        plain hash_lru's :meth:`_reclaim` take one (a specialised twin of their one-block case)."""
+        if n == 1 and self._one_block:
+            free_list = self._free
+            if free_list:
+                block = free_list.popleft()
+            else:
+                block_of, hash_of, evictable = self._lru
+                if not evictable:
+                    return False
+                block, _ = evictable.popitem(False)
+                block_hash = hash_of.pop(block, None)
+                if block_hash is None:
+                    self.prefix_cache.num_pending -= 1
+                else:
+                    del block_of[block_hash]
+                self._cached[block] = False
+                self._identity[block] = None
+            self.ref_counts[block] = 1
+            self._fill[block] = 0
+            self._num_used += 1
+            table.append(block)
+            return True
         free = len(self._free)
         if n > free and n - free > self.prefix_cache.num_evictable:
             return False
@@ -571,6 +600,7 @@ class PagedAllocator:
         self._settle_tail(seq)
         self._release(reversed(seq.block_table), self._clock())
         seq.block_table = []
+        seq.prefix_family = None        # no sequence <-> family cycle left behind
         self._cpu_free.extend(seq.cpu_block_table)
         seq.cpu_block_table = []
 

@@ -63,7 +63,7 @@ class Request:
             raise RequestRejected(f"request {self.request_id!r}: prompt_token_ids must be a 1-D array")
         if self.prompt_len < 1:
             raise RequestRejected(f"request {self.request_id!r}: empty prompt (prompt_len must be >= 1)")
-        if self.prompt_token_ids.min() < 0:
+        if np.minimum.reduce(self.prompt_token_ids) < 0:     # (ndarray.min without its Python wrapper)
             raise RequestRejected(f"request {self.request_id!r}: negative token id in prompt")
         if not isinstance(self.output_len, (int, np.integer)) or self.output_len < 1:
             raise RequestRejected(
@@ -113,6 +113,9 @@ class Sequence:
     #: reused from step to step while nothing else holds it (see ``_schedule_running`` in
     #: :mod:`kvrl.engine.planning`); not part of the sequence's state
     decode_item: Optional[object] = field(default=None, repr=False)
+    #: the block pool's record of this sequence's prefix-cache family while it holds blocks (see
+    #: lazy registration in :mod:`kvrl.engine.paged_allocator`); not part of the sequence's state
+    prefix_family: Optional[object] = field(default=None, repr=False)
 
     @property
     def prompt_len(self) -> int:
