@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Generator, Iterable, Optional
 
+import numpy as np
+
 from kvrl.engine.accounting import AccountingMixin
 from kvrl.engine.allocators import make_allocator, request_blocks
 from kvrl.engine.batch import ScheduledBatch
@@ -209,7 +211,7 @@ class Engine(PlanningMixin, AccountingMixin):
             raise RequestRejected(
                 f"request {rid!r}: prompt ({request.prompt_len}) + output ({request.output_len}) tokens exceed "
                 f"max_model_len={cfg.max_model_len}; shorten the prompt, lower output_len, or raise engine.max_model_len")
-        if int(request.prompt_token_ids.max()) >= self.executor.vocab_size:
+        if int(np.maximum.reduce(request.prompt_token_ids)) >= self.executor.vocab_size:   # (ndarray.max, unwrapped)
             raise RequestRejected(f"request {rid!r}: token id {int(request.prompt_token_ids.max())} is outside the "
                                   f"model's vocabulary (size {self.executor.vocab_size})")
         if not cfg.chunked_prefill and total > cfg.max_num_batched_tokens:

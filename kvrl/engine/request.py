@@ -6,6 +6,7 @@ A :class:`Request` is immutable workload data. The engine turns it into one :cla
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
@@ -70,7 +71,7 @@ class Request:
                 f"request {self.request_id!r}: output_len must be an integer >= 1, got {self.output_len!r}")
         if not isinstance(self.n, (int, np.integer)) or self.n < 1:
             raise RequestRejected(f"request {self.request_id!r}: n must be an integer >= 1, got {self.n!r}")
-        if not np.isfinite(self.arrival_s) or self.arrival_s < 0:
+        if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
             raise RequestRejected(f"request {self.request_id!r}: arrival_s must be finite and >= 0")
 
 
