@@ -138,7 +138,7 @@ def test_the_profiles_pressure_runs_preempt_queue_and_identify_the_host_terms():
     from kvrl.profiling.run import PRESSURE_RUNS, pressure_pool, run_work
 
     prof = P.StepProfile.load(SHIPPED)
-    g = {**prof.meta["grid"], "host_requests": 96}
+    g = {**prof.meta["grid"], "host_requests": 96, "host_pressure_fraction": 0.5}   # the presets' value
     shape, device = sim_target(prof)
     ex = SimExecutor(shape, device, 0, profile=prof, cuda_graphs=True)
     first = host_run(ex, g, 67600, 1025, 16, 0)
@@ -156,6 +156,25 @@ def test_the_profiles_pressure_runs_preempt_queue_and_identify_the_host_terms():
             for f, inner, el in steps]
     missing = set(P.unidentified_host_terms(rows))
     assert not missing & {"per_admit", "per_preempt", "per_waiting", "per_swap_block"}, missing
+
+
+@pytest.mark.parametrize("fraction, blocks", [(0.5, 3164), (0.25, 1582), (0.01, 160)])
+def test_the_pressure_pool_is_the_configured_fraction_of_the_peak_and_fits_the_largest_request(fraction, blocks):
+    """``grid.host_pressure_fraction`` sizes the pressured runs' pool (Llama-3-8B's peak of run 29:
+    6,329 blocks), never below twice the largest request (1,024 + 256 tokens: 80 blocks of 16)."""
+    from kvrl.profiling.batches import GRIDS
+    from kvrl.profiling.run import pressure_pool
+
+    assert pressure_pool(6329, {**GRIDS["gpu"], "host_pressure_fraction": fraction}, 16) == blocks
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5])
+def test_a_pressure_fraction_outside_0_1_is_refused_naming_the_key(fraction):
+    from kvrl.profiling.batches import GRIDS
+    from kvrl.profiling.run import pressure_pool
+
+    with pytest.raises(ValueError, match="grid.host_pressure_fraction"):
+        pressure_pool(6329, {**GRIDS["gpu"], "host_pressure_fraction": fraction}, 16)
 
 
 def test_fit_recovers_the_extra_cost_of_decodes_beside_a_prefill():
