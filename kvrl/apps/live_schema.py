@@ -170,6 +170,7 @@ class GridConfig:
     host_output: Optional[List[int]] = None
     host_rate: Optional[float] = None
     host_shared_prefix: Optional[List[int]] = None
+    host_pressure_fraction: Optional[float] = None
     warmup: Optional[int] = None
     reps: Optional[int] = None
     point_budget_s: Optional[float] = None
@@ -363,6 +364,9 @@ def _profile_checks(cfg: dict) -> None:
     for key in ("host_rate", "point_budget_s"):
         if grid[key] is not None and not grid[key] > 0:
             raise ValueError(f"grid.{key} must be > 0 or null, got {grid[key]}")
+    fraction = grid["host_pressure_fraction"]
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ValueError(f"grid.host_pressure_fraction must be in (0, 1] or null, got {fraction}")
     if grid["fit_stat"] is not None:
         plugins.check_choice("grid.fit_stat", grid["fit_stat"], ("median", "min"))
     plugins.check_range("block_size", cfg["block_size"], 1)
