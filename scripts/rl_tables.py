@@ -10,6 +10,8 @@
         --fields "prefix hit rate,preemptions,SLO attainment,p50 TTFT s"
     python scripts/rl_tables.py live docs/results/rl_live_h200/pressure/{sim,live}_results.csv pressure
     python scripts/rl_tables.py per_seed docs/results/rl_live_h200_sim_results.csv docs/results/rl_live_h200_results.csv
+    python scripts/rl_tables.py verdict pressure=docs/results/rl_sim_suite/pressure_leaderboard.csv:docs/results/rl_sim_suite/pressure_results.csv \
+        pool512=docs/results/rl_sim_rcpi/pool512_leaderboard.csv
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -27,6 +29,14 @@ sim-beside-live table of one scenario, its heading as a bold caption (to sit ins
 ``per_seed``: goodput per test seed, live and in the sim, a row per live policy; a policy the sim
 ran once under another label (kvrl-eval merges a given val-best constant with the same baseline)
 is matched by its name without the bracketed label.
+``verdict``: issue 17's question over several leaderboards, a row per ``label=leaderboard.csv[:results.csv]``:
+the best agent on test (the one with the highest mean goodput, which favours the agents), the
+strongest other policy on test (heuristic, val-best constant or val-tuned controller; the oracle
+row excluded), the paired difference between the two (95% CI, p, verdict), the best agent against the
+hindsight-best constant (the ``oracle`` row, where the leaderboard has one) and how many agents are
+significantly better or worse than that strongest policy. With ``results.csv`` the comparisons are
+paired over its test seeds (kvrl.analysis.stats); without it they come from the leaderboard's own
+reference columns, and the strongest policy must then be one of its references (else an error).
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
@@ -240,6 +250,61 @@ def per_seed(sim: str, live_: str, metric: str = "goodput_tok_s") -> str:
     return "\n".join(out)
 
 
+def _board_delta(row: dict, reference: str, rows: list[dict]) -> tuple[float, float, float, float, str]:
+    """(Δ tok/s, CI half-width, %, p, verdict) of ``row`` against ``reference`` from the
+    leaderboard's own reference columns; the reference against itself is 0 with p 1."""
+    if row["policy"] == reference:
+        return 0.0, 0.0, 0.0, 1.0, "no significant difference"
+    ref = f"vs {reference}"
+    if f"{ref}_verdict" not in row:
+        refs = [k[3: -len("_verdict")] for k in rows[0] if k.startswith("vs ") and k.endswith("_verdict")]
+        raise KeyError(f"{reference!r} is not a reference of this leaderboard (its references: {refs}); "
+                       "name its results.csv to compare with any policy")
+    d = f"Δgoodput_tok_s {ref}"
+    return (float(row[f"{d}_mean"]), float(row[f"{d}_ci95"]), float(row[f"{ref}_pct_change"]),
+            float(row[f"{ref}_p"]), row[f"{ref}_verdict"])
+
+
+def verdict(entries: list[str]) -> str:
+    """Issue 17's verdict per leaderboard (see the module doc); ``entries`` are
+    ``label=leaderboard.csv[:results.csv]``."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = ["| task | test seeds | agents | best agent | strongest other policy | best agent − strongest, paired "
+           "| best agent − hindsight-best constant | agents better / n.s. / worse than the strongest |",
+           "|---|---:|---:|---|---|---|---|---|"]
+    for entry in entries:
+        label, _, paths = entry.partition("=")
+        board_path, _, results = paths.partition(":")
+        if not label or not board_path:
+            raise ValueError(f"{entry!r}: give label=leaderboard.csv[:results.csv]")
+        rows = _read_csv(board_path)
+        agents = [r for r in rows if r["kind"] == "agent"]
+        others = [r for r in rows if r["kind"] not in ("agent", "oracle")]
+        oracle = next((r for r in rows if r["kind"] == "oracle"), None)
+        if not agents or not others:
+            raise ValueError(f"{board_path}: needs at least one agent and one other policy")
+        mean = lambda r: float(r["goodput_tok_s_mean"])
+        best, strongest = max(agents, key=mean), max(others, key=mean)
+        if results:
+            seeds = _per_seed(results, "goodput_tok_s")
+            per = lambda r: seeds[r["policy"]] if r["policy"] in seeds else seeds[r["policy"].split(" [")[0]]
+
+            def delta(row, ref_row):
+                c = paired_compare(per(row), per(ref_row), "goodput_tok_s")
+                return c.delta, c.delta_ci, c.pct_change, c.p_value, c.verdict
+        else:
+            delta = lambda row, ref_row: _board_delta(row, ref_row["policy"], rows)
+        d = delta(best, strongest)
+        cell = lambda t: f"{t[0]:+.0f} ± {t[1]:.0f} tok/s ({t[2]:+.1f}%, p {t[3]:.2g}, {VERDICTS.get(t[4], t[4])})"
+        to_oracle = cell(delta(best, oracle)) if oracle else "- (no constant oracle in this leaderboard)"
+        verdicts = [delta(a, strongest)[4] for a in agents]
+        tally = f"{verdicts.count('better')} / {verdicts.count('no significant difference')} / {verdicts.count('worse')}"
+        out.append(f"| {label} | {best['runs']} | {len(agents)} | {best['policy']} ({_num(mean(best))}) "
+                   f"| {strongest['policy']} ({_num(mean(strongest))}) | {cell(d)} | {to_oracle} | {tally} |")
+    return "\n".join(out)
+
+
 def live(sim: str, live_: str, name: str) -> str:
     from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
 
@@ -264,6 +329,7 @@ def main() -> None:
     c.add_argument("path")
     c.add_argument("--split", required=True)
     c.add_argument("--fields", required=True, help="comma-separated names of the file's 'per cell:' legend")
+    sub.add_parser("verdict").add_argument("entries", nargs="+", help="label=leaderboard.csv[:results.csv]")
     lv = sub.add_parser("live")
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
@@ -278,6 +344,8 @@ def main() -> None:
         print(scenario(a.paths))
     elif a.table == "per_seed":
         print(per_seed(a.sim, a.live))
+    elif a.table == "verdict":
+        print(verdict(a.entries))
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:

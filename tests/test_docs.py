@@ -146,6 +146,32 @@ _LEADERBOARD_HEAD = ("rank,policy,kind,goodput_tok_s_mean,goodput_tok_s_ci95,slo
                      f"Δgoodput_tok_s {_REF}_mean,Δgoodput_tok_s {_REF}_ci95,{_REF}_pct_change,{_REF}_p,{_REF}_verdict\n")
 
 
+def test_verdict_compares_the_best_agent_with_the_strongest_other_policy(tmp_path):
+    """The issue-17 table: the best agent on test against the best non-agent, non-oracle policy,
+    paired over results.csv's test seeds (an oracle row by its plain constant), with the tally of
+    every agent's verdict; without results.csv from the leaderboard's own columns, which must then
+    have the strongest policy as a reference."""
+    board = tmp_path / "leaderboard.csv"
+    board.write_text("rank,policy,kind,runs,goodput_tok_s_mean,goodput_tok_s_ci95\n"
+                     "1,fixed(fraction=0.0) [oracle: best constant on test],oracle,3,110,1\n"
+                     "2,pi [val-tuned],val-tuned,3,104,1\n3,agent a,agent,3,103,1\n4,agent b,agent,3,90,1\n")
+    results = tmp_path / "results.csv"
+    pi = (100, 104, 98, 106, 102, 101)
+    rows = {"fixed(fraction=0.0)": [v + d for v, d in zip(pi, (6, 7, 5, 8, 6, 7))], "pi [val-tuned]": pi,
+            "agent a": [v + d for v, d in zip(pi, (1, -1, 0.5, -0.5, 0, -1))],       # a tie with pi
+            "agent b": [v - d for v, d in zip(pi, (20, 22, 19, 21, 20, 23))]}        # worse than pi
+    results.write_text("policy,split,seed,goodput_tok_s\n" + "".join(
+        f"{policy},test,{seed},{value}\n" for policy, values in rows.items() for seed, value in enumerate(values))
+        + "agent a,val,0,999\n")
+    out = rl_tables.verdict([f"t={board}:{results}"]).splitlines()
+    assert out[2] == ("| t | 3 | 2 | agent a (103) | pi [val-tuned] (104) | -0 ± 1 tok/s (-0.2%, p 0.64, n.s.) "
+                      "| -7 ± 2 tok/s (-6.2%, p 0.00022, worse) | 0 / 1 / 1 |")
+    with pytest.raises(KeyError, match=re.escape("'pi [val-tuned]' is not a reference of this leaderboard")):
+        rl_tables.verdict([f"t={board}"])
+    with pytest.raises(ValueError, match="label=leaderboard.csv"):
+        rl_tables.verdict([str(board)])
+
+
 def test_suite_table_renders_a_leaderboard_and_per_policy_means(tmp_path):
     """The task-suite shape: the reference's own row says so, every other row its paired Δ with CI,
     % change, p and verdict; a metric missing from the leaderboard comes from results.csv's test
