@@ -101,3 +101,34 @@ def test_lazy_registration_answers_as_eager_registration():
         assert summary["finished"] == 16 and summary["preemptions"] > 0, mode
         assert runs[0][1]["again"] == [36] and runs[0][1]["branch"] == [16], mode
         assert lazy.num_cached == eager.num_cached and lazy.num_evictable == eager.num_evictable, mode
+
+
+def test_lazy_registration_answers_as_eager_registration_on_random_workloads():
+    """Random workloads over three shared prefixes (cut anywhere, so families are shared or not),
+    with forks, and preemption by recompute or swap in a small pool: the same summaries, hits and
+    view counts as the eager guard, with the invariants after every step."""
+    import numpy as np
+
+    for trial in range(8):
+        rng = np.random.default_rng(trial)
+        prefixes = [rng.integers(0, 30, 64, dtype=np.int32) for _ in range(3)]
+
+        def requests():
+            draw = np.random.default_rng(1000 + trial)
+            out = []
+            for i in range(int(draw.integers(8, 25))):
+                plen = int(draw.integers(1, 40))
+                cut = int(draw.integers(0, plen + 1))
+                tokens = np.concatenate([prefixes[int(draw.integers(0, 3))][:cut],
+                                         draw.integers(0, 30, plen - cut, dtype=np.int32)])
+                out.append(make_request(f"q{i}", tokens=tokens, output_len=int(draw.integers(1, 20)),
+                                        n=int(draw.integers(1, 3)), arrival_s=0.01 * int(draw.integers(0, 5))))
+            return out
+
+        mode, num_blocks = ("recompute", "swap")[trial % 2], int(rng.integers(20, 60))
+        runs = []
+        for policy in (HashLRU(None), Eager(None)):
+            engine = _engine(policy, num_blocks=num_blocks, mode=mode, num_cpu_blocks=64 if mode == "swap" else 0)
+            runs.append((*_run_checked(engine, requests()), engine.view.num_cached_blocks,
+                         engine.view.num_cached_free_blocks))
+        assert runs[0] == runs[1], trial
