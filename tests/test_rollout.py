@@ -39,6 +39,16 @@ def test_copy_serves_like_the_original(env):
     assert finish(env, 2) == finish(twin, 2)
 
 
+def test_copy_with_the_default_block_hash_serves_like_the_original():
+    """The default (keyed blake2b) identity hash: the copy serves as the original does."""
+    env_id, cfg = load_task("pool512", OVERRIDES[1:])
+    original = gym.make(env_id, config=cfg).unwrapped
+    _start(original)
+    assert original.driver.engine.allocator._hasher.name == "blake2b"
+    twin = copy.deepcopy(original)
+    assert [original.step(i % 7)[1] for i in range(4)] == [twin.step(i % 7)[1] for i in range(4)]
+
+
 def test_scores_leave_the_env_untouched_and_match_finishing(env):
     _start(env, seed=1)
     now = env.driver.engine.now

@@ -220,6 +220,23 @@ def test_a_forged_block_with_an_equal_xxh3_identity_is_not_reused_under_the_defa
     colliding.check_invariants()
 
 
+@pytest.mark.parametrize("name", ["blake2b", "sha256", "xxh3"])
+def test_a_hasher_copies_and_pickles_to_the_same_identities(name):
+    """An engine is deep-copied by the rollout planner and pickled to workers: the hasher (whose
+    blake2b and sha256 states cannot be pickled) copies as itself and pickles from its name and key."""
+    import copy
+    import pickle
+
+    from kvrl.engine.hashing import make_hasher
+
+    hasher = make_hasher(name, "seed", 3)
+    data = bytes(range(64))
+    want = hasher.chain(hasher.root(b"salt"), data)
+    assert copy.deepcopy(hasher) is hasher
+    again = pickle.loads(pickle.dumps(hasher))
+    assert again.chain(again.root(b"salt"), data) == want and again.checked == hasher.checked
+
+
 def test_results_do_not_depend_on_the_block_identity_hash_or_its_key():
     """Identities are internal: with every hash (and two random keys) the same workload with
     shared prefixes gives bit-for-bit the same summary and per-request records."""

@@ -86,12 +86,17 @@ class BlockHasher:
     :meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`); True for the
     collision-resistant hashes, False for ``xxh3``, which reproduces the pre-#14 engine.
     ``token_width``: bytes per token id in the data it hashes (:data:`TOKEN_WIDTH`).
+
+    Immutable after construction (its hash states are only ever copied), so ``copy.deepcopy`` returns
+    the hasher itself and pickling rebuilds it from ``(name, key)``: an engine with the default
+    ``blake2b`` copies (the rollout planner) and pickles like one with ``xxh3``.
     """
 
     def __init__(self, name: str = "blake2b", key: Optional[bytes] = None) -> None:
         if name not in HASHES:
             raise ValueError(f"engine.prefix_hash must be one of {list(HASHES)}, got {name!r}")
         self.name = name
+        self._key = key
         self.checked = name != "xxh3"
         self.token_width = TOKEN_WIDTH[name]
         if name == "blake2b":
@@ -107,6 +112,12 @@ class BlockHasher:
             self._root_state.update(b"kvrl-root\x00")
             self._block_state = base.copy()
             self._block_state.update(b"kvrl-block\x00")
+
+    def __deepcopy__(self, memo: dict) -> "BlockHasher":
+        return self
+
+    def __reduce__(self):
+        return BlockHasher, (self.name, self._key)
 
     def root(self, salt: bytes) -> BlockHash:
         """The chain's starting value for ``salt``."""
