@@ -31,7 +31,7 @@ policy's own three maps: a guard's record would duplicate them, and there is no 
 check. The block pool's per-block loops (registration, release, reclaim) update those maps
 directly, as the bulk calls would. Every answer and count equals what HashLRU's methods would give
 (tests/test_prefix_bulk.py and tests/test_prefix_lazy.py compare the two), so results are unchanged;
-so do the maps, except that a block the pool registers lazily (kvrl.engine.paged_allocator) is in
+so do the maps, except that a block the pool registers lazily (kvrl.engine.prefix_identity) is in
 the evictable order and counted by ``num_pending`` but enters the identity maps only once its family
 is named. Since no plugin code runs, such a run counts no policy time for its prefix cache. This
 halves the per-block work of the default prefix cache on a long trace (about a million blocks pass
@@ -266,7 +266,7 @@ class PooledHashLRU:
     @property
     def num_pending(self) -> int:
         """Cached blocks that the pool registered lazily, without an identity yet (see
-        :mod:`kvrl.engine.paged_allocator`): in the evictable order like any cached block, absent
+        :mod:`kvrl.engine.prefix_identity`): in the evictable order like any cached block, absent
         from the identity maps. Kept on the policy (``HashLRU._num_pending``) so that its own
         ``num_cached`` counts them; the pool updates it."""
         return self.policy._num_pending

@@ -83,7 +83,7 @@ class BlockHasher:
     """Computes chained block identities with one hash function.
 
     ``checked``: whether a prefix-cache hit must also show equal tokens, salt and parent (see
-    :meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`); True for the
+    :meth:`kvrl.engine.prefix_identity.PrefixIdentityMixin.match_prefix`); True for the
     collision-resistant hashes, False for ``xxh3``, which reproduces the pre-#14 engine.
     ``token_width``: bytes per token id in the data it hashes (:data:`TOKEN_WIDTH`).
 

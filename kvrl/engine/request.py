@@ -115,7 +115,7 @@ class Sequence:
     #: :mod:`kvrl.engine.planning`); not part of the sequence's state
     decode_item: Optional[object] = field(default=None, repr=False)
     #: the block pool's record of this sequence's prefix-cache family while it holds blocks (see
-    #: lazy registration in :mod:`kvrl.engine.paged_allocator`); not part of the sequence's state
+    #: lazy registration in :mod:`kvrl.engine.prefix_identity`); not part of the sequence's state
     prefix_family: Optional[object] = field(default=None, repr=False)
 
     @property

@@ -3,7 +3,7 @@
 All match full blocks by their chained identity (see :mod:`kvrl.engine.hashing`); they differ in
 which evictable block (cached, no longer referenced) is reclaimed first when the pool runs dry.
 None of them decides what a hit is: the allocator checks every block they return against the
-request's tokens, salt and parent (:meth:`kvrl.engine.paged_allocator.PagedAllocator.match_prefix`),
+request's tokens, salt and parent (:meth:`kvrl.engine.prefix_identity.PrefixIdentityMixin.match_prefix`),
 and their iteration orders never depend on identity values (which are keyed and random).
 """
 from __future__ import annotations
