@@ -116,12 +116,12 @@ def _test_means(results: str, metric: str) -> dict[str, float]:
     return {policy: sum(v) / len(v) for policy, v in values.items()}
 
 
-def _policy_mean(means: dict[str, float], policy: str, metric: str, results: str) -> float:
-    """``policy``'s mean, or that of the constant a ``[oracle: ...]`` row names (kvrl-eval labels the
-    oracle's test runs by the plain constant)."""
+def _of_policy(by_label: dict, policy: str, metric: str, results: str):
+    """``policy``'s entry of ``by_label`` (its mean, or its values per seed), or that of the constant a
+    ``[oracle: ...]`` row names (kvrl-eval labels the oracle's test runs by the plain constant)."""
     for label in (policy, policy.split(" [")[0]):
-        if label in means:
-            return means[label]
+        if label in by_label:
+            return by_label[label]
     raise KeyError(f"{results} has no test-split rows of {policy!r} (metric {metric!r})")
 
 
@@ -142,7 +142,7 @@ def suite(path: str, metrics: tuple[str, ...] = ("slo_attainment", "preemptions"
     for row in rows:
         cells = [row["policy"], f"{_num(float(row['goodput_tok_s_mean']))} ± {_num(float(row['goodput_tok_s_ci95']))}"]
         for m in metrics:
-            value = _policy_mean(extra[m], row["policy"], m, results) if m in extra else float(row[f"{m}_mean"])
+            value = _of_policy(extra[m], row["policy"], m, results) if m in extra else float(row[f"{m}_mean"])
             cells.append(format(value, METRICS[m][1]))
         for ref in refs:
             if row["policy"] == ref[len("vs "):]:
@@ -288,7 +288,7 @@ def verdict(entries: list[str]) -> str:
         best, strongest = max(agents, key=mean), max(others, key=mean)
         if results:
             seeds = _per_seed(results, "goodput_tok_s")
-            per = lambda r: seeds[r["policy"]] if r["policy"] in seeds else seeds[r["policy"].split(" [")[0]]
+            per = lambda r: _of_policy(seeds, r["policy"], "goodput_tok_s", results)
 
             def delta(row, ref_row):
                 c = paired_compare(per(row), per(ref_row), "goodput_tok_s")
