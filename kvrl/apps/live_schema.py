@@ -171,6 +171,7 @@ class GridConfig:
     host_rate: Optional[float] = None
     host_shared_prefix: Optional[List[int]] = None
     host_pressure_fraction: Optional[float] = None
+    host_lengths: Optional[str] = None
     warmup: Optional[int] = None
     reps: Optional[int] = None
     point_budget_s: Optional[float] = None
@@ -367,6 +368,8 @@ def _profile_checks(cfg: dict) -> None:
     fraction = grid["host_pressure_fraction"]
     if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"grid.host_pressure_fraction must be in (0, 1] or null, got {fraction}")
+    if grid["host_lengths"] is not None:
+        plugins.check_choice("grid.host_lengths", grid["host_lengths"], ("uniform", "lognormal"))
     if grid["fit_stat"] is not None:
         plugins.check_choice("grid.fit_stat", grid["fit_stat"], ("median", "min"))
     plugins.check_range("block_size", cfg["block_size"], 1)

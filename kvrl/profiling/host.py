@@ -33,9 +33,26 @@ class HostRun:
     peak_blocks: int
 
 
+def _uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(rng.integers(lo, hi + 1))
+
+
+def _lognormal(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """Lognormal with its median at sqrt(lo * hi) and ``hi`` two sigmas above it (a CV of about
+    1 for the default ranges), clipped to [lo, hi]: most requests short, a few long, as LLM
+    traffic is, so decode batches mix short and long contexts."""
+    sigma = np.log(hi / lo) / 4 if hi > lo else 0.0
+    return int(np.clip(round(rng.lognormal(np.log(np.sqrt(lo * hi)), sigma)), lo, hi))
+
+
+#: ``grid.host_lengths``: how the engine runs draw prompt and output lengths within their ranges
+_LENGTHS = {"uniform": _uniform, "lognormal": _lognormal}
+
+
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
              eviction: Optional[dict] = None, scheduler: Optional[dict] = None) -> HostRun:
-    """Serve a small workload through a real engine on ``ex`` (uniform lengths, every other
+    """Serve a small workload through a real engine on ``ex`` (lengths drawn within
+    ``host_prompt``/``host_output`` as ``host_lengths`` says: uniform or lognormal; every other
     request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
     config; default lifo) and ``scheduler`` (default fcfs). On a pool smaller than the run's peak
     use (:attr:`HostRun.peak_blocks` of a run on a large pool) the run preempts and queues, so the
@@ -54,9 +71,10 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     prefixes = [rng.integers(0, ex.vocab_size, int(rng.integers(lo, hi + 1)), dtype=np.int32)
                 for _ in range(int(num_prefixes))]
     reqs, arrival = [], 0.0
+    draw = _LENGTHS[g.get("host_lengths") or "uniform"]
     for i in range(n):
-        p = int(min(rng.integers(plo, phi + 1), max_len // 2))
-        o = int(min(rng.integers(olo, ohi + 1), max_len - p))
+        p = int(min(draw(rng, plo, phi), max_len // 2))
+        o = int(min(draw(rng, olo, ohi), max_len - p))
         prompt = rng.integers(0, ex.vocab_size, p, dtype=np.int32)
         if prefixes and i % 2:   # every other request behind a shared prefix: prefix-hit steps
             prompt = np.concatenate([prefixes[int(rng.integers(len(prefixes)))], prompt])[:max_len - o]
