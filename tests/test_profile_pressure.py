@@ -181,15 +181,16 @@ def test_the_engine_runs_draw_uniform_lengths_as_before_or_lognormal_within_the_
     """``grid.host_lengths``: ``uniform`` draws exactly what the engine runs drew before the key
     existed (``rng.integers(lo, hi + 1)``); ``lognormal`` stays in [lo, hi], has its median near
     sqrt(lo * hi) and a mean above it (most requests short, a few long)."""
-    from kvrl.profiling.host import _LENGTHS
+    from kvrl.profiling.host import engine_run_lengths
 
     a, b = np.random.default_rng(7), np.random.default_rng(7)
-    assert [_LENGTHS["uniform"](a, 32, 1024) for _ in range(200)] == [int(b.integers(32, 1025)) for _ in range(200)]
+    uniform = engine_run_lengths("uniform", 32, 1024)
+    assert [int(uniform.sample(1, a)[0]) for _ in range(200)] == [int(b.integers(32, 1025)) for _ in range(200)]
     rng = np.random.default_rng(0)
-    draws = np.asarray([_LENGTHS["lognormal"](rng, 16, 1024) for _ in range(4000)])
+    draws = engine_run_lengths("lognormal", 16, 1024).sample(4000, rng)
     assert draws.min() >= 16 and draws.max() <= 1024
     assert abs(np.median(draws) / 128 - 1) < 0.1 and draws.mean() > 1.15 * np.median(draws)
-    assert _LENGTHS["lognormal"](rng, 64, 64) == 64
+    assert int(engine_run_lengths("lognormal", 64, 64).sample(1, rng)[0]) == 64
 
 
 def test_fit_recovers_the_extra_cost_of_decodes_beside_a_prefill():

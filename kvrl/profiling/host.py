@@ -3,12 +3,14 @@ measures the engine's own time between steps and the steps an engine actually ta
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 from kvrl.engine.callbacks import EngineCallback
+from kvrl.workloads.lengths import LengthDist
 
 
 class StepTimer(EngineCallback):
@@ -33,20 +35,16 @@ class HostRun:
     peak_blocks: int
 
 
-def _uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
-    return int(rng.integers(lo, hi + 1))
-
-
-def _lognormal(rng: np.random.Generator, lo: int, hi: int) -> int:
-    """Lognormal with its median at sqrt(lo * hi) and ``hi`` two sigmas above it (a CV of about
-    1 for the default ranges), clipped to [lo, hi]: most requests short, a few long, as LLM
-    traffic is, so decode batches mix short and long contexts."""
-    sigma = np.log(hi / lo) / 4 if hi > lo else 0.0
-    return int(np.clip(round(rng.lognormal(np.log(np.sqrt(lo * hi)), sigma)), lo, hi))
-
-
-#: ``grid.host_lengths``: how the engine runs draw prompt and output lengths within their ranges
-_LENGTHS = {"uniform": _uniform, "lognormal": _lognormal}
+def engine_run_lengths(kind: str, lo: int, hi: int) -> LengthDist:
+    """``grid.host_lengths`` as a :class:`~kvrl.workloads.lengths.LengthDist` over [lo, hi]:
+    ``uniform``, or ``lognormal`` with its median at sqrt(lo * hi) and ``hi`` two sigmas above it (a
+    CV of about 1 for the default ranges), clamped to the range: most requests short, a few long, as
+    LLM traffic is, so decode batches mix short and long contexts."""
+    if kind == "uniform":
+        return LengthDist("uniform", low=lo, high=hi)
+    sigma = math.log(hi / lo) / 4
+    return LengthDist("lognormal", mean=math.sqrt(lo * hi) * math.exp(sigma * sigma / 2), sigma=sigma,
+                      low=lo, high=hi)
 
 
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
@@ -71,10 +69,11 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     prefixes = [rng.integers(0, ex.vocab_size, int(rng.integers(lo, hi + 1)), dtype=np.int32)
                 for _ in range(int(num_prefixes))]
     reqs, arrival = [], 0.0
-    draw = _LENGTHS[g.get("host_lengths") or "uniform"]
+    kind = g.get("host_lengths", "uniform")       # a grid saved before the key drew uniform lengths
+    prompt_len, output_len = engine_run_lengths(kind, plo, phi), engine_run_lengths(kind, olo, ohi)
     for i in range(n):
-        p = int(min(draw(rng, plo, phi), max_len // 2))
-        o = int(min(draw(rng, olo, ohi), max_len - p))
+        p = int(min(prompt_len.sample(1, rng)[0], max_len // 2))
+        o = int(min(output_len.sample(1, rng)[0], max_len - p))
         prompt = rng.integers(0, ex.vocab_size, p, dtype=np.int32)
         if prefixes and i % 2:   # every other request behind a shared prefix: prefix-hit steps
             prompt = np.concatenate([prefixes[int(rng.integers(len(prefixes)))], prompt])[:max_len - o]
