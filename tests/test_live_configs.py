@@ -41,6 +41,7 @@ DOCUMENTED = [
                  "grid.prefix_cached=[1024,4096]", "grid.holdout=30", "grid.host_pressure_fraction=0.25"]),
     ("profile", ["model=qwen3-0.6b", "grid.host_lengths=lognormal", "grid.host_prompt=[32,2048]",
                  "grid.host_output=[16,1024]"]),
+    ("profile", ["model=qwen3-0.6b", "grid.kv_fill=random"]),
     ("profile", ["model=tiny", "backend.dtype=float32", "backend.device=cpu", "progress=false",
                  "grid.decode_batch=[1,4,16]", "grid.host_requests=16", "grid.swaps=[1,16]"]),
     ("fidelity", ["model=qwen3-0.6b", "profile=runs/profile/x/profile.json"]),
@@ -86,6 +87,7 @@ REJECTED = [
     ("profile", ["grid.host_prompt=[100,10]"], "grid.host_prompt"),
     ("profile", ["grid.host_pressure_fraction=1.5"], "grid.host_pressure_fraction"),
     ("profile", ["grid.host_lengths=zipf"], "grid.host_lengths"),
+    ("profile", ["grid.kv_fill=ones"], "grid.kv_fill"),
     ("profile", ["model.family=gpt"], "model.family"),
     ("profile", ["backend=sim"], "profile"),                           # the sim backend's key is not a live key
     ("fidelity", ["warmup_requests=many"], "warmup_requests"),         # wrong type

@@ -172,6 +172,7 @@ class GridConfig:
     host_shared_prefix: Optional[List[int]] = None
     host_pressure_fraction: Optional[float] = None
     host_lengths: Optional[str] = None
+    kv_fill: Optional[str] = None
     warmup: Optional[int] = None
     reps: Optional[int] = None
     point_budget_s: Optional[float] = None
@@ -370,6 +371,9 @@ def _profile_checks(cfg: dict) -> None:
         raise ValueError(f"grid.host_pressure_fraction must be in (0, 1] or null, got {fraction}")
     if grid["host_lengths"] is not None:
         plugins.check_choice("grid.host_lengths", grid["host_lengths"], ("uniform", "lognormal"))
+    if grid["kv_fill"] is not None:
+        from kvrl.profiling.timing import KV_FILLS
+        plugins.check_choice("grid.kv_fill", grid["kv_fill"], KV_FILLS)
     if grid["fit_stat"] is not None:
         plugins.check_choice("grid.fit_stat", grid["fit_stat"], ("median", "min"))
     plugins.check_range("block_size", cfg["block_size"], 1)

@@ -28,7 +28,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         overlap_batch=64, overlap_ctx=1024, overlap_swap_in=[16, 256],
         random=160, holdout=40,
         host_requests=192, host_prompt=[32, 1024], host_output=[16, 256], host_rate=60.0,
-        host_shared_prefix=[4, 256, 768], host_pressure_fraction=0.5, host_lengths="uniform",
+        host_shared_prefix=[4, 256, 768], host_pressure_fraction=0.5, host_lengths="uniform", kv_fill="zeros",
         warmup=3, reps=7, point_budget_s=1.0, fit_stat="median", interleave=True,
     ),
     "cpu": dict(
@@ -49,7 +49,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         overlap_batch=8, overlap_ctx=64, overlap_swap_in=[4, 32],
         random=24, holdout=24,
         host_requests=24, host_prompt=[8, 128], host_output=[4, 32], host_rate=None,
-        host_shared_prefix=[2, 16, 48], host_pressure_fraction=0.5, host_lengths="uniform",
+        host_shared_prefix=[2, 16, 48], host_pressure_fraction=0.5, host_lengths="uniform", kv_fill="zeros",
         warmup=1, reps=7, point_budget_s=0.25, fit_stat="min", interleave=True,
     ),
 }

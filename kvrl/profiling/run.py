@@ -12,7 +12,7 @@ import numpy as np
 
 from kvrl.profiling.batches import BatchFactory, grid_points, random_points
 from kvrl.profiling.host import engine_samples, host_run
-from kvrl.profiling.timing import device_name, measure, pool_blocks, profile_key_dict, warm_graphs
+from kvrl.profiling.timing import device_name, fill_kv, measure, pool_blocks, profile_key_dict, warm_graphs
 
 
 log = logging.getLogger("kvrl.profile")
@@ -31,7 +31,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     nb = pool_blocks(ex, grid, block_size, num_blocks, gpu_memory_utilization, max_len)
     n_cpu = max(max(grid["swaps"]), max(grid["overlap_swap_in"])) + 1
     ex.allocate_kv(nb, n_cpu, block_size)
-    ex.kv.zero_()                      # no NaN/denormal garbage in the slots the kernels read
+    fill_kv(ex, grid.get("kv_fill", "zeros"), seed)   # a grid saved before the key had zeros
     ex.cpu_pool.zero_()
     factory = BatchFactory(nb, block_size, ex.vocab_size, max_len, seed)
     graphs = bool(ex.use_cuda_graphs)

@@ -26,6 +26,28 @@ def configure_cpu(device_type: str, threads: int = 1, flush_denormal: bool = Tru
     torch.set_flush_denormal(bool(flush_denormal))
 
 
+#: what :func:`fill_kv` can put in the KV pool before it is timed (``grid.kv_fill``)
+KV_FILLS = ("zeros", "random")
+
+
+def fill_kv(ex, how: str, seed: int = 0) -> None:
+    """Fill the live executor's KV pool (``ex.kv``, allocated) in place: ``zeros``, or ``random``:
+    independent N(0, 1) values, the magnitude of the normalised keys and values a serving engine's
+    prefills write. Either way no NaN or denormal garbage sits in the slots the kernels read. The
+    grid's decode batches read KV that no prefill of theirs wrote: with ``zeros`` they read zeros,
+    which a serving engine never does."""
+    import torch
+
+    if how not in KV_FILLS:
+        raise ValueError(f"kv fill must be one of {KV_FILLS}, got {how!r}")
+    if how == "zeros":
+        ex.kv.zero_()
+        return
+    gen = torch.Generator(device=ex.kv.device)
+    gen.manual_seed(int(seed))
+    ex.kv.normal_(0.0, 1.0, generator=gen)
+
+
 def device_name(ex) -> str:
     import torch
 
