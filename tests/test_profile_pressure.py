@@ -393,11 +393,13 @@ def test_resim_reprices_recorded_steps_as_the_sim_priced_them_swap_stream_includ
 
 def test_cpu_sampler_turns_counters_into_per_step_window_shares(monkeypatch):
     """Samples every 2 steps (after steps 0, 2, 4); the steps of each window get its shares of
-    run-queue wait (of wall time) and of stolen / busy CPU time (of all CPU time); steps outside
-    any window are NaN; without /proc nothing is sampled."""
+    run-queue wait (of wall time) and of stolen / busy CPU time (of all CPU time), and the larger of
+    its two host probes over the run's fastest tenth; steps outside any window are NaN; without
+    /proc the counters are NaN and the probe is still recorded."""
     import kvrl.fidelity.cpu as C
 
     seq = iter([(0.0, 0.0, 0.0, 0.0, 10.0), (0.5, 1.0, 2.0, 4.0, 11.0), (0.6, 1.0, 3.0, 8.0, 13.0)])
+    probes = iter([1e-4, 1e-4, 2e-4, 1e-4, 1e-4, 1.7e-4])
     cur = {}
 
     def counters():
@@ -406,18 +408,34 @@ def test_cpu_sampler_turns_counters_into_per_step_window_shares(monkeypatch):
         return wait, steal, busy, total
 
     monkeypatch.setattr(C, "cpu_counters", counters)
+    monkeypatch.setattr(C, "host_probe_s", lambda: next(probes))
     monkeypatch.setattr(C.time, "perf_counter", lambda: cur["wall"])
     s = C.CpuSampler(every=2)
     for i in range(6):
         s.on_step(i)
     cols = s.columns(6)
-    assert all(np.isnan(cols[i]["cpu_wait"]) for i in (0, 5))
-    assert cols[1] == cols[2] == {"cpu_wait": 0.5, "cpu_steal": 0.25, "cpu_busy": 0.5}
-    assert cols[3] == cols[4] == {"cpu_wait": pytest.approx(0.05), "cpu_steal": 0.0, "cpu_busy": 0.25}
+    assert all(np.isnan(cols[i]["cpu_wait"]) and np.isnan(cols[i]["host_slow"]) for i in (0, 5))
+    assert cols[1] == cols[2] == {"cpu_wait": 0.5, "cpu_steal": 0.25, "cpu_busy": 0.5, "host_slow": 1.0}
+    assert cols[3] == cols[4] == {"cpu_wait": pytest.approx(0.05), "cpu_steal": 0.0, "cpu_busy": 0.25,
+                                  "host_slow": pytest.approx(2.0)}
     monkeypatch.setattr(C, "cpu_counters", lambda: None)
     none = C.CpuSampler(every=1)
     for i in range(3):
         none.on_step(i)
-    assert not none.samples and all(np.isnan(r["cpu_busy"]) for r in none.columns(3))
+    cols = none.columns(3)
+    assert all(np.isnan(r["cpu_busy"]) for r in cols)
+    assert cols[1]["host_slow"] == pytest.approx(1.0) and cols[2]["host_slow"] == pytest.approx(1.7)
     with pytest.raises(ValueError, match="every=0"):
         C.CpuSampler(every=0)
+
+
+def test_host_slow_share_is_the_live_time_of_steps_on_a_slow_host():
+    """The replay's share of live seconds in steps whose window found the host 1.4x slower or more,
+    among the steps that have the column; NaN when none has it."""
+    from kvrl.fidelity.replay import host_slow_share
+
+    rows = [{"live_s": 1.0, "host_slow": 1.0}, {"live_s": 2.0, "host_slow": 1.7}, {"live_s": 1.0, "host_slow": 1.39},
+            {"live_s": 5.0}, {"live_s": 3.0, "host_slow": float("nan")}]
+    assert host_slow_share(rows) == pytest.approx(0.5)
+    assert np.isnan(host_slow_share([{"live_s": 1.0}]))
+

@@ -101,7 +101,21 @@ def replay_summary(replay: list[dict]) -> dict:
     return {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
             "p90_abs_rel_err": float(np.percentile(e, 90)),
             "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
-            "by_kind": replay_breakdown(replay)}
+            "host_slow_share": host_slow_share(replay), "by_kind": replay_breakdown(replay)}
+
+
+def host_slow_share(replay: list[dict]) -> float:
+    """The share of the live run's time spent in steps whose sampling window found the host slow
+    (``host_slow`` at or above :data:`~kvrl.fidelity.cpu.HOST_SLOW_THRESHOLD`), among the steps
+    that have the column; NaN where none has it. A run with a large share met the lent machine's
+    slow windows, which no step model prices (docs/fidelity.md, "Run 31")."""
+    from kvrl.fidelity.cpu import HOST_SLOW_THRESHOLD
+
+    rows = [r for r in replay if np.isfinite(r.get("host_slow", np.nan))]
+    total = sum(r["live_s"] for r in rows)
+    if not rows or total <= 0:
+        return float("nan")
+    return float(sum(r["live_s"] for r in rows if r["host_slow"] >= HOST_SLOW_THRESHOLD) / total)
 
 
 def replay_breakdown(replay: list[dict]) -> dict:

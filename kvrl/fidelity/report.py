@@ -8,7 +8,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -78,6 +78,11 @@ def replot(run_dir: str) -> list[Path]:
         plot_pair(steps("live"), steps("sim"), rep[:, 0], rep[:, 1], path, f"{pair.parent.name} / {pair.name}")
         written.append(path)
     return written
+
+
+def slow_cell(share: Optional[float]) -> str:
+    """A replay's :func:`~kvrl.fidelity.replay.host_slow_share` as a table cell."""
+    return "n/a" if share is None or math.isnan(share) else f"{share:.0%}"
 
 
 def fmt(v: Any) -> str:
@@ -176,15 +181,15 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
                  + (f"; {ties} with a tie on one side (policies equal there: not a disagreement in order)." if ties else "."))
     lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
               "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s | "
-              "live GC pauses: n, total s, max s |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "live GC pauses: n, total s, max s | live time on a slow host |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (w, p), r in results.items():
         rp, g = r.get("replay"), r.get("live_gc")
         if rp:
             gc_cell = f"{g['collections']}, {g['total_s']:.3f}, {g['max_s']:.3f}" if g else "n/a"
             lines.append(f"| {w} | {p} | {rp['steps']} | {rp['median_abs_rel_err']:.1%} | {rp['p90_abs_rel_err']:.1%} | "
                          f"{pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} | "
-                         f"{gc_cell} |")
+                         f"{gc_cell} | {slow_cell(rp.get('host_slow_share'))} |")
     lines += ["", "### Replay by step kind (total seconds over the run; host = the engine's time between steps)", "",
               "| workload | policy | kind | steps | live s | sim s | total rel err | median abs rel err |",
               "|---|---|---|---:|---:|---:|---:|---:|"]
