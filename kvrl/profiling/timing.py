@@ -35,7 +35,8 @@ def fill_kv(ex, how: str, seed: int = 0) -> None:
     independent N(0, 1) values, the magnitude of the normalised keys and values a serving engine's
     prefills write. Either way no NaN or denormal garbage sits in the slots the kernels read. The
     grid's decode batches read KV that no prefill of theirs wrote: with ``zeros`` they read zeros,
-    which a serving engine never does."""
+    which a serving engine never does; on an H200 that changed no step time consistently
+    (docs/fidelity.md, "Run 31"), so ``zeros`` stays the default."""
     import torch
 
     if how not in KV_FILLS:
