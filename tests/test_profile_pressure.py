@@ -439,3 +439,19 @@ def test_host_slow_share_is_the_live_time_of_steps_on_a_slow_host():
     assert host_slow_share(rows) == pytest.approx(0.5)
     assert np.isnan(host_slow_share([{"live_s": 1.0}]))
 
+
+def test_fast_host_totals_leave_the_slow_windows_out():
+    """The replay totals over the steps recorded on a fast host only (host_slow below 1.4), in all
+    and per kind; empty when no step has the column."""
+    from kvrl.fidelity.replay import fast_host_totals
+
+    step = lambda kind, live, sim, slow: {"kind": kind, "live_s": live, "sim_s": sim, "live_execute_s": live,
+                                          "sim_host_s": 0.0, "host_slow": slow}
+    rows = [step("decode", 1.0, 0.9, 1.0), step("mixed", 2.0, 1.0, 1.8), step("mixed", 1.0, 1.1, 1.2),
+            step("decode", 1.0, 1.0, float("nan"))]
+    fast = fast_host_totals(rows)
+    assert fast["all"] == {"steps": 2, "live_s": 2.0, "sim_s": pytest.approx(2.0)}
+    assert fast["mixed"] == {"steps": 1, "live_s": 1.0, "sim_s": 1.1}
+    assert fast["decode"]["sim_s"] == 0.9 and fast["host"]["steps"] == 2
+    assert fast_host_totals([{k: v for k, v in r.items() if k != "host_slow"} for r in rows]) == {}
+

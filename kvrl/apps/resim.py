@@ -84,7 +84,7 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
             stream.issue(now, now + elapsed, model.swap_out_xfer(n_out), model.swap_in_xfer(n_in))
         now += elapsed
         rows.append({"live_s": feats["live_s"], "live_execute_s": feats["live_execute_s"], "kind": feats["kind"],
-                     "sim_s": elapsed, "sim_host_s": host})
+                     "sim_s": elapsed, "sim_host_s": host, "host_slow": feats.get("host_slow", float("nan"))})
     return rows
 
 

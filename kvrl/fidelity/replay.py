@@ -101,7 +101,30 @@ def replay_summary(replay: list[dict]) -> dict:
     return {"steps": int(live_t.size), "median_abs_rel_err": float(np.median(e)),
             "p90_abs_rel_err": float(np.percentile(e, 90)),
             "total_rel_err": float((sim_t.sum() - live_t.sum()) / max(live_t.sum(), 1e-12)),
-            "host_slow_share": host_slow_share(replay), "by_kind": replay_breakdown(replay)}
+            "host_slow_share": host_slow_share(replay), "fast_host": fast_host_totals(replay),
+            "by_kind": replay_breakdown(replay)}
+
+
+def on_fast_host(replay: list[dict]) -> list[dict]:
+    """The steps whose sampling window found the host fast (``host_slow`` below
+    :data:`~kvrl.fidelity.cpu.HOST_SLOW_THRESHOLD`); none where the column was not recorded."""
+    from kvrl.fidelity.cpu import HOST_SLOW_THRESHOLD
+
+    return [r for r in replay if r.get("host_slow", np.nan) < HOST_SLOW_THRESHOLD]
+
+
+def fast_host_totals(replay: list[dict]) -> dict:
+    """Live and sim seconds summed over the steps on a fast host (:func:`on_fast_host`), in all
+    and per step kind (``host``: the engine's time between steps, as :func:`replay_breakdown`): the
+    replay error with the lent machine's slow windows left out. Empty without the column."""
+    fast = on_fast_host(replay)
+    if not fast:
+        return {}
+    out = {"all": {"steps": len(fast), "live_s": float(sum(r["live_s"] for r in fast)),
+                   "sim_s": float(sum(r["sim_s"] for r in fast))}}
+    for kind, k in replay_breakdown(fast).items():
+        out[kind] = {"steps": k["steps"], "live_s": k["live_s"], "sim_s": k["sim_s"]}
+    return out
 
 
 def host_slow_share(replay: list[dict]) -> float:

@@ -85,6 +85,14 @@ def slow_cell(share: Optional[float]) -> str:
     return "n/a" if share is None or math.isnan(share) else f"{share:.0%}"
 
 
+def fast_cell(totals: Optional[dict]) -> str:
+    """The replay's total error over its steps on a fast host (``fast_host`` of
+    :func:`~kvrl.fidelity.replay.replay_summary`) as a table cell."""
+    if not totals or totals["live_s"] <= 0:
+        return "n/a"
+    return f"{pct(rel_err(totals['live_s'], totals['sim_s']))} ({totals['steps']} steps)"
+
+
 def fmt(v: Any) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
@@ -181,23 +189,27 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
                  + (f"; {ties} with a tie on one side (policies equal there: not a disagreement in order)." if ties else "."))
     lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
               "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s | "
-              "live GC pauses: n, total s, max s | live time on a slow host |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "live GC pauses: n, total s, max s | live time on a slow host | total time rel err on a fast host |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (w, p), r in results.items():
         rp, g = r.get("replay"), r.get("live_gc")
         if rp:
             gc_cell = f"{g['collections']}, {g['total_s']:.3f}, {g['max_s']:.3f}" if g else "n/a"
             lines.append(f"| {w} | {p} | {rp['steps']} | {rp['median_abs_rel_err']:.1%} | {rp['p90_abs_rel_err']:.1%} | "
                          f"{pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} | "
-                         f"{gc_cell} | {slow_cell(rp.get('host_slow_share'))} |")
+                         f"{gc_cell} | {slow_cell(rp.get('host_slow_share'))} | "
+                         f"{fast_cell((rp.get('fast_host') or {}).get('all'))} |")
     lines += ["", "### Replay by step kind (total seconds over the run; host = the engine's time between steps)", "",
-              "| workload | policy | kind | steps | live s | sim s | total rel err | median abs rel err |",
-              "|---|---|---|---:|---:|---:|---:|---:|"]
+              "| workload | policy | kind | steps | live s | sim s | total rel err | median abs rel err | "
+              "total rel err on a fast host |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for (w, p), r in results.items():
+        fast = (r.get("replay") or {}).get("fast_host") or {}
         for kind, k in (r.get("replay") or {}).get("by_kind", {}).items():
             med = k["median_abs_rel_err"]
             lines.append(f"| {w} | {p} | {kind} | {k['steps']} | {k['live_s']:.3f} | {k['sim_s']:.3f} | "
-                         f"{pct(rel_err(k['live_s'], k['sim_s']))} | {'' if math.isnan(med) else f'{med:.1%}'} |")
+                         f"{pct(rel_err(k['live_s'], k['sim_s']))} | {'' if math.isnan(med) else f'{med:.1%}'} | "
+                         f"{fast_cell(fast.get(kind))} |")
     return "\n".join(lines), csv_rows
 
 
