@@ -74,10 +74,10 @@ def time_twins(live, rows: list, model) -> list[dict]:
     for kind in ("decode", "mixed"):
         out = []
         for _, first, rep, shape, feats in (r for r in rows if r[0] == kind and r[3] is not None):
+            if sum(-(-(st + k) // bs) for st, k in shape) > live.num_blocks:
+                continue                       # the twin's private blocks would not fit the pool
             twin = factory.batch(decode_lens=[st + 1 for st, k in shape if k == 1],
                                  prefills=[(k, st) for st, k in shape if k > 1])
-            if sum(-(-(st + k) // bs) for st, k in shape) > live.num_blocks:
-                continue
             reps = []
             for _ in range(4):
                 t1 = time.perf_counter()
