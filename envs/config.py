@@ -147,7 +147,8 @@ class FeatureConfig:
     peak KV demand, the waiting queue's predicted KV demand) after those. ``length_key``: what
     the remaining-output prediction is conditioned on: ``none`` (every finished request) or
     ``tenant`` (the finished requests of the same tenant, once it has ``min_class_history`` of
-    them; the request class a server knows at admission). ``slo``: append
+    them; the request class a server knows at admission) or ``hint`` (each request's
+    ``output_len_hint``, calibrated by the finished hinted requests). ``slo``: append
     :data:`~kvrl.envs.features.SLO_CANDIDATE_FEATURES` to each candidate row (TTFT missed; SLO
     slack, :func:`~kvrl.plugins.slack.slo_slack` with future tokens at ``slo_pace`` x the TPOT
     objective, squashed around ``slack_ref_s``). ``slot_rules``: eviction plugins (a name, or a

@@ -39,6 +39,9 @@ class Request:
             when the cache is tenant-scoped.
         clipped: what the workload changed to fit ``max_model_len`` (e.g. ``"prompt 3000->255,
             output 200->1"``); None = served as the workload gave it.
+        output_len_hint: a front-end predictor's estimate of ``output_len`` in tokens (>= 1), the
+            kind a server gets from a length-prediction model or the client; None = no estimate.
+            Policies may read it (it is not the truth); the engine never does.
     """
 
     request_id: str
@@ -53,6 +56,7 @@ class Request:
     slo_tpot_s: Optional[float] = None
     cache_salt: Optional[str] = None
     clipped: Optional[str] = None
+    output_len_hint: Optional[int] = None
     prompt_len: int = field(init=False, repr=False)  # derived: len(prompt_token_ids)
 
     def __post_init__(self) -> None:
@@ -69,6 +73,10 @@ class Request:
         if not isinstance(self.output_len, (int, np.integer)) or self.output_len < 1:
             raise RequestRejected(
                 f"request {self.request_id!r}: output_len must be an integer >= 1, got {self.output_len!r}")
+        hint = self.output_len_hint
+        if hint is not None and (isinstance(hint, bool) or not isinstance(hint, (int, np.integer)) or hint < 1):
+            raise RequestRejected(
+                f"request {self.request_id!r}: output_len_hint must be an integer >= 1 or None, got {hint!r}")
         if not isinstance(self.n, (int, np.integer)) or self.n < 1:
             raise RequestRejected(f"request {self.request_id!r}: n must be an integer >= 1, got {self.n!r}")
         if not math.isfinite(self.arrival_s) or self.arrival_s < 0:

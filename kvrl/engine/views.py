@@ -53,6 +53,11 @@ class SeqView:
         return self.__seq.request.output_len
 
     @property
+    def output_len_hint(self) -> "int | None":
+        """The workload's predicted output length (tokens; not the truth), None where it has none."""
+        return self.__seq.request.output_len_hint
+
+    @property
     def max_tokens(self) -> int:
         """Client-visible cap on output tokens (what a real server knows): the model's maximum
         length minus the prompt."""

@@ -93,6 +93,11 @@ class _Predicting(_ByKey):
     def on_finish(self, seq) -> None:
         self.remaining.add(seq)
 
+    def predict(self, seq) -> float:
+        """``seq``'s predicted remaining output tokens (its hint read only with ``key=hint``)."""
+        hint = seq.output_len_hint if self.params.key == "hint" else None
+        return self.remaining(seq.num_output, seq.tenant, hint)
+
 
 @dataclass
 class PredictingParams(ModeParams):
@@ -112,12 +117,12 @@ class LongestRemaining(_Predicting):
     predicted from the finished requests (:class:`~kvrl.plugins.lengths.RemainingOutput`: the mean
     length of those that outlived the sequence's output so far, minus it), with ``key=tenant``
     from the sequence's own tenant once it has ``min_class_history`` finished requests. Ties go to
-    the newest. Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8)."""
+    the newest. Parameters: ``mode``, ``key`` (none | tenant | hint), ``min_class_history`` (8)."""
 
     Params = PredictingParams
 
     def key(self, seq):
-        return (self.remaining(seq.num_output, seq.tenant), seq.admit_order)
+        return (self.predict(seq), seq.admit_order)
 
 
 @register("eviction", "slo_slack")
@@ -127,7 +132,7 @@ class SloSlack(_Predicting):
     one with the most slack (:func:`~kvrl.plugins.slack.slo_slack`: how long it can be stalled and
     still meet its SLO, its remaining output predicted as for ``longest_remaining``). A preemption
     then costs goodput only when every candidate's slack is short. Ties go to the newest.
-    Parameters: ``mode``, ``key`` (none | tenant), ``min_class_history`` (8), ``pace`` (time per
+    Parameters: ``mode``, ``key`` (none | tenant | hint), ``min_class_history`` (8), ``pace`` (time per
     future token as a fraction of the TPOT objective, (0, 1], default 0.8)."""
 
     @dataclass
@@ -139,7 +144,7 @@ class SloSlack(_Predicting):
             check_range("pace", self.pace, 1e-6, 1.0)
 
     def key(self, seq):
-        slack = slo_slack(seq, self.engine.now, self.remaining(seq.num_output, seq.tenant), self.params.pace)
+        slack = slo_slack(seq, self.engine.now, self.predict(seq), self.params.pace)
         if slack < 0:
             return (1, seq.num_blocks, seq.admit_order)
         return (0, slack, seq.admit_order)

@@ -125,16 +125,20 @@ class PastFutureWatermark(WatermarkPolicy):
     largest value, minus the blocks in use now, is reserved (at most the whole pool). With fewer
     than ``min_history`` finished requests it predicts ``max_tokens``. Parameters: ``quantile`` (0.9), ``history``
     (1000), ``min_history`` (20), ``key`` (``none``; ``tenant``: predict each request from its own
-    tenant's finished requests once the tenant has ``min_history`` of them, else from all).
-    Source: Past-Future scheduling (Gong et al. 2025, "Past-Future Scheduler for LLM Serving under
-    SLA Guarantees"); the per-tenant key is kvrl's."""
+    tenant's finished requests once the tenant has ``min_history`` of them, else from all;
+    ``hint``: scale each request's ``output_len_hint`` by the ``quantile`` of the finished hinted
+    requests' ratios ``output / hint`` above its ``generated / hint``, once ``min_history`` of them
+    finished, else as ``none``). Source: Past-Future scheduling (Gong et al. 2025, "Past-Future
+    Scheduler for LLM Serving under SLA Guarantees"); the per-tenant and hint keys are kvrl's."""
+
+    _RATIOS = "__hint_ratio__"   # history key of the finished hinted requests' output / hint ratios
 
     @dataclass
     class Params:
         quantile: float = 0.9
         history: int = 1000
         min_history: int = 20
-        key: Literal["none", "tenant"] = "none"
+        key: Literal["none", "tenant", "hint"] = "none"
 
         def __post_init__(self):
             check_range("quantile", self.quantile, 0.0, 1.0)
@@ -143,32 +147,55 @@ class PastFutureWatermark(WatermarkPolicy):
 
     def __init__(self, params) -> None:
         super().__init__(params)
-        self._history: dict[str | None, deque[int]] = {None: deque(maxlen=params.history)}
+        self._history: dict[str | None, deque[float]] = {None: deque(maxlen=params.history)}
         self._sorted: dict[str | None, np.ndarray] = {}
 
     def on_finish(self, seq) -> None:
-        keys = (None, seq.tenant) if self.params.key == "tenant" else (None,)
-        for k in keys:
-            self._history.setdefault(k, deque(maxlen=self.params.history)).append(seq.num_output)
+        entries: list[tuple[str | None, float]] = [(None, seq.num_output)]
+        if self.params.key == "tenant":
+            entries.append((seq.tenant, seq.num_output))
+        elif self.params.key == "hint" and seq.output_len_hint:
+            entries.append((self._RATIOS, seq.num_output / seq.output_len_hint))
+        for k, v in entries:
+            self._history.setdefault(k, deque(maxlen=self.params.history)).append(v)
             self._sorted.pop(k, None)
+
+    def _quantile_beyond(self, key: str | None, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per element of ``x``: the ``quantile`` of history ``key``'s values above it, and whether
+        any value is above it."""
+        hist = self._sorted.get(key)
+        if hist is None:
+            hist = self._sorted[key] = np.sort(np.fromiter(self._history[key], dtype=np.float64))
+        lo = np.searchsorted(hist, x, side="right")   # first finished value > x
+        span = len(hist) - 1 - lo
+        idx = np.minimum(lo + np.floor(self.params.quantile * np.maximum(span, 0)).astype(np.int64), len(hist) - 1)
+        return hist[idx], lo < len(hist)
 
     def _predict_remaining(self, generated: np.ndarray, cap: np.ndarray, key: str | None = None) -> np.ndarray:
         if len(self._history.get(key, ())) < self.params.min_history:
             key = None
         if len(self._history[key]) < self.params.min_history:
             return np.maximum(cap - generated, 0)
-        hist = self._sorted.get(key)
-        if hist is None:
-            hist = self._sorted[key] = np.sort(np.fromiter(self._history[key], dtype=np.int64))
-        lo = np.searchsorted(hist, generated, side="right")   # first finished length > generated
-        span = len(hist) - 1 - lo
-        idx = np.minimum(lo + np.floor(self.params.quantile * np.maximum(span, 0)).astype(np.int64), len(hist) - 1)
-        pred = np.where(lo < len(hist), hist[idx] - generated, 1)  # outlived all history: one more
-        return np.minimum(np.maximum(pred, 1), np.maximum(cap - generated, 1))
+        total, known = self._quantile_beyond(key, generated)
+        pred = np.where(known, total - generated, 1)  # outlived all history: one more
+        return np.minimum(np.maximum(pred, 1), np.maximum(cap - generated, 1)).astype(np.int64)
+
+    def _predict_hinted(self, generated: np.ndarray, cap: np.ndarray, hints: np.ndarray) -> np.ndarray:
+        out = self._predict_remaining(generated, cap)
+        has = hints > 0
+        if not has.any() or len(self._history.get(self._RATIOS, ())) < self.params.min_history:
+            return out
+        ratio, known = self._quantile_beyond(self._RATIOS, generated[has] / hints[has])
+        pred = np.where(known, np.ceil(ratio * hints[has]) - generated[has], out[has])  # outlived every ratio: as unhinted
+        out[has] = np.minimum(np.maximum(pred, 1), np.maximum(cap[has] - generated[has], 1))
+        return out
 
     def _predict_running(self, running, generated: np.ndarray, cap: np.ndarray) -> np.ndarray:
         if self.params.key == "none":
             return self._predict_remaining(generated, cap)
+        if self.params.key == "hint":
+            hints = np.fromiter((s.output_len_hint or 0 for s in running), dtype=np.int64, count=len(running))
+            return self._predict_hinted(generated, cap, hints)
         tenants = np.array([s.tenant for s in running], dtype=object)
         out = np.empty(len(running), dtype=np.int64)
         for t in set(tenants):

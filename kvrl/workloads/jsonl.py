@@ -17,6 +17,8 @@ Fields (only ``arrival_s``, ``output_len`` and one of ``prompt_tokens`` / ``prom
     slo_ttft_s   number > 0 or null                     default null (run default)
     slo_tpot_s   number > 0 or null                     default null (run default)
     cache_salt   string or null                         default null
+    output_len_hint int >= 1 or null                    default null: a length predictor's estimate
+                                                        of output_len (policies may read it)
 
 Blank lines are ignored; unknown fields are errors (they are usually typos), and so are strings
 that are not valid Unicode (a lone surrogate such as ``"\\ud800"``: no output file could hold them).
@@ -41,7 +43,8 @@ from .trace import LoadedTrace, collect_row_errors
 log = logging.getLogger(__name__)
 
 FIELDS = ("request_id", "arrival_s", "prompt_tokens", "prompt_len", "prefix_len", "output_len",
-          "tenant", "priority", "n", "prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt")
+          "tenant", "priority", "n", "prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt",
+          "output_len_hint")
 _MAX_TOKEN_ID = (1 << 31) - 1
 
 
@@ -133,6 +136,7 @@ def _parse_line(text: str, vocab_size: Optional[int]) -> dict:
         "request_id": _str(obj, "request_id", None, nullable=False),
         "arrival_s": _num(obj, "arrival_s", None, positive=False, nullable=False),
         "output_len": _int(obj, "output_len", None, 1),
+        "output_len_hint": None if obj.get("output_len_hint") is None else _int(obj, "output_len_hint", None, 1),
         "tenant": _str(obj, "tenant", "default", nullable=False),
         "priority": _int(obj, "priority", 0, -(1 << 31), (1 << 31) - 1),
         "n": _int(obj, "n", 1, 1, 1 << 16),
@@ -222,7 +226,7 @@ def load_jsonl(path: str | os.PathLike, *, vocab_size: Optional[int] = None, see
                     prompt_token_ids=r["tokens"], output_len=r["output_len"], tenant=r["tenant"],
                     priority=r["priority"], n=r["n"], prefix_group=r["prefix_group"],
                     slo_ttft_s=r["slo_ttft_s"], slo_tpot_s=r["slo_tpot_s"],
-                    cache_salt=r["cache_salt"]) for r in recs]
+                    cache_salt=r["cache_salt"], output_len_hint=r["output_len_hint"]) for r in recs]
     return LoadedTrace(reqs, source=path, skipped=errs.count, errors=errs.messages)
 
 
@@ -234,7 +238,7 @@ def request_to_dict(r: Request, *, tokens: bool = True) -> dict:
     else:
         d["prompt_len"] = r.prompt_len
     d.update(output_len=int(r.output_len), tenant=r.tenant, priority=int(r.priority), n=int(r.n))
-    for key in ("prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt"):
+    for key in ("prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt", "output_len_hint"):
         v = getattr(r, key)
         if v is not None:
             d[key] = v

@@ -96,8 +96,8 @@ def tenant(name: str, *, process: str = "poisson", rate: float = 1.0, cv: float 
 # ------------------------------------------------------------------------------ common keys
 @dataclass
 class CommonParams:
-    """The transforms every workload goes through, in this order: start_s/duration_s, split,
-    subsample, rate_scale, max_requests, overlong (with max_model_len), offline, SLO defaults."""
+    """The transforms every workload goes through, in this order: length hints, start_s/duration_s,
+    split, subsample, rate_scale, max_requests, overlong (with max_model_len), offline, SLO defaults."""
 
     seed: int = key(0, "seed of every random draw (token ids, generators, subsample)", lo=0)
     max_requests: Optional[int] = key(None, "keep the first N requests by arrival (null = all)", lo=0)
@@ -114,6 +114,9 @@ class CommonParams:
     slo_tpot_s: Optional[float] = key(None, "default TPOT SLO (s) for requests without one", gt=0)
     overlong: str = key("reject", "requests over max_model_len: reject (engine says why), clip or drop",
                         choices=transforms.OVERLONG)
+    length_hint_sigma: Optional[float] = key(
+        None, "give each request an output_len_hint: its output length x exp(N(0, sigma^2)), a length "
+        "predictor of that log-error (0 = exact; null = keep the workload's own hints)", lo=0)
 
 
 # ------------------------------------------------------------------------------ trace loaders

@@ -63,6 +63,18 @@ def subsample(requests: Sequence[Request], fraction: float, seed: int = 0) -> li
     return [requests[i] for i in keep.tolist()]
 
 
+def with_length_hints(requests: Sequence[Request], sigma: float, seed: int = 0) -> list[Request]:
+    """Each request with ``output_len_hint = max(1, round(output_len * exp(sigma * z)))``, ``z`` a
+    standard normal drawn per request in list order from ``seed``: what a length predictor with
+    log-error ``sigma`` would tell the server (0 = the exact length). Apply it to the whole trace
+    before any window or split, so a request's hint does not depend on the window it is served in."""
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"length_hint_sigma must be a finite number >= 0, got {sigma!r}")
+    z = make_rng(seed, "length_hint").standard_normal(len(requests))
+    return [_replace(r, output_len_hint=max(1, int(round(r.output_len * math.exp(sigma * float(zi))))))
+            for r, zi in zip(requests, z)]
+
+
 def take(requests: Sequence[Request], max_requests: Optional[int]) -> list[Request]:
     """The first ``max_requests`` requests by arrival (None = all)."""
     if max_requests is None:

@@ -1,0 +1,195 @@
+"""A watermark agent found by direct policy search: the cross-entropy method with common random numbers.
+
+Why this and not more TD learning: on the pressure tasks a good watermark policy differs from the
+best constant by a few percent of goodput, while one training window's goodput varies by tens of
+percent from the next (docs/rl.md, "What was tried"). DQN and PPO learn from per-window returns
+and settle on a constant. Here every candidate policy of a generation serves the *same* training
+windows (same arrivals, same load scale, same step-time perturbation: common random numbers), and
+its fitness is its goodput relative to the base constant on each of those windows, so the
+window-to-window variance cancels and a gain of a fraction of a percent is visible.
+
+**The policy** is a linear score of the task's observation, rounded to a bin index:
+``action = clip(round(theta . obs + b), 0, K - 1)``. It is exactly a linear Q-network
+(``Q_k = k * (theta . obs + b) - k^2 / 2``, whose arg max is that rounding), so it is saved as an
+SB3 DQN with ``net_arch=[]`` (``best_model.zip`` + ``agent.json``) and ``kvrl-eval`` and the
+``agent`` plugin load it like any DQN agent. The search starts at the base constant (``theta = 0``,
+``b`` = the base bin) and keeps a diagonal Gaussian over ``(theta, b)``.
+
+**Selection.** After every generation the distribution's mean is served on the ``val`` split
+(``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
+constant on the same jobs; the mean with the best paired val gain is saved. Windows are served to
+completion (no time limit), so an episode is scored as kvrl-eval scores a job: ``goodput_tok_s``.
+
+    python scripts/rl_cem.py --task hinted --base 0.03 --generations 12 --seed 0 \\
+        --out docs/results/agents/hinted-cem-seed0 [hydra overrides of the task ...]
+
+Arguments after the options are Hydra overrides of the task's scenario, as in kvrl-train.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+_ENVS: dict = {}          # in each worker: split -> env
+
+
+def _make_env(task: str, overrides: list[str], split: str):
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401  (registers the ids)
+    from kvrl.envs.config import load_task
+
+    extra = [] if split == "train" else [f"env.episode.split={split}", "env.episode.step_time_sigma=0.0"]
+    env_id, cfg = load_task(task, [*overrides, *extra])
+    return env_id, cfg, gym.make(env_id, config=cfg).unwrapped
+
+
+def _init(task: str, overrides: list[str]) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    for split in ("train", "val"):
+        _ENVS[split] = _make_env(task, overrides, split)[2]
+
+
+def act(params: np.ndarray, obs: np.ndarray, n_actions: int) -> int:
+    """The linear-rounded policy's bin index for one observation (``params = (theta, b)``)."""
+    return int(np.clip(np.rint(float(params[:-1] @ obs) + params[-1]), 0, n_actions - 1))
+
+
+def serve(env, params: np.ndarray, requests, seed: int) -> float:
+    """Goodput tok/s of ``requests`` served to completion under ``params``'s policy."""
+    obs, _ = env.reset(seed=seed, options={"workload": requests})
+    while True:
+        obs, _, terminated, truncated, info = env.step(act(params, obs, env.action_space.n))
+        if terminated or truncated:
+            return float(info["metrics"]["goodput_tok_s"])
+
+
+def _train_window(window_seed: int):
+    env = _ENVS["train"]
+    requests, _ = env.session.episode(np.random.default_rng(window_seed), None)
+    return list(requests)
+
+
+def _val_job(seed: int, resample: float):
+    env = _ENVS["val"]
+    from omegaconf import OmegaConf
+    workload = OmegaConf.to_container(env.session.run.workload, resolve=True)
+    workload.update(split="val", seed=seed, subsample=resample, rate_scale=workload["rate_scale"] / resample)
+    return workload
+
+
+def _score(task: tuple) -> float:
+    """One (params, split, job seed) of a generation: the job's goodput tok/s."""
+    params, split, seed, resample = task
+    env = _ENVS[split]
+    requests = _train_window(seed) if split == "train" else _val_job(seed, resample)
+    return serve(env, np.asarray(params), requests, seed)
+
+
+def _paired_gain(scores: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Per job, the gain over the base in % of the base's goodput."""
+    return 100.0 * (scores - base) / np.maximum(base, 1e-9)
+
+
+def save_agent(out: str, params: np.ndarray, task: str, overrides: list[str], summary: dict) -> None:
+    """``params``'s policy as an SB3 DQN with a linear Q-network (see the module docs)."""
+    import torch
+    from stable_baselines3 import DQN
+
+    from kvrl.envs.agent_io import write_meta
+
+    env_id, cfg, env = _make_env(task, overrides, "train")
+    k = env.action_space.n
+    model = DQN("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": []})
+    linear = [m for m in model.q_net.q_net if isinstance(m, torch.nn.Linear)]
+    assert len(linear) == 1, "net_arch=[] gives one linear layer"
+    idx = torch.arange(k, dtype=torch.float32)
+    with torch.no_grad():
+        linear[0].weight.copy_(idx[:, None] * torch.as_tensor(params[:-1], dtype=torch.float32)[None, :])
+        linear[0].bias.copy_(idx * float(params[-1]) - idx ** 2 / 2)
+    model.q_net_target.load_state_dict(model.q_net.state_dict())
+    os.makedirs(out, exist_ok=True)
+    model.save(os.path.join(out, "best_model.zip"))
+    write_meta(out, "dqn", env_id, cfg)
+    with open(os.path.join(out, "cem.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+
+def train(args) -> None:
+    _, _, env = _make_env(args.task, args.overrides, "train")
+    bins = [float(b) for b in env.actions.config.bins]
+    if args.base not in bins:
+        raise SystemExit(f"--base {args.base} is not one of the task's bins {bins}")
+    k, n_obs = env.action_space.n, env.observation_space.shape[0]
+    base = np.zeros(n_obs + 1)
+    base[-1] = bins.index(args.base)
+    rng = np.random.default_rng(args.seed)
+    mean, std = base.copy(), np.full(n_obs + 1, args.init_std)
+    std[-1] = args.init_std_bias
+    val_seeds = [int(s) for s in args.val_seeds.split(",")]
+    history, best = [], {"val_gain_pct": 0.0, "params": base.tolist(), "generation": -1}
+    t0 = time.time()
+    with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides)) as pool:
+        val_tasks = [(base, "val", s, args.resample) for s in val_seeds]
+        val_base = np.asarray(list(pool.map(_score, val_tasks)))
+        for gen in range(args.generations):
+            windows = rng.integers(2**31, size=args.windows).tolist()
+            cands = [mean + std * rng.standard_normal(n_obs + 1) for _ in range(args.population)]
+            cands[0] = mean.copy()                                  # the mean itself is scored too
+            tasks = [(p, "train", w, None) for p in [base, *cands] for w in windows]
+            scores = np.asarray(list(pool.map(_score, tasks, chunksize=1))).reshape(len(cands) + 1, len(windows))
+            fitness = _paired_gain(scores[1:], scores[0]).mean(axis=1)
+            elite = np.argsort(fitness)[::-1][:args.elite]
+            new_mean = np.mean([cands[i] for i in elite], axis=0)
+            std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
+                             + std * (1 - args.smoothing), args.min_std)
+            mean = new_mean
+            val = np.asarray(list(pool.map(_score, [(mean, "val", s, args.resample) for s in val_seeds])))
+            val_gain = _paired_gain(val, val_base)
+            actions = np.bincount([act(c, np.zeros(n_obs), k) for c in [mean]], minlength=k)
+            row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),
+                   "train_fitness_mean_policy": round(float(fitness[0]), 3),
+                   "train_fitness_elite_mean": round(float(fitness[elite].mean()), 3),
+                   "val_gain_pct": round(float(val_gain.mean()), 3),
+                   "val_gain_per_seed": [round(float(g), 2) for g in val_gain],
+                   "std_mean": round(float(std.mean()), 4), "wall_s": round(time.time() - t0, 1)}
+            del actions
+            history.append(row)
+            print(json.dumps(row), flush=True)
+            if val_gain.mean() > best["val_gain_pct"]:
+                best = {"val_gain_pct": float(val_gain.mean()), "params": mean.tolist(), "generation": gen}
+    summary = {"best": best, "history": history, "val_base_goodput": val_base.tolist(),
+               "args": {k_: v for k_, v in vars(args).items() if k_ != "func"}}
+    save_agent(args.out, np.asarray(best["params"]), args.task, args.overrides, summary)
+    print(json.dumps({"out": args.out, "best_generation": best["generation"],
+                      "best_val_gain_pct": round(best["val_gain_pct"], 3)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--base", type=float, required=True, help="the val-picked constant (a bin of the task)")
+    ap.add_argument("--generations", type=int, default=12)
+    ap.add_argument("--population", type=int, default=24)
+    ap.add_argument("--elite", type=int, default=6)
+    ap.add_argument("--windows", type=int, default=6, help="training windows per generation (shared by all candidates)")
+    ap.add_argument("--init-std", type=float, default=1.0, help="initial std of theta (bins per unit of a feature)")
+    ap.add_argument("--init-std-bias", type=float, default=1.0)
+    ap.add_argument("--min-std", type=float, default=0.05)
+    ap.add_argument("--smoothing", type=float, default=0.7)
+    ap.add_argument("--val-seeds", default="0,1,2,3,4")
+    ap.add_argument("--resample", type=float, default=0.8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("overrides", nargs="*")
+    train(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Output-length hints (issue 17, task ``hinted``): a length predictor's estimate carried by each
+request, the workload transform that synthesises it, the JSONL field, and the predictors that read it."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvrl.engine.request import Request, RequestRejected
+
+
+def _req(i, out, hint=None):
+    return Request(f"r{i}", float(i), np.arange(4, dtype=np.int32), out, output_len_hint=hint)
+
+
+def test_hints_are_seeded_lognormal_and_do_not_depend_on_the_window():
+    from kvrl.workloads.config import build_workload
+
+    cfg = {"name": "synthetic", "num_requests": 3000, "length_hint_sigma": 0.5, "seed": 3}
+    whole = build_workload(cfg, vocab_size=100)
+    again = build_workload(cfg, vocab_size=100)
+    val = build_workload({**cfg, "split": "val"}, vocab_size=100)
+    assert [r.output_len_hint for r in whole] == [r.output_len_hint for r in again]
+    by_id = {r.request_id: r.output_len_hint for r in whole}
+    assert all(by_id[r.request_id] == r.output_len_hint for r in val)          # same hint in any window
+    err = np.log([r.output_len_hint / r.output_len for r in whole if r.output_len >= 20])
+    assert abs(err.mean()) < 0.05 and err.std() == pytest.approx(0.5, abs=0.05)
+    exact = build_workload({**cfg, "length_hint_sigma": 0.0}, vocab_size=100)
+    assert all(r.output_len_hint == r.output_len for r in exact)
+    assert all(r.output_len_hint is None for r in build_workload({**cfg, "length_hint_sigma": None}, vocab_size=100))
+    with pytest.raises(ValueError, match="length_hint_sigma"):
+        build_workload({**cfg, "length_hint_sigma": -1.0}, vocab_size=100)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "12"])
+def test_a_bad_hint_is_rejected_naming_the_field(bad):
+    with pytest.raises(RequestRejected, match="output_len_hint"):
+        _req(0, 10, bad).validate()
+
+
+def test_jsonl_round_trips_the_hint_and_refuses_a_bad_one(tmp_path):
+    from kvrl.workloads.errors import TraceFormatError
+    from kvrl.workloads.jsonl import load_jsonl, write_jsonl
+
+    path = tmp_path / "t.jsonl"
+    write_jsonl([_req(0, 10, 12), _req(1, 20)], path)
+    back = load_jsonl(path, vocab_size=100)
+    assert [r.output_len_hint for r in back] == [12, None]
+    path.write_text('{"arrival_s": 0, "prompt_len": 4, "output_len": 5, "output_len_hint": 0}\n')
+    with pytest.raises(TraceFormatError, match="output_len_hint"):
+        load_jsonl(path, vocab_size=100)
+
+
+def _fin(out, hint=None, tenant="t"):
+    return SimpleNamespace(num_output=out, output_len_hint=hint, tenant=tenant)
+
+
+def test_remaining_output_scales_the_hint_by_the_learned_error():
+    from kvrl.plugins.lengths import RemainingOutput
+
+    pred = RemainingOutput("hint", min_class_history=3)
+    for out, hint in ((50, 100), (100, 100), (200, 100)):     # ratios 0.5, 1, 2
+        pred.add(_fin(out, hint))
+    assert pred(0, hint=300) == pytest.approx(300 * 3.5 / 3)            # mean ratio 7/6 of the hint
+    assert pred(60, hint=100) == pytest.approx(100 * 1.5 - 60)          # ratios above 0.6: 1 and 2
+    assert pred(250, hint=100) == pytest.approx(250.0)                  # outlived every ratio: as unhinted
+    assert pred(10, hint=None) == pytest.approx(350 / 3 - 10)           # no hint: the pooled lengths
+    cold = RemainingOutput("hint", min_class_history=4)
+    for out, hint in ((50, 100), (100, 100), (200, 100)):
+        cold.add(_fin(out, hint))
+    assert cold(0, hint=300) == pytest.approx(350 / 3)                  # too few hinted: as key=none
+
+
+def test_past_future_hint_key_reserves_from_each_request_s_hint():
+    from kvrl.plugins.registry import create
+
+    pf = create("watermark", "past_future", key="hint", min_history=3, quantile=0.5)
+    for out, hint in ((50, 100), (100, 100), (200, 100)):
+        pf.on_finish(_fin(out, hint))
+    running = [_fin(10, 1000), _fin(10, 20), _fin(10, None)]
+    got = pf._predict_running(running, np.array([10, 10, 10]), np.array([4000, 4000, 4000]))
+    # ratios above 10/1000: median ratio 1 -> 1000 - 10; above 10/20 = 0.5: {1, 2}, index 0 -> 20 - 10;
+    # no hint: the median of the finished lengths above 10 (100) - 10
+    assert list(got) == [990, 10, 90]
+
+
+def test_hinted_task_observes_the_hint_keyed_demand():
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401
+    from kvrl.envs.config import load_task
+
+    env_id, cfg = load_task("hinted", ["workload.num_requests=200", "env.episode.window_s=4.0"])
+    assert cfg.features.length_key == "hint"
+    env = gym.make(env_id, config=cfg).unwrapped
+    assert all(r.output_len_hint for r in env.session.requests)
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):
+        obs, *_ = env.step(2)
+    assert np.all(np.isfinite(obs)) and obs.shape == env.observation_space.shape
