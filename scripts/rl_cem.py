@@ -17,7 +17,8 @@ SB3 DQN with ``net_arch=[]`` (``best_model.zip`` + ``agent.json``) and ``kvrl-ev
 
 **Selection.** After every generation the distribution's mean is served on the ``val`` split
 (``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
-constant on the same jobs; the mean with the best paired val gain is saved. Windows are served to
+constant on the same jobs; the mean with the best paired val gain is saved (the base constant itself while no generation
+beats it on val). Windows are served to
 completion (no time limit), so an episode is scored as kvrl-eval scores a job: ``goodput_tok_s``.
 
     python scripts/rl_cem.py --task hinted --base 0.03 --generations 12 --seed 0 \\
@@ -126,11 +127,19 @@ def train(args) -> None:
     if args.base not in bins:
         raise SystemExit(f"--base {args.base} is not one of the task's bins {bins}")
     k, n_obs = env.action_space.n, env.observation_space.shape[0]
+    from kvrl.envs.features import engine_feature_names
+    names = list(engine_feature_names(env.features))
+    chosen = names if args.features is None else args.features.split(",")
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        raise SystemExit(f"--features: {unknown} are not among the task's observation {names}")
+    free = np.array([n in chosen for n in names] + [True])       # searched weights (+ the bias); others stay 0
     base = np.zeros(n_obs + 1)
     base[-1] = bins.index(args.base)
     rng = np.random.default_rng(args.seed)
     mean, std = base.copy(), np.full(n_obs + 1, args.init_std)
     std[-1] = args.init_std_bias
+    std[~free] = 0.0
     val_seeds = [int(s) for s in args.val_seeds.split(",")]
     history, best = [], {"val_gain_pct": 0.0, "params": base.tolist(), "generation": -1}
     t0 = time.time()
@@ -147,25 +156,25 @@ def train(args) -> None:
             elite = np.argsort(fitness)[::-1][:args.elite]
             new_mean = np.mean([cands[i] for i in elite], axis=0)
             std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
-                             + std * (1 - args.smoothing), args.min_std)
+                             + std * (1 - args.smoothing), args.min_std) * free
             mean = new_mean
             val = np.asarray(list(pool.map(_score, [(mean, "val", s, args.resample) for s in val_seeds])))
             val_gain = _paired_gain(val, val_base)
-            actions = np.bincount([act(c, np.zeros(n_obs), k) for c in [mean]], minlength=k)
             row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),
                    "train_fitness_mean_policy": round(float(fitness[0]), 3),
                    "train_fitness_elite_mean": round(float(fitness[elite].mean()), 3),
                    "val_gain_pct": round(float(val_gain.mean()), 3),
                    "val_gain_per_seed": [round(float(g), 2) for g in val_gain],
                    "std_mean": round(float(std.mean()), 4), "wall_s": round(time.time() - t0, 1)}
-            del actions
             history.append(row)
             print(json.dumps(row), flush=True)
             if val_gain.mean() > best["val_gain_pct"]:
                 best = {"val_gain_pct": float(val_gain.mean()), "params": mean.tolist(), "generation": gen}
-    summary = {"best": best, "history": history, "val_base_goodput": val_base.tolist(),
-               "args": {k_: v for k_, v in vars(args).items() if k_ != "func"}}
-    save_agent(args.out, np.asarray(best["params"]), args.task, args.overrides, summary)
+            summary = {"best": best, "history": history, "val_base_goodput": val_base.tolist(), "features": chosen,
+                       "args": {k_: v for k_, v in vars(args).items() if k_ != "func"}}
+            save_agent(args.out, np.asarray(best["params"]), args.task, args.overrides, summary)  # kept if cut off
+            if args.max_wall_s is not None and time.time() - t0 > args.max_wall_s:
+                break
     print(json.dumps({"out": args.out, "best_generation": best["generation"],
                       "best_val_gain_pct": round(best["val_gain_pct"], 3)}))
 
@@ -186,6 +195,9 @@ def main() -> None:
     ap.add_argument("--resample", type=float, default=0.8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--features", default=None, help="comma-separated observation names the score may weigh "
+                    "(default: all)")
+    ap.add_argument("--max-wall-s", type=float, default=None, help="stop after the generation that passes this")
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="*")
     train(ap.parse_args())
