@@ -97,3 +97,27 @@ def test_hinted_task_observes_the_hint_keyed_demand():
     for _ in range(3):
         obs, *_ = env.step(2)
     assert np.all(np.isfinite(obs)) and obs.shape == env.observation_space.shape
+
+
+def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
+    """scripts/rl_cem.py saves its linear-rounded policy as an SB3 DQN (kvrl-eval and the agent
+    plugin load it): the DQN's greedy action must be the rounded score, clipped to the bins."""
+    import importlib.util
+    import pathlib
+
+    from kvrl.envs.agent_io import load_agent
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "rl_cem.py"
+    spec = importlib.util.spec_from_file_location("rl_cem", path)
+    cem = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cem)
+    rng = np.random.default_rng(0)
+    params = rng.normal(0.0, 2.0, size=25)
+    params[-1] = 2.2
+    cem.save_agent(str(tmp_path), params, "hinted", ["workload.num_requests=200"], {})
+    agent = load_agent(tmp_path)
+    obs = rng.random((500, 24)).astype(np.float32)
+    got = [int(agent.act(o)) for o in obs]
+    want = [cem.act(params, o.astype(np.float64), 7) for o in obs]
+    assert got == want
+    assert {0, 6} <= set(got)            # both clips are reached
