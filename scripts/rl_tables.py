@@ -48,6 +48,9 @@ import csv
 import json
 import os
 from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
 
 VERDICTS = {"no significant difference": "n.s.", "better": "better", "worse": "worse"}
 
@@ -305,6 +308,37 @@ def verdict(entries: list[str]) -> str:
     return "\n".join(out)
 
 
+def cem(paths: list[str]) -> str:
+    """Per generation of scripts/rl_cem.py runs (their cem.json): the distribution mean's fitness on
+    that generation's fresh training windows (paired gain over the base, %; an unbiased estimate, as
+    no candidate was selected on those windows for it) and its paired val gain (%, mean over the val
+    jobs, with the per-job standard deviation); the generation each run kept is starred."""
+    runs = [(Path(p).parent.name, json.loads(Path(p).read_text())) for p in paths]
+    out = ["| run | generation | mean policy on fresh train windows, % | val gain, % (mean) | val gain, per-job sd |",
+           "|---|---:|---:|---:|---:|"]
+    for name, run in runs:
+        kept = run["best"]["generation"]
+        for row in run["history"]:
+            g = row["generation"]
+            sd = float(np.std(row["val_gain_per_seed"], ddof=1)) if len(row["val_gain_per_seed"]) > 1 else float("nan")
+            star = " *" if g == kept else ""
+            out.append(f"| {name} | {g}{star} | {row['train_fitness_mean_policy']:+.2f} | "
+                       f"{row['val_gain_pct']:+.2f} | {sd:.2f} |")
+    fresh = np.array([r["train_fitness_mean_policy"] for _, run in runs for r in run["history"] if r["generation"] > 0])
+    lo, hi = _ci(fresh)
+    out.append("")
+    out.append(f"Mean policy on fresh training windows, every generation after the first of every run: "
+               f"{fresh.mean():+.2f}% (95% CI {lo:+.2f} to {hi:+.2f}, {len(fresh)} generations).")
+    return "\n".join(out)
+
+
+def _ci(x: np.ndarray) -> tuple[float, float]:
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return float(x.mean()) - half, float(x.mean()) + half
+
+
 def live(sim: str, live_: str, name: str) -> str:
     from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
 
@@ -330,6 +364,7 @@ def main() -> None:
     c.add_argument("--split", required=True)
     c.add_argument("--fields", required=True, help="comma-separated names of the file's 'per cell:' legend")
     sub.add_parser("verdict").add_argument("entries", nargs="+", help="label=leaderboard.csv[:results.csv]")
+    sub.add_parser("cem").add_argument("paths", nargs="+", help="cem.json of scripts/rl_cem.py runs")
     lv = sub.add_parser("live")
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
@@ -346,6 +381,8 @@ def main() -> None:
         print(per_seed(a.sim, a.live))
     elif a.table == "verdict":
         print(verdict(a.entries))
+    elif a.table == "cem":
+        print(cem(a.paths))
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:

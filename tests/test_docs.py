@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -329,3 +330,23 @@ def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
     assert "Live seeds per policy" not in out
     del live["slo"][3]                        # a live stage stopped before its last run (results.partial.csv)
     assert "lifo 4, slo 3." in cmp.render(cmp.load(str(sim)), live, "x", reference="lifo")
+
+
+def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
+    """scripts/rl_cem.py histories: one row per generation (the kept one starred), the per-job sd
+    of the val gains, and the mean policy's fresh-window fitness pooled over generations 1 on."""
+    paths = []
+    for name, fresh in (("a", [0.0, 1.0, -1.0]), ("b", [0.0, 2.0, 0.0])):
+        run = {"best": {"generation": 1 if name == "a" else -1},
+               "history": [{"generation": g, "train_fitness_mean_policy": f, "val_gain_pct": 0.5 * g,
+                            "val_gain_per_seed": [g, -g, 0.0]} for g, f in enumerate(fresh)]}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cem.json").write_text(json.dumps(run))
+        paths.append(str(tmp_path / name / "cem.json"))
+    out = rl_tables.cem(paths).splitlines()
+    assert out[2] == "| a | 0 | +0.00 | +0.00 | 0.00 |"
+    assert out[3] == "| a | 1 * | +1.00 | +0.50 | 1.00 |"
+    assert not any("*" in line for line in out[5:8])          # run b kept no generation
+    mean, half = 0.5, 3.182446305284263 * np.std([1.0, -1.0, 2.0, 0.0], ddof=1) / 2
+    assert out[-1] == (f"Mean policy on fresh training windows, every generation after the first of every run: "
+                       f"+{mean:.2f}% (95% CI {mean - half:+.2f} to {mean + half:+.2f}, 4 generations).")

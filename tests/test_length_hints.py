@@ -121,3 +121,22 @@ def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
     want = [cem.act(params, o.astype(np.float64), 7) for o in obs]
     assert got == want
     assert {0, 6} <= set(got)            # both clips are reached
+
+
+def test_past_future_overcommit_lets_the_predicted_peak_exceed_the_pool():
+    from kvrl.plugins.registry import create
+
+    def reserved(overcommit):
+        pf = create("watermark", "past_future", key="hint", min_history=1, quantile=0.5, overcommit=overcommit)
+        pf.on_finish(_fin(100, 100))                       # ratio 1: hints are taken as exact
+        running = [SimpleNamespace(num_tokens=16, num_output=0, max_tokens=4000, output_len_hint=320, tenant="t")
+                   for _ in range(4)]
+        pf.bind(SimpleNamespace(running=running, block_size=16, num_blocks=100, num_used_blocks=4))
+        return pf.reserved_blocks()
+
+    # each grows from 16 to 336 tokens: 21 blocks + 1 partial each at the peak = 88 blocks, 4 in use
+    assert reserved(0.0) == 84
+    assert reserved(0.5) == 34                              # 50 of the 100 blocks may be overcommitted
+    assert reserved(1.0) == 0
+    with pytest.raises(ValueError, match="overcommit"):
+        create("watermark", "past_future", overcommit=-0.1)

@@ -128,8 +128,10 @@ class PastFutureWatermark(WatermarkPolicy):
     tenant's finished requests once the tenant has ``min_history`` of them, else from all;
     ``hint``: scale each request's ``output_len_hint`` by the ``quantile`` of the finished hinted
     requests' ratios ``output / hint`` above its ``generated / hint``, once ``min_history`` of them
-    finished, else as ``none``). Source: Past-Future scheduling (Gong et al. 2025, "Past-Future
-    Scheduler for LLM Serving under SLA Guarantees"); the per-tenant and hint keys are kvrl's."""
+    finished, else as ``none``); ``overcommit`` (0.0): let the predicted peak exceed the pool by
+    this fraction of it (preemption then settles the excess; 0 = the paper's rule). Source:
+    Past-Future scheduling (Gong et al. 2025, "Past-Future Scheduler for LLM Serving under SLA
+    Guarantees"); the per-tenant and hint keys and the overcommit are kvrl's."""
 
     _RATIOS = "__hint_ratio__"   # history key of the finished hinted requests' output / hint ratios
 
@@ -139,11 +141,13 @@ class PastFutureWatermark(WatermarkPolicy):
         history: int = 1000
         min_history: int = 20
         key: Literal["none", "tenant", "hint"] = "none"
+        overcommit: float = 0.0
 
         def __post_init__(self):
             check_range("quantile", self.quantile, 0.0, 1.0)
             check_range("history", self.history, 1)
             check_range("min_history", self.min_history, 1)
+            check_range("overcommit", self.overcommit, 0.0)
 
     def __init__(self, params) -> None:
         super().__init__(params)
@@ -213,4 +217,5 @@ class PastFutureWatermark(WatermarkPolicy):
         cap = np.fromiter((s.max_tokens for s in running), dtype=np.int64, count=len(running))
         demand, alive = completion_demand(tokens, self._predict_running(running, generated, cap))
         peak = int(math.ceil((demand / bs + alive).max()))               # + one partial block each
-        return min(max(peak - self.engine.num_used_blocks, 0), self.engine.num_blocks)
+        allowed = int(self.params.overcommit * self.engine.num_blocks)   # predicted peak may exceed the pool by this
+        return min(max(peak - self.engine.num_used_blocks - allowed, 0), self.engine.num_blocks)
