@@ -67,7 +67,8 @@ def test_remaining_output_scales_the_hint_by_the_learned_error():
     cold = RemainingOutput("hint", min_class_history=4)
     for out, hint in ((50, 100), (100, 100), (200, 100)):
         cold.add(_fin(out, hint))
-    assert cold(0, hint=300) == pytest.approx(350 / 3)                  # too few hinted: as key=none
+    assert cold(0, hint=300) == pytest.approx(300.0)                    # too few hinted: the hint as told
+    assert cold(310, hint=300) == pytest.approx(310.0)                  # past it: as unhinted (outlived all: as many again)
 
 
 def test_past_future_hint_key_reserves_from_each_request_s_hint():
@@ -138,5 +139,9 @@ def test_past_future_overcommit_lets_the_predicted_peak_exceed_the_pool():
     assert reserved(0.0) == 84
     assert reserved(0.5) == 34                              # 50 of the 100 blocks may be overcommitted
     assert reserved(1.0) == 0
+    cold = create("watermark", "past_future", key="hint", min_history=5, quantile=0.5)
+    running = [_fin(10, 100), _fin(120, 100)]
+    got = cold._predict_running(running, np.array([10, 120]), np.array([4000, 4000]))
+    assert list(got) == [90, 3880]       # no error model yet: the hint as told; past it, max_tokens (no history)
     with pytest.raises(ValueError, match="overcommit"):
         create("watermark", "past_future", overcommit=-0.1)

@@ -21,7 +21,8 @@ class RemainingOutput:
     hinted requests teach: a sequence with hint ``h`` that generated ``g`` is predicted to reach
     ``h`` times the mean ratio ``output / hint`` of the finished requests whose ratio exceeds
     ``g / h`` (the hint's error distribution, learned online, once ``min_class_history`` hinted
-    requests finished; before that, and for a sequence without a hint, as ``key="none"``)."""
+    requests finished; before that the hint as it is). A sequence without a hint, or past every
+    prediction, is predicted as with ``key="none"``."""
 
     _RATIOS = "__hint_ratio__"   # table key of the finished hinted requests' output / hint ratios
 
@@ -63,10 +64,14 @@ class RemainingOutput:
     def __call__(self, generated: int, tenant: Optional[str] = None, hint: Optional[int] = None) -> float:
         """Predicted remaining output tokens of a sequence of ``tenant`` (and ``output_len_hint``
         ``hint``) that generated ``generated``."""
-        if self.key == "hint" and hint and self._enough(self._RATIOS):
-            ratio = self._mean_beyond(self._RATIOS, generated / hint)
-            if ratio is not None:
-                return max(ratio * hint - generated, 1.0)
+        if self.key == "hint" and hint:
+            if not self._enough(self._RATIOS):          # no error model yet: the hint as told
+                if generated < hint:
+                    return float(hint - generated)
+            else:
+                ratio = self._mean_beyond(self._RATIOS, generated / hint)
+                if ratio is not None:
+                    return max(ratio * hint - generated, 1.0)
         k = tenant if self.key == "tenant" and self._enough(tenant) else None
         mean = self._mean_beyond(k, generated)
         return float(max(generated, 1)) if mean is None else mean - generated

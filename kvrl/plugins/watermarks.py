@@ -127,8 +127,8 @@ class PastFutureWatermark(WatermarkPolicy):
     (1000), ``min_history`` (20), ``key`` (``none``; ``tenant``: predict each request from its own
     tenant's finished requests once the tenant has ``min_history`` of them, else from all;
     ``hint``: scale each request's ``output_len_hint`` by the ``quantile`` of the finished hinted
-    requests' ratios ``output / hint`` above its ``generated / hint``, once ``min_history`` of them
-    finished, else as ``none``); ``overcommit`` (0.0): let the predicted peak exceed the pool by
+    requests' ratios ``output / hint`` above its ``generated / hint`` once ``min_history`` of them
+    finished, before that the hint as it is; as ``none`` past the hint or without one); ``overcommit`` (0.0): let the predicted peak exceed the pool by
     this fraction of it (preemption then settles the excess; 0 = the paper's rule). Source:
     Past-Future scheduling (Gong et al. 2025, "Past-Future Scheduler for LLM Serving under SLA
     Guarantees"); the per-tenant and hint keys and the overcommit are kvrl's."""
@@ -187,10 +187,13 @@ class PastFutureWatermark(WatermarkPolicy):
     def _predict_hinted(self, generated: np.ndarray, cap: np.ndarray, hints: np.ndarray) -> np.ndarray:
         out = self._predict_remaining(generated, cap)
         has = hints > 0
-        if not has.any() or len(self._history.get(self._RATIOS, ())) < self.params.min_history:
+        if not has.any():
             return out
-        ratio, known = self._quantile_beyond(self._RATIOS, generated[has] / hints[has])
-        pred = np.where(known, np.ceil(ratio * hints[has]) - generated[has], out[has])  # outlived every ratio: as unhinted
+        if len(self._history.get(self._RATIOS, ())) < self.params.min_history:   # no error model yet:
+            pred = np.where(generated[has] < hints[has], hints[has] - generated[has], out[has])  # the hint as told
+        else:
+            ratio, known = self._quantile_beyond(self._RATIOS, generated[has] / hints[has])
+            pred = np.where(known, np.ceil(ratio * hints[has]) - generated[has], out[has])  # outlived every ratio: as unhinted
         out[has] = np.minimum(np.maximum(pred, 1), np.maximum(cap[has] - generated[has], 1))
         return out
 
