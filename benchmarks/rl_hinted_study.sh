@@ -3,6 +3,7 @@
 # every run a kvrl-eval on the test split with its files copied to docs/results/rl_hinted/<name>_*:
 #   exact                 env=hinted with exact hints: the no-preemption admission (past_future key=hint)
 #   overcommit_sigma{0.0,0.5}  the same with overcommit tuned on val, exact and s = 0.5 hints
+#   pressure_exact        the same (exact hints, overcommit tuned) in the unsaturated env=pressure, 10 seeds
 #   victim_sigma{0.5,0.0}      the victim rules of classes_preemption with and without hint keys
 #   cem                   the three CEM agents against every val-tuned heuristic and the oracle constant
 #   cem_heldout           the same agents on env=hinted_heldout (10 seeds)
@@ -30,6 +31,10 @@ study() {
       "seeds=$S20" 'sweep=[0.0,0.01,0.03,0.05,0.1]' 'baselines.watermark=[{name: past_future, key: hint, min_history: 1}]' \
       'tune.watermark={past_future: {quantile: [0.5, 0.9], min_history: [1]}}' \
       '++tune.watermark.past_future.overcommit=[0.0,0.1,0.25,0.5,1.0,2.0]' 'tune_seeds=[0,1,2]' oracle=false ;;
+    pressure_exact) run pressure_exact env=pressure workload.length_hint_sigma=0.0 'agents=[]' "seeds=$S10" \
+      'sweep=[0.0,0.01,0.03,0.05,0.1]' 'baselines.watermark=[{name: past_future, key: hint, min_history: 1}]' \
+      'tune.watermark={past_future: {quantile: [0.5, 0.9], min_history: [1]}}' \
+      '++tune.watermark.past_future.overcommit=[0.0,0.1,0.25,0.5,1.0]' 'tune_seeds=[0,1,2]' oracle=true ;;
     victim_sigma0.5|victim_sigma0.0) run "$1" env=classes_preemption "workload.length_hint_sigma=${1#victim_sigma}" 'agents=[]' \
       "seeds=$S10" "baselines.eviction=$VICTIMS" tune=null oracle=false ;;
     cem) run cem env=hinted "agents=$AGENTS" "seeds=$S20" 'sweep=[0.0,0.01,0.03,0.05,0.1,0.2,0.3]' \
@@ -42,5 +47,5 @@ study() {
     *) echo "unknown study $1" >&2; exit 2 ;;
   esac
 }
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(exact overcommit_sigma0.0 overcommit_sigma0.5 victim_sigma0.5 victim_sigma0.0 cem cem_heldout)
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(exact overcommit_sigma0.0 overcommit_sigma0.5 pressure_exact victim_sigma0.5 victim_sigma0.0 cem cem_heldout)
 for n in "${names[@]}"; do study "$n"; done
