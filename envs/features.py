@@ -313,5 +313,4 @@ class FeatureTracker:
         :class:`RemainingOutput`'s prediction."""
         if self.config.oracle_lengths:
             return float(s.output_len - s.num_output)
-        hint = s.output_len_hint if self.config.length_key == "hint" else None
-        return self.remaining_output(s.num_output, s.tenant, hint)
+        return self.remaining_output.of(s)

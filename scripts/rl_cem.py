@@ -77,11 +77,12 @@ def _train_window(window_seed: int):
 
 
 def _val_job(seed: int, resample: float):
-    env = _ENVS["val"]
+    """kvrl-eval's val job of ``seed``: the same resample of the split."""
     from omegaconf import OmegaConf
-    workload = OmegaConf.to_container(env.session.run.workload, resolve=True)
-    workload.update(split="val", seed=seed, subsample=resample, rate_scale=workload["rate_scale"] / resample)
-    return workload
+
+    from kvrl.apps.eval import job_workload
+
+    return job_workload(OmegaConf.to_container(_ENVS["val"].session.run.workload, resolve=True), "val", seed, resample)
 
 
 def _score(task: tuple) -> float:
@@ -154,10 +155,9 @@ def train(args) -> None:
             scores = np.asarray(list(pool.map(_score, tasks, chunksize=1))).reshape(len(cands) + 1, len(windows))
             fitness = _paired_gain(scores[1:], scores[0]).mean(axis=1)
             elite = np.argsort(fitness)[::-1][:args.elite]
-            new_mean = np.mean([cands[i] for i in elite], axis=0)
+            mean = np.mean([cands[i] for i in elite], axis=0)
             std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
                              + std * (1 - args.smoothing), args.min_std) * free
-            mean = new_mean
             val = np.asarray(list(pool.map(_score, [(mean, "val", s, args.resample) for s in val_seeds])))
             val_gain = _paired_gain(val, val_base)
             row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),

@@ -91,12 +91,18 @@ def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dic
     else:
         cfg[role] = dict(job.policy.plugin)
     cfg["seed"] = job.seed
-    wl = cfg["workload"]
-    wl.update(split=job.split, seed=job.seed)
-    if resample is not None:        # a share of the requests over a share of the time: the same request rate
+    cfg["workload"] = job_workload(cfg["workload"], job.split, job.seed, resample)
+    return cfg
+
+
+def job_workload(workload: dict, split: str, seed: int, resample: Optional[float]) -> dict:
+    """``workload`` (a plain dict, not changed) on ``split`` with ``seed``, and with ``resample``
+    the seeded share of its requests over the same share of the time: the same request rate."""
+    wl = {**workload, "split": split, "seed": seed}
+    if resample is not None:
         wl["subsample"] = resample
         wl["rate_scale"] = wl["rate_scale"] / resample
-    return cfg
+    return wl
 
 
 _LIVE: dict[str, Any] = {}      # this process's live executor: key, executor, the pool's num_blocks

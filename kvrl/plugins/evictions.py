@@ -93,11 +93,6 @@ class _Predicting(_ByKey):
     def on_finish(self, seq) -> None:
         self.remaining.add(seq)
 
-    def predict(self, seq) -> float:
-        """``seq``'s predicted remaining output tokens (its hint read only with ``key=hint``)."""
-        hint = seq.output_len_hint if self.params.key == "hint" else None
-        return self.remaining(seq.num_output, seq.tenant, hint)
-
 
 @dataclass
 class PredictingParams(ModeParams):
@@ -122,7 +117,7 @@ class LongestRemaining(_Predicting):
     Params = PredictingParams
 
     def key(self, seq):
-        return (self.predict(seq), seq.admit_order)
+        return (self.remaining.of(seq), seq.admit_order)
 
 
 @register("eviction", "slo_slack")
@@ -144,7 +139,7 @@ class SloSlack(_Predicting):
             check_range("pace", self.pace, 1e-6, 1.0)
 
     def key(self, seq):
-        slack = slo_slack(seq, self.engine.now, self.predict(seq), self.params.pace)
+        slack = slo_slack(seq, self.engine.now, self.remaining.of(seq), self.params.pace)
         if slack < 0:
             return (1, seq.num_blocks, seq.admit_order)
         return (0, slack, seq.admit_order)

@@ -61,6 +61,11 @@ class RemainingOutput:
     def _enough(self, k: Optional[str]) -> bool:
         return len(self._lens.get(k, ())) >= self.min_class_history
 
+    def of(self, seq: "SeqView") -> float:
+        """Predicted remaining output tokens of the sequence ``seq`` (its hint is read only with
+        ``key="hint"``)."""
+        return self(seq.num_output, seq.tenant, seq.output_len_hint if self.key == "hint" else None)
+
     def __call__(self, generated: int, tenant: Optional[str] = None, hint: Optional[int] = None) -> float:
         """Predicted remaining output tokens of a sequence of ``tenant`` (and ``output_len_hint``
         ``hint``) that generated ``generated``."""

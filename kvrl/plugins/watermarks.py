@@ -128,8 +128,9 @@ class PastFutureWatermark(WatermarkPolicy):
     tenant's finished requests once the tenant has ``min_history`` of them, else from all;
     ``hint``: scale each request's ``output_len_hint`` by the ``quantile`` of the finished hinted
     requests' ratios ``output / hint`` above its ``generated / hint`` once ``min_history`` of them
-    finished, before that the hint as it is; as ``none`` past the hint or without one); ``overcommit`` (0.0): let the predicted peak exceed the pool by
-    this fraction of it (preemption then settles the excess; 0 = the paper's rule). Source:
+    finished, before that the hint as it is; as ``none`` past the hint or without one);
+    ``overcommit`` (0.0): let the predicted peak exceed the pool by this fraction of it (preemption
+    then settles the excess; 0 = the paper's rule). Source:
     Past-Future scheduling (Gong et al. 2025, "Past-Future Scheduler for LLM Serving under SLA
     Guarantees"); the per-tenant and hint keys and the overcommit are kvrl's."""
 

@@ -74,7 +74,7 @@ def apply_common(requests: Sequence[Request], params: Mapping[str, Any],
     (max_requests, overlong)."""
     where = f"workload {params.get('name')!r}"
     reqs = list(requests)
-    if params.get("length_hint_sigma") is not None:
+    if params["length_hint_sigma"] is not None:
         reqs = transforms.with_length_hints(reqs, params["length_hint_sigma"], params["seed"])
     if params["start_s"] or params["duration_s"] is not None:
         reqs = transforms.time_window(reqs, params["start_s"], params["duration_s"])

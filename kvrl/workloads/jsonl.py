@@ -238,10 +238,12 @@ def request_to_dict(r: Request, *, tokens: bool = True) -> dict:
     else:
         d["prompt_len"] = r.prompt_len
     d.update(output_len=int(r.output_len), tenant=r.tenant, priority=int(r.priority), n=int(r.n))
-    for key in ("prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt", "output_len_hint"):
+    for key in ("prefix_group", "slo_ttft_s", "slo_tpot_s", "cache_salt"):
         v = getattr(r, key)
         if v is not None:
             d[key] = v
+    if r.output_len_hint is not None:
+        d["output_len_hint"] = int(r.output_len_hint)
     return d
 
 
