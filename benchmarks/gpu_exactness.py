@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=48)
     ap.add_argument("--tie-tol", type=float, default=0.0625, help="logit gap below which bf16 may flip argmax")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--step-graphs", action="store_true", help="whole-step graphs (backend.step_graphs=true)")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
@@ -79,7 +80,8 @@ def main(argv=None) -> int:
     want_plain, gaps_plain = hf_reference(path, plain, args.max_new, dtype, device)
     want_shared, gaps_shared = hf_reference(path, shared, args.max_new, dtype, device)
     hf_s = time.time() - t0
-    executor = build_live({"checkpoint": path}, {"device": str(device), "dtype": args.dtype})
+    executor = build_live({"checkpoint": path}, {"device": str(device), "dtype": args.dtype,
+                                                 "step_graphs": args.step_graphs})
     need = sum(-(-(len(p) + args.max_new) // 16) for p in plain)
     scenarios = [
         ("plain batch", plain, want_plain, gaps_plain, dict(num_blocks=need + 64, num_cpu_blocks=0, mode="recompute",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call over a copy of the repo: make kvrl importable without pip, then run the named
 # stages, writing each stage's log and table under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
-# Stages: env kernels sweep exactness bench_kvrl bench_hf bench_all
+# Stages: env kernels sweep exactness exactness_step bench_kvrl bench_kvrl_step step_ab step_ab_llama bench_hf bench_all
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -16,8 +16,12 @@ for stage in "$@"; do
     decode_mix) run decode_mix 200 python3 benchmarks/decode_mix.py ;;
     sweep) run sweep 400 python3 benchmarks/bench_kernels.py --sweep --out "$OUT/kernels_sweep.md" ;;
     exactness) run exactness 500 python3 benchmarks/gpu_exactness.py --out "$OUT/exactness.md" ;;
+    exactness_step) run exactness_step 500 python3 benchmarks/gpu_exactness.py --step-graphs --out "$OUT/exactness_step.md" ;;
     exactness32) run exactness32 500 python3 benchmarks/gpu_exactness.py --dtype float32 --out "$OUT/exactness_fp32.md" ;;
     bench_kvrl) run bench_kvrl 500 python3 -m kvrl.apps.bench "systems=[kvrl]" "hydra.run.dir=$OUT/bench_kvrl" ;;
+    bench_kvrl_step) run bench_kvrl_step 500 python3 -m kvrl.apps.bench "systems=[kvrl]" step_graphs=true "hydra.run.dir=$OUT/bench_kvrl_step" ;;
+    step_ab) run step_ab 400 python3 benchmarks/step_graph_ab.py --model qwen3-0.6b --out "$OUT/step_ab_qwen.md" ;;
+    step_ab_llama) run step_ab_llama 400 python3 benchmarks/step_graph_ab.py --model llama-3-8b --out "$OUT/step_ab_llama.md" ;;
     bench_hf) run bench_hf 580 python3 -m kvrl.apps.bench "systems=[hf_cb,hf_static]" "hydra.run.dir=$OUT/bench_hf" ;;
     bench_all) run bench_all 580 python3 -m kvrl.apps.bench "hydra.run.dir=$OUT/bench_all" ;;
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -32,6 +32,7 @@ __all__ = [
     "store_kv",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "paged_step_attention",
     "copy_blocks",
     "gather_blocks",
     "scatter_blocks",
@@ -146,6 +147,49 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
 
         return paged_prefill_attention_triton(*args, out=out)
     return _into(out, paged_prefill_attention_ref(*args))
+
+
+def paged_step_attention(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q, prefill_context_lens,
+                         decode_block_tables, decode_context_lens, decode_row0, scale, out):
+    """The attention of a whole step, launched from tensor shapes alone (a CUDA graph can capture
+    it: no host sync, no allocation, grids fixed by the buffers' sizes).
+
+    Args:
+        q: ``[T, num_heads, head_dim]``: the prefill rows as ``cu_seqlens_q`` places them, then
+            decode ``i`` at row ``decode_row0[0] + i``; other rows (padding) are not read.
+        k_cache, v_cache: as for :func:`paged_prefill_attention`.
+        prefill_block_tables: int32 ``[P, W]``; cu_seqlens_q: int32 ``[P + 1]``;
+            prefill_context_lens: int32 ``[P]``. Unused prefill entries repeat the last
+            ``cu_seqlens_q`` value (no query rows).
+        decode_block_tables: int32 ``[D, W]``; decode_context_lens: int32 ``[D]``, 0 for unused
+            entries; decode_row0: int32 ``[1]``, the first decode row.
+        scale: softmax scale.
+        out: ``q``-shaped output; only the rows of real prefill and decode queries are written.
+
+    Returns ``out``. Same numbers as :func:`paged_prefill_attention` with one key split and
+    :func:`paged_decode_attention` with one split.
+    """
+    if use_triton(q):
+        from .triton_decode import paged_decode_attention_rows_triton
+        from .triton_prefill import paged_prefill_attention_triton
+
+        paged_prefill_attention_triton(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q, prefill_context_lens,
+                                       scale, q.shape[0], out=out, num_splits=1)
+        paged_decode_attention_rows_triton(q, k_cache, v_cache, decode_block_tables, decode_context_lens, decode_row0,
+                                           scale, out)
+        return out
+    cu = cu_seqlens_q.tolist()
+    used = sum(1 for a, b in zip(cu, cu[1:]) if b > a)
+    n_pre = cu[used] if used else 0
+    if used:
+        out[:n_pre] = paged_prefill_attention_ref(q[:n_pre], k_cache, v_cache, prefill_block_tables[:used],
+                                                  cu_seqlens_q[:used + 1], prefill_context_lens[:used], scale, 0)
+    n_dec = int((decode_context_lens > 0).sum())
+    if n_dec:
+        r0 = int(decode_row0[0])
+        out[r0:r0 + n_dec] = paged_decode_attention_ref(q[r0:r0 + n_dec], k_cache, v_cache,
+                                                        decode_block_tables[:n_dec], decode_context_lens[:n_dec], scale)
+    return out
 
 
 def copy_blocks(caches, src, dst) -> None:

@@ -31,24 +31,31 @@ _MAX_SPLITS = 64
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, row0_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
     qk_scale,
     stride_qb, stride_qh, stride_qd, stride_bt, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_ROW0: tl.constexpr,
 ):
     """Program ``(seq, kv_head, split)``; see the module docstring.
 
     ``part_o`` is float32 ``[batch, num_heads, NUM_SPLITS, HEAD_DIM]`` and ``part_lse`` float32
     ``[batch, num_heads, NUM_SPLITS]`` (both contiguous, unused when ``NUM_SPLITS == 1``).
+    ``HAS_ROW0``: sequence ``seq`` reads q row and writes out row ``row0[0] + seq`` (else ``seq``),
+    and a sequence of context length 0 (padding of a captured step) is skipped.
     """
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
+    row = seq.to(tl.int64)
+    if HAS_ROW0:
+        if context_len == 0:
+            return
+        row += tl.load(row0_ptr).to(tl.int64)
     tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, context_len)
@@ -60,7 +67,7 @@ def _decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
     q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        q_ptr + row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
         mask=q_mask, other=0.0,
     )
 
@@ -81,14 +88,14 @@ def _decode_split_kernel(
 
     if NUM_SPLITS == 1:
         o = acc / l[:, None]
-        o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        o_ptrs = out_ptr + row * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
     elif start < end:   # empty splits write nothing; the merge reads only the used ones
         o = acc / l[:, None]
         lse = m + tl.log2(l)
-        row = (seq.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
-        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=q_mask)
-        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        part = (seq.to(tl.int64) * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], o, mask=q_mask)
+        tl.store(part_lse_ptr + part, lse, mask=g_mask)
 
 
 @triton.jit
@@ -170,12 +177,12 @@ def paged_decode_attention_triton(
     else:
         part_o = part_lse = out  # never touched when NUM_SPLITS == 1
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_o, part_lse,
+        q, k_cache, v_cache, block_tables, context_lens, context_lens, out, part_o, part_lse,
         scale * LOG2E,
         *q.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=d_pad, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
+        NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), HAS_ROW0=False,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
@@ -184,6 +191,29 @@ def paged_decode_attention_triton(
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
             S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n,
         )
+    return out
+
+
+def paged_decode_attention_rows_triton(q, k_cache, v_cache, block_tables, context_lens, row0, scale, out,
+                                       block_n=None, num_warps=4, num_stages=3):
+    """Decode attention whose launch depends on tensor shapes only (for captured steps): sequence
+    ``i`` reads ``q`` row and writes ``out`` row ``row0[0] + i``; sequences of context length 0 are
+    skipped. One split, grid ``(block_tables.shape[0], num_kv_heads)``; no allocation."""
+    check_paged_inputs(q, k_cache, v_cache)
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    if block_n is None:
+        block_n = 32 if q.dtype == torch.float32 else 64
+    _decode_split_kernel[(block_tables.shape[0], num_kv_heads, 1)](
+        q, k_cache, v_cache, block_tables, context_lens, row0, out, out, out,
+        scale * LOG2E,
+        *q.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_N=block_n, NUM_SPLITS=1, DOT_PRECISION=dot_precision(q.dtype), HAS_ROW0=True,
+        num_warps=num_warps, num_stages=num_stages,
+    )
     return out
 
 

@@ -202,6 +202,40 @@ def _check_precompile() -> dict:
             and torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)}
 
 
+def _step_inputs(dtype: torch.dtype):
+    """A padded step for :func:`kvrl.kernels.paged_step_attention`: prefills of 5 and 12 query
+    rows (contexts 9 and 12), then 3 decodes (contexts 1, 30, 17) from row 17, padded to 24 rows,
+    4 prefill and 6 decode entries; and what the separate kernels give on the real rows."""
+    g = torch.Generator().manual_seed(4)
+    H, KVH, Dh, bs, W = 4, 2, 32, 8, 6
+    k_cache = torch.randn(20, bs, KVH, Dh, generator=g).to(dtype)
+    v_cache = torch.randn(20, bs, KVH, Dh, generator=g).to(dtype)
+    perm = torch.randperm(20, generator=g).to(torch.int32)
+    q = torch.randn(24, H, Dh, generator=g).to(dtype)
+    pre_tab = torch.zeros(4, W, dtype=torch.int32)
+    pre_tab[0, :2], pre_tab[1, :2] = perm[0:2], perm[2:4]
+    dec_tab = torch.zeros(6, W, dtype=torch.int32)
+    dec_tab[0, :1], dec_tab[1, :4], dec_tab[2, :3] = perm[4:5], perm[5:9], perm[9:12]
+    cu = torch.tensor([0, 5, 17, 17, 17], dtype=torch.int32)
+    pre_ctx = torch.tensor([9, 12, 0, 0], dtype=torch.int32)
+    dec_ctx = torch.tensor([1, 30, 17, 0, 0, 0], dtype=torch.int32)
+    row0 = torch.tensor([17], dtype=torch.int32)
+    scale = Dh ** -0.5
+    ref = torch.cat([paged_prefill_attention_ref(q[:17], k_cache, v_cache, pre_tab[:2], cu[:3], pre_ctx[:2], scale, 12),
+                     paged_decode_attention_ref(q[17:20], k_cache, v_cache, dec_tab[:3], dec_ctx[:3], scale)])
+    args = (q, k_cache, v_cache, pre_tab, cu, pre_ctx, dec_tab, dec_ctx, row0, scale)
+    return args, ref
+
+
+def check_step_attention(dtype: torch.dtype) -> dict:
+    """``paged_step_attention`` on a padded step against the separate kernels on the real rows;
+    ``untouched``: the padding rows keep what ``out`` held."""
+    args, ref = _step_inputs(dtype)
+    out = torch.full_like(args[0], 7.0)
+    K.paged_step_attention(*args, out=out)
+    return {**errors(out[:20], ref), "untouched": bool((out[20:] == 7.0).all())}
+
+
 def triton_checks_main() -> None:
     """Subprocess entry point: run every Triton check, print ``{name: result}`` as JSON."""
     from kvrl.kernels.triton_decode import paged_decode_attention_triton
@@ -224,6 +258,7 @@ def triton_checks_main() -> None:
     results["store_kv_fp16"] = _check_store_kv(torch.float16)
     results["copy_blocks_multi_layer"] = _check_copy_blocks()
     results["precompile"] = _check_precompile()
+    results["step_attention"] = check_step_attention(torch.float32)
     # The public API must really have dispatched to the Triton modules.
     results["dispatch"] = {
         "exact": all(f"kvrl.kernels.{m}" in sys.modules for m in ("triton_cache", "triton_decode", "triton_prefill"))
@@ -249,6 +284,19 @@ def test_triton_attention_matches_reference(triton_results, case):
 @pytest.mark.parametrize("name", CACHE_CHECKS + ["dispatch"])
 def test_triton_cache_kernels_exact(triton_results, name):
     assert triton_results[name]["exact"]
+
+
+def test_triton_step_attention_matches_separate_kernels(triton_results):
+    """The captured-step attention (padded prefill entries, decodes from a row offset, decode
+    entries of context 0) equals the separate kernels on the real rows, and writes no padding row."""
+    r = triton_results["step_attention"]
+    assert r["finite"] and r["rel"] < 1e-5 and r["untouched"], r
+
+
+def test_step_attention_reference_matches_separate_kernels(monkeypatch):
+    monkeypatch.delenv("KVRL_FORCE_TRITON", raising=False)
+    r = check_step_attention(torch.float32)
+    assert r["rel"] == 0.0 and r["untouched"], r
 
 
 # --------------------------------------------------------------------------------------------

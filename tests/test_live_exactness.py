@@ -39,10 +39,11 @@ def hf_greedy(path, prompts, max_new_tokens):
 
 
 def live_engine(path, num_blocks=256, block_size=4, num_cpu_blocks=256, eviction="lifo", mode="recompute",
-                prefix_cache="hash_lru", watermark=0.0, budget=64, piecewise_sizes=()):
+                prefix_cache="hash_lru", watermark=0.0, budget=64, piecewise_sizes=(), step_graph_max_tokens=0):
     model, config = load_model(path, dtype=torch.float32, device="cpu")
     ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=bool(piecewise_sizes),
-                      piecewise_sizes=piecewise_sizes or (1,))
+                      piecewise_sizes=piecewise_sizes or (1,), step_graphs=bool(step_graph_max_tokens),
+                      step_graph_max_tokens=step_graph_max_tokens or 2048)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                        max_num_batched_tokens=budget, max_model_len=512)
     return Engine(cfg, ex, plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed", fraction=watermark),
@@ -108,6 +109,28 @@ def test_piecewise_segments_match_transformers(checkpoint):
     assert len(engine.executor._piecewise._segments) >= 2   # buckets that served steps
 
 
+def test_step_graphs_match_transformers(checkpoint):
+    """The whole-step graph path (run eagerly on CPU: the same body, padded buffers and metadata
+    as the captured graphs on CUDA): steps with prefill chunks of up to 16 tokens run it, steps of
+    17-24 tokens (the budget) run piecewise; chunked prefill, prefix hits, recompute preemption and
+    mixed prefill + decode steps included."""
+    rng = np.random.default_rng(13)
+    system = rng.integers(0, 512, 16, dtype=np.int32)
+    prompts = [np.concatenate([system, p]) for p in prompts_of([3, 19, 9, 30, 5, 2], seed=14)]
+    expected = hf_greedy(checkpoint, prompts, 16)
+    engine = live_engine(checkpoint, num_blocks=24, block_size=4, budget=24, piecewise_sizes=(4, 8, 16, 32),
+                         step_graph_max_tokens=16)
+    served = []
+    run = engine.executor._step_graphs.run
+    engine.executor._step_graphs.run = lambda size, order, n_pre: served.append((n_pre, len(order) - n_pre)) or run(size, order, n_pre)
+    reqs = [Request(f"g{i}", 0.0, p, 16) for i, p in enumerate(prompts)]   # at once: the steps do not depend on the wall clock
+    summary = engine.run(reqs)
+    assert summary["preemptions"] > 0 and summary["prefix_hit_rate"] > 0
+    assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+    assert any(p and d for p, d in served), served          # mixed prefill + decode steps ran whole-step
+    assert len(engine.executor._piecewise._segments) >= 1   # and larger steps piecewise
+
+
 def test_copy_on_write_forks_keep_greedy_output_exact(checkpoint):
     prompts = prompts_of([10, 7], seed=7)      # partial last blocks: forks write into a shared block
     expected = hf_greedy(checkpoint, prompts, 9)
@@ -151,9 +174,47 @@ def test_step_inputs_are_16_byte_aligned(checkpoint, padded):
     factory = BatchFactory(64, 4, config.vocab_size, 60)
     for pre, dec in (([(3, 0)], [5, 9, 2]), ([(5, 4), (2, 0), (1, 7)], [13]), ([(7, 0)], [])):
         batch = factory.batch(decode_lens=dec, prefills=pre)
-        ids, pos, meta, order, rows = ex._prepare(batch, padded)
+        order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
+        ids, pos, meta, rows = ex._prepare(order, len(pre), padded)
         tensors = [meta.slot_mapping, meta.prefill_cu_seqlens_q, meta.prefill_context_lens,
                    meta.prefill_block_tables, meta.decode_context_lens, meta.decode_block_tables, rows]
         assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in tensors), \
             [t.storage_offset() * t.element_size() for t in tensors]
-        assert len(order) == len(batch.seqs) and rows.numel() == len(batch.seqs)
+        assert rows.numel() == len(batch.seqs)
+
+
+def test_step_graph_buffers_are_16_byte_aligned(checkpoint):
+    """The whole-step graphs' attention inputs start 16-byte aligned, for every table width."""
+    from kvrl.executors.step_graph import StepGraphs
+
+    model, config = load_model(checkpoint, dtype=torch.float32, device="cpu")
+    for width, prefills, decodes in ((5, 3, 7), (16, 16, 512), (2561, 5, 9)):
+        g = StepGraphs(model, [], 4, width, sizes=(16, 1024), max_prefills=prefills, max_decodes=decodes, capture=False)
+        meta = g._meta(1024)
+        tensors = [meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables,
+                   meta.decode_context_lens, meta.decode_block_tables, meta.decode_row0, g._rows]
+        assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in tensors), (width, prefills, decodes)
+
+
+def test_step_graphs_leave_long_contexts_that_want_splits_to_piecewise(checkpoint):
+    """One key split leaves most SMs idle where a few items attend to a long context: such steps
+    run piecewise; short contexts, and long ones with enough items to fill the GPU, run whole-step."""
+    from kvrl.executors.step_graph import StepGraphs
+    from kvrl.profiling.batches import BatchFactory
+
+    model, config = load_model(checkpoint, dtype=torch.float32, device="cpu")
+    g = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128, 2048), max_decodes=2048, capture=False)
+    factory = BatchFactory(4096, 16, config.vocab_size, 9000)
+
+    def bucket(**spec):
+        batch = factory.batch(**spec)
+        order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
+        return g.bucket(order, sum(not s.is_decode for s in batch.seqs))
+
+    assert bucket(decode_lens=[1024] * 32, prefills=[(64, 0)]) == 128
+    assert bucket(decode_lens=[8192] * 4, prefills=[(64, 0)]) is None
+    assert bucket(prefills=[(64, 4096)]) is None
+    assert bucket(prefills=[(64, 1024)]) == 64
+    filling = -(-8 * 132 // config.num_kv_heads)                            # decodes x kv heads fill the GPU
+    assert bucket(decode_lens=[8192] * filling, prefills=[(16, 0)]) == 2048
+    assert bucket(prefills=[(8, 0)] * 17) is None                          # more prefill items than captured

@@ -88,7 +88,8 @@ def run_kvrl(cfg: DictConfig, checkpoint: str, wl: BenchWorkload) -> tuple[float
     from kvrl.executors.live_build import build_live
 
     executor = build_live({"checkpoint": checkpoint},
-                          {"device": cfg.torch_device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs})
+                          {"device": cfg.torch_device, "dtype": cfg.dtype, "cuda_graphs": cfg.cuda_graphs,
+                           "step_graphs": cfg.step_graphs})
     ecfg = dict(num_blocks=cfg.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_model_len=2 * cfg.max_len + 16, gpu_memory_utilization=cfg.gpu_memory_utilization)

@@ -1,6 +1,7 @@
 """The live executor: a real transformer over a paged KV cache (Triton kernels on CUDA, the torch
 reference on CPU), with batched block copies, asynchronous swapping to a pinned CPU pool, CUDA-graph
-decode (:mod:`kvrl.executors.decode_graph`), piecewise CUDA graphs for every other step
+decode (:mod:`kvrl.executors.decode_graph`), whole-step CUDA graphs for steps with prefill chunks
+(:mod:`kvrl.executors.step_graph`), piecewise CUDA graphs for the steps too large for those
 (:mod:`kvrl.executors.piecewise`: all but attention replayed per token bucket), and greedy or
 seeded sampling (:mod:`kvrl.executors.sampling`). Built by :mod:`kvrl.executors.live_build`.
 
@@ -44,6 +45,8 @@ from kvrl.executors.hardware import DEVICES, DeviceSpec, ModelShape
 from kvrl.executors.piecewise import TOKEN_SIZES, PiecewiseGraphs
 from kvrl.executors.sampling import SamplingConfig, sample
 from kvrl.executors.sim import SimExecutor
+from kvrl.executors.step_graph import StepGraphs
+from kvrl.executors.step_inputs import fill_step_inputs
 from kvrl.model import AttentionMetadata, CausalLM, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,8 @@ class LiveExecutor(Executor):
     def __init__(self, model: CausalLM, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  sampling: SamplingConfig = SamplingConfig(), cuda_graphs: bool = True, seed: int = 0,
                  max_gap_s: float = 0.05, piecewise: Optional[bool] = None,
-                 piecewise_sizes: Sequence[int] = TOKEN_SIZES) -> None:
+                 piecewise_sizes: Sequence[int] = TOKEN_SIZES, step_graphs: bool = False,
+                 step_graph_max_tokens: int = 2048) -> None:
         self.model = model.eval()
         self.config = config
         self.device = device
@@ -89,6 +93,12 @@ class LiveExecutor(Executor):
         self.use_piecewise = self.use_cuda_graphs if piecewise is None else bool(piecewise)
         self.piecewise_sizes = tuple(piecewise_sizes)
         self._piecewise: Optional[PiecewiseGraphs] = None
+        #: steps with prefill chunks up to ``step_graph_max_tokens`` tokens replay whole-step graphs
+        #: (off by default until the shipped profiles measure them; True on CPU runs the same body
+        #: eagerly, for tests)
+        self.use_step_graphs = bool(step_graphs)
+        self.step_graph_max_tokens = int(step_graph_max_tokens)
+        self._step_graphs: Optional[StepGraphs] = None
         self._staging_bufs: dict[torch.dtype, torch.Tensor] = {}
         self.seed = seed
         self.max_gap_s = max_gap_s
@@ -133,6 +143,7 @@ class LiveExecutor(Executor):
             return   # a new engine on the same executor reuses the pools (and the captured graphs)
         self._graphs.clear()
         self._piecewise = None
+        self._step_graphs = None
         if self.kv_caches:    # release the previous pool before taking a new one
             del self.kv, self.kv_by_block, self.cpu_pool, self._all_caches
             self.kv_caches = []
@@ -154,6 +165,10 @@ class LiveExecutor(Executor):
         if self.use_piecewise:
             self._piecewise = PiecewiseGraphs(self.model, self.kv_caches, self.piecewise_sizes,
                                               capture=self.device.type == "cuda")
+        if self.use_step_graphs:
+            self._step_graphs = StepGraphs(self.model, self.kv_caches, block_size, self.max_blocks_per_seq,
+                                           self.piecewise_sizes, self.step_graph_max_tokens,
+                                           capture=self.device.type == "cuda")
 
     # ----------------------------------------------------------------- block operations
     def _gather_swap_out(self, pairs: list[tuple[int, int]]):
@@ -299,18 +314,14 @@ class LiveExecutor(Executor):
             return src.clone()   # the staging buffer is overwritten by the next step
         return src.to(device=self.device, non_blocking=True)
 
-    def _prepare(self, batch: ScheduledBatch, padded: int = 0):
-        """Inputs of an eager or piecewise forward pass, prefills first, in two uploads (int64:
-        token ids, positions, slots; int32: attention metadata and the rows to sample).
-        ``padded``: the piecewise bucket the token arrays are padded to (0: not padded); its
-        arrays go straight into the graphs' input buffer.
-        Returns ``(ids, positions, metadata, order, rows)``: ``rows`` (device, int32) are the
+    def _prepare(self, order: list, n_pre: int, padded: int = 0):
+        """Inputs of an eager or piecewise forward pass over the items ``order`` (the first
+        ``n_pre`` are prefill items), in two uploads (int64: token ids, positions, slots; int32:
+        attention metadata and the rows to sample). ``padded``: the piecewise bucket the token
+        arrays are padded to (0: not padded); its arrays go straight into the graphs' input buffer.
+        Returns ``(ids, positions, metadata, rows)``: ``rows`` (device, int32) are the
         hidden-state rows of the items of ``order`` that sample, in order."""
-        bs = self.block_size
-        prefills = [s for s in batch.seqs if not s.is_decode]
-        decodes = [s for s in batch.seqs if s.is_decode]
-        order = prefills + decodes
-        n_pre, num_seqs = len(prefills), len(order)
+        num_seqs = len(order)
         lens = [item.num_tokens for item in order]
         num_tokens = sum(lens)
         size = padded or num_tokens
@@ -325,29 +336,10 @@ class LiveExecutor(Executor):
         i32 = self._staging(torch.int32, int(starts[-1]))[:int(starts[-1])]
         cu, pre_ctx, dec_ctx, rows, pre_tab, dec_tab = (i32[a:a + n] for a, n in zip(starts, sizes32))
         pre_tab, dec_tab = pre_tab.reshape(n_pre, width), dec_tab.reshape(n_dec, width)
-        pre_tab.fill(0)
+        pre_tab.fill(0)     # the reference kernels gather every row up to the batch's width
         dec_tab.fill(0)
-        c = num_rows = 0
-        for i, item in enumerate(order):
-            seq, start, k = item.seq, item.start, item.num_tokens
-            p = np.arange(start, start + k)
-            table = seq.block_table
-            t = np.asarray(table, dtype=np.int64)
-            ids[c:c + k] = seq.token_slice(start, start + k)
-            pos[c:c + k] = p
-            slots[c:c + k] = t[p // bs] * bs + p % bs
-            c += k
-            if i < n_pre:
-                pre_tab[i, :len(table)] = table
-                pre_ctx[i] = start + k
-                cu[i + 1] = c
-            else:
-                dec_tab[i - n_pre, :len(table)] = table
-                dec_ctx[i - n_pre] = start + k
-            if item.num_samples:
-                rows[num_rows] = c - 1
-                num_rows += 1
-        cu[0] = 0
+        _, num_rows = fill_step_inputs(order, n_pre, self.block_size, ids, pos, slots, cu, pre_ctx, dec_ctx, pre_tab,
+                                       dec_tab, rows)
         if size > num_tokens:   # padding rows: token 0 at position 0, no K/V written
             ids[num_tokens:] = 0
             pos[num_tokens:] = 0
@@ -365,8 +357,8 @@ class LiveExecutor(Executor):
             max_prefill_q_len=max(lens[:n_pre], default=0),
             decode_context_lens=d_dec_ctx,
             decode_block_tables=d_dec_tab.view(n_dec, width),
-            block_size=bs)
-        return d64[0, :num_tokens], d64[1, :num_tokens], meta, order, d_rows[:num_rows]
+            block_size=self.block_size)
+        return d64[0, :num_tokens], d64[1, :num_tokens], meta, d_rows[:num_rows]
 
     # ----------------------------------------------------------------- step
     def _uncovered(self, batch: ScheduledBatch) -> dict[int, str]:
@@ -445,13 +437,22 @@ class LiveExecutor(Executor):
             graph = self._graph_for(len(batch.seqs))
             if graph is not None:
                 return graph.run(self, batch), list(batch.seqs)
-        num_tokens = sum(item.num_tokens for item in batch.seqs)
+        prefills = [s for s in batch.seqs if not s.is_decode]
+        order = prefills + [s for s in batch.seqs if s.is_decode]
+        n_pre, num_tokens = len(prefills), sum(item.num_tokens for item in order)
+        size = self._step_graphs.bucket(order, n_pre) if self._step_graphs else None
+        if size:
+            return self._logits(*self._step_graphs.run(size, order, n_pre), order)
         size = self._piecewise.bucket(num_tokens) if self._piecewise is not None else None
-        input_ids, positions, meta, order, rows = self._prepare(batch, size or 0)
+        input_ids, positions, meta, rows = self._prepare(order, n_pre, size or 0)
         if size:
             hidden = self._piecewise.run(size, num_tokens, meta)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        return self._logits(hidden, rows, order)
+
+    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor, order: list) -> tuple[torch.Tensor, list]:
+        """``(logits, items)`` of the items of ``order`` that sample, from the hidden ``rows``."""
         items = [item for item in order if item.num_samples]
         if not items:
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32), items

@@ -72,7 +72,13 @@ def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], see
                 p.zero_()
     sampling = SamplingConfig(backend.get("temperature", 0.0), backend.get("top_p", 1.0), backend.get("top_k", 0))
     log.info("live executor: %s on %s (%s), random weights in memory", config.architecture, device, dtype)
-    return LiveExecutor(model.eval(), config, device, dtype, sampling, bool(backend.get("cuda_graphs", True)), seed)
+    return LiveExecutor(model.eval(), config, device, dtype, sampling, bool(backend.get("cuda_graphs", True)), seed,
+                        step_graphs=_step_graphs(backend))
+
+
+def _step_graphs(backend_cfg: Mapping[str, Any]) -> bool:
+    """``backend.step_graphs`` (default off): whole-step graphs, where CUDA graphs are on."""
+    return bool(backend_cfg.get("cuda_graphs", True)) and bool(backend_cfg.get("step_graphs", False))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -128,4 +134,5 @@ def build_live_executor(backend_cfg: dict, model_cfg: dict, seed: int = 0) -> Li
     sampling = SamplingConfig(backend_cfg.get("temperature", 0.0), backend_cfg.get("top_p", 1.0),
                               backend_cfg.get("top_k", 0))
     log.info("live executor: %s on %s (%s), checkpoint %s", config.architecture, device, dtype, checkpoint)
-    return LiveExecutor(model, config, device, dtype, sampling, bool(backend_cfg.get("cuda_graphs", True)), seed)
+    return LiveExecutor(model, config, device, dtype, sampling, bool(backend_cfg.get("cuda_graphs", True)), seed,
+                        step_graphs=_step_graphs(backend_cfg))

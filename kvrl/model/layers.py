@@ -15,6 +15,7 @@ from torch import nn
 from kvrl.kernels import (
     paged_decode_attention,
     paged_prefill_attention,
+    paged_step_attention,
     qk_norm_rotary,
     rms_norm,
     silu_and_mul,
@@ -22,7 +23,7 @@ from kvrl.kernels import (
 )
 from kvrl.kernels.reference import apply_rotary_ref
 from kvrl.model.config import ModelConfig, RopeConfig
-from kvrl.model.metadata import AttentionMetadata
+from kvrl.model.metadata import AttentionMetadata, PaddedAttentionMetadata
 
 
 class RMSNorm(nn.Module):
@@ -168,6 +169,15 @@ class Attention(nn.Module):
                 out=out[n:total],
             )
         return out
+
+    def attend_padded(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                      attn: PaddedAttentionMetadata, out: torch.Tensor) -> torch.Tensor:
+        """Paged attention of a padded step (``q`` and ``out`` ``[Tp, num_heads, head_dim]``; see
+        :func:`kvrl.kernels.paged_step_attention`), launched from shapes alone."""
+        return paged_step_attention(
+            q, kv_cache[0], kv_cache[1], attn.prefill_block_tables, attn.prefill_cu_seqlens_q,
+            attn.prefill_context_lens, attn.decode_block_tables, attn.decode_context_lens, attn.decode_row0,
+            self.scale, out)
 
     def forward(
         self,

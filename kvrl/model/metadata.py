@@ -51,3 +51,25 @@ class AttentionMetadata:
     @property
     def num_decodes(self) -> int:
         return int(self.decode_context_lens.shape[0])
+
+
+@dataclass
+class PaddedAttentionMetadata:
+    """Attention inputs of a step padded to fixed shapes, so a CUDA graph can capture the step
+    (:func:`kvrl.kernels.paged_step_attention`); device tensors, refilled in place every step.
+
+    Attributes:
+        prefill_cu_seqlens_q: int32 ``[P_max + 1]``; unused entries repeat the last used value.
+        prefill_context_lens: int32 ``[P_max]``.
+        prefill_block_tables: int32 ``[P_max, W]``.
+        decode_context_lens: int32 ``[D_max]``; 0 for unused entries.
+        decode_block_tables: int32 ``[D_max, W]``.
+        decode_row0: int32 ``[1]``; the row of the first decode query (the prefill token count).
+    """
+
+    prefill_cu_seqlens_q: torch.Tensor
+    prefill_context_lens: torch.Tensor
+    prefill_block_tables: torch.Tensor
+    decode_context_lens: torch.Tensor
+    decode_block_tables: torch.Tensor
+    decode_row0: torch.Tensor
