@@ -42,3 +42,20 @@ def test_live_kvrl_run_records_the_sims_prediction_of_the_same_run(tmp_path):
         (predicted["throughput_tok_s"] - metrics["throughput_tok_s"]) / metrics["throughput_tok_s"])
     assert "sim vs live:" in proc.stdout and predicted["cost_source"] in ("roofline",) or \
         predicted["cost_source"].startswith("profile:")
+
+
+def test_the_sim_beside_a_live_run_models_its_executor_mode():
+    """The sim beside a live run models the live executor's graphs (decode graphs, whole-step
+    graphs), so ``profile: auto`` picks a profile of that mode."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from kvrl.apps.sim_beside import sim_config
+
+    cfg = OmegaConf.create({"backend": {"name": "live"}, "engine": {"num_blocks": 0}, "seed": 0})
+    for steps in (False, True):
+        live = SimpleNamespace(executor=SimpleNamespace(use_cuda_graphs=True, use_step_graphs=steps),
+                               config=SimpleNamespace(num_blocks=64, num_cpu_blocks=8, max_model_len=512))
+        sim = sim_config(cfg, live)
+        assert sim.backend.step_graphs is steps and sim.backend.cuda_graphs and sim.engine.num_blocks == 64

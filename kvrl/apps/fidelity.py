@@ -51,10 +51,10 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     live = build_live(cfg["model"], cfg["live"], seed=seed, weights=cfg["weights"])
     configure_cpu(live.device.type, cfg["cpu_threads"], cfg["flush_denormal"])
     shape, dev = live.cost_model.model, live.cost_model.device
-    graphs = bool(live.use_cuda_graphs)
-    first = SimExecutor(shape, dev, seed, profile=cfg["profile"], cuda_graphs=graphs)
+    graphs, steps = bool(live.use_cuda_graphs), bool(live.use_step_graphs)
+    first = SimExecutor(shape, dev, seed, profile=cfg["profile"], cuda_graphs=graphs, step_graphs=steps)
     spec = first.profile if first.profile is not None else "none"
-    make_sim = lambda: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs)
+    make_sim = lambda: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs, step_graphs=steps)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
     slo = dict(cfg["slo"])
 

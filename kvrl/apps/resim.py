@@ -110,6 +110,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         profile = profile.refitted()
     shape, device = sim_target(profile)
     graphs = bool(old_cfg.get("live", {}).get("cuda_graphs", True))
+    steps = bool(old_cfg.get("live", {}).get("step_graphs", False))
     seed = int(old_cfg.get("seed", 0))
     slo = dict(old_cfg.get("slo") or {})
     only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
@@ -132,7 +133,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         w, pcfg = old_cfg["workloads"][wname], old_cfg["policies"][pname]
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
-        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs)
+        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps)
         seng = pair_engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)

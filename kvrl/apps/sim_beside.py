@@ -24,7 +24,8 @@ def sim_config(cfg: Any, engine) -> DictConfig:
     sim = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)) if isinstance(cfg, DictConfig) \
         else OmegaConf.create(copy.deepcopy(dict(cfg)))
     live = engine.executor
-    sim.backend = {"name": "sim", "profile": "auto", "cuda_graphs": bool(getattr(live, "use_cuda_graphs", True))}
+    sim.backend = {"name": "sim", "profile": "auto", "cuda_graphs": bool(getattr(live, "use_cuda_graphs", True)),
+                   "step_graphs": bool(getattr(live, "use_step_graphs", False))}
     sim.engine.num_blocks = engine.config.num_blocks
     sim.engine.num_cpu_blocks = engine.config.num_cpu_blocks
     sim.engine.max_model_len = engine.config.max_model_len
@@ -42,7 +43,7 @@ def predict(cfg: Any, live_engine, requests: Sequence) -> dict:
     scfg = sim_config(cfg, live_engine)
     if reference is not None:
         sim = SimExecutor(reference.model, reference.device, seed=int(scfg.seed), profile="auto",
-                          cuda_graphs=bool(scfg.backend.cuda_graphs))
+                          cuda_graphs=bool(scfg.backend.cuda_graphs), step_graphs=bool(scfg.backend.step_graphs))
     else:
         sim = None
     engine = build_engine(scfg, executor=sim, record_steps=False)

@@ -75,16 +75,21 @@ class SimExecutor(Executor):
             shape is never used (roofline, with a warning naming the mismatch).
         cuda_graphs: with a profile, whether the modelled live executor replays decode steps as
             CUDA graphs (``backend.cuda_graphs`` of the live backend).
+        step_graphs: whether the modelled live executor replays whole-step graphs
+            (``backend.step_graphs``): ``profile="auto"`` picks a profile measured in that mode, and
+            an explicit profile of the other mode is used with a warning.
     """
 
     name = "sim"
 
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
-                 profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True) -> None:
+                 profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
+                 step_graphs: bool = False) -> None:
         self.model = model
         self.device = device
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
+        self.step_graphs = bool(step_graphs)
         #: multiplies every step's compute time (domain randomisation of the cost model, set per
         #: episode by the RL environments' ``env.episode.step_time_sigma``; 1.0 = the cost model as is)
         self.step_time_scale = 1.0
@@ -100,7 +105,12 @@ class SimExecutor(Executor):
         self.profile_staleness: Optional[str] = None
         if profile is not None and not (isinstance(profile, str) and profile.lower() in ("none", "roofline", "off", "")):
             from kvrl.executors.profile import resolve_profile
-            prof, why = resolve_profile(profile, model, device)
+            from kvrl.executors.profile.registry import profiled_step_graphs
+            prof, why = resolve_profile(profile, model, device, step_graphs=self.step_graphs)
+            if prof is not None and profiled_step_graphs(prof.meta) != self.step_graphs:
+                log.warning("sim profile %s measured the live executor with step_graphs=%s, this sim models "
+                            "step_graphs=%s", prof.path or "<in memory>", profiled_step_graphs(prof.meta),
+                            self.step_graphs)
             if prof is not None:
                 self.profile, self._step_model = prof, prof.model
                 self.cost_source = f"profile:{prof.path or '<in memory>'}"

@@ -101,6 +101,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             [s["t_xfer"] for s in xfer])
     meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
+            "step_graphs": bool(getattr(ex, "use_step_graphs", False)),
             "graph_batch_sizes": graph_sizes, "piecewise_token_sizes": token_sizes, "sampling": dataclasses.asdict(ex.sampling),
             "torch": torch.__version__, "triton": package_version("triton"), "transformers": package_version("transformers"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
@@ -239,4 +240,5 @@ def render_report(prof) -> str:
 def install_name(prof) -> str:
     k = prof.raw_key
     model = prof.meta.get("model") or f"l{k['num_layers']}h{k['hidden_size']}"
-    return f"{k['device']}_{model}_{k.get('dtype', k['dtype_bytes'])}.json"
+    suffix = "_step_graphs" if prof.meta.get("step_graphs") else ""
+    return f"{k['device']}_{model}_{k.get('dtype', k['dtype_bytes'])}{suffix}.json"

@@ -136,7 +136,7 @@ PACKAGED_DIR = Path(__file__).resolve().parents[1] / "profiles"
 ENV_PATH = "KVRL_PROFILE_PATH"
 
 
-_INDEX: Optional[list[tuple[str, ProfileKey, float, int]]] = None
+_INDEX: Optional[list[tuple[str, ProfileKey, float, int, bool]]] = None
 
 
 _LOADED: dict[str, StepProfile] = {}
@@ -157,8 +157,8 @@ def search_paths() -> list[Path]:
     return paths
 
 
-def _index() -> list[tuple[str, ProfileKey, float, int]]:
-    """(path, key, created, block_size) of every readable profile on the search paths."""
+def _index() -> list[tuple[str, ProfileKey, float, int, bool]]:
+    """(path, key, created, block_size, step_graphs) of every readable profile on the search paths."""
     global _INDEX
     if _INDEX is None:
         found = []
@@ -172,7 +172,7 @@ def _index() -> list[tuple[str, ProfileKey, float, int]]:
                         continue
                     meta = d.get("meta", {})
                     found.append((str(f), ProfileKey.from_dict(d["key"]), float(meta.get("created", 0.0)),
-                                  int(meta.get("block_size", 16))))
+                                  int(meta.get("block_size", 16)), profiled_step_graphs(meta)))
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable profile %s: %s", f, exc)
         _INDEX = found
@@ -194,10 +194,17 @@ def profile_file(spec: Union[str, os.PathLike]) -> str:
     return os.fspath(spec)
 
 
+def profiled_step_graphs(meta: dict) -> bool:
+    """Whether a profile measured the live executor with whole-step graphs (``backend.step_graphs``;
+    profiles without the entry predate them)."""
+    return bool(meta.get("step_graphs", False))
+
+
 def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
-                    block_size: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
+                    block_size: Optional[int] = None, step_graphs: bool = False) -> tuple[Optional[StepProfile], str]:
     """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
-    newest matching profile on :func:`search_paths`, preferring ``block_size``), ``"none"``/None
+    newest matching profile on :func:`search_paths` that measured the executor mode ``step_graphs``
+    (whole-step graphs on or off), preferring ``block_size``), ``"none"``/None
     (roofline), a file path (absolute, relative to the working directory, or relative to the
     shipped profiles directory, e.g. ``archive/<name>.json``), or a :class:`StepProfile`. A profile
     for another device or shape is never used: the reason names the mismatching fields."""
@@ -205,9 +212,10 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
     if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
         return None, "profile disabled (profile=none)"
     if isinstance(spec, str) and spec.lower() == "auto":
-        hits = [row for row in _index() if row[1] == want]
+        hits = [row for row in _index() if row[1] == want and row[4] == bool(step_graphs)]
         if not hits:
-            return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
+            mode = " measured with whole-step graphs" if step_graphs else ""
+            return None, f"no profile matches {want.describe()}{mode} on {[str(p) for p in search_paths()]}"
         hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
         return load_cached(hits[-1][0]), "auto"
     prof = spec if isinstance(spec, StepProfile) else load_cached(profile_file(spec))
