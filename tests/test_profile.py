@@ -380,19 +380,25 @@ def test_profile_for_another_gpu_or_shape_is_not_used(cpu_profile, caplog, monke
     monkeypatch.setenv(P.ENV_PATH, str(cpu_profile.parent))
     P.clear_cache()
     caplog.clear()
-    assert SimExecutor(TINY, CPU).cost_source == f"profile:{cpu_profile}"
+    assert SimExecutor(TINY, CPU).cost_source == f"profile:{cpu_profile}"   # a profile of the other mode, said
+    assert any(r.levelno == logging.WARNING and "measured the live executor with step_graphs=False" in r.message
+               for r in caplog.records)
     assert SimExecutor(TINY, DEVICES["h100"]).cost_source == "roofline"
     assert SimExecutor(MODEL_SHAPES["qwen3-0.6b"], CPU).cost_source == "roofline"
     assert any("no profile matches device=h100" in r.message for r in caplog.records)
 
 
 def test_shipped_and_archived_profiles_load_by_name_and_keep_their_fit():
-    """The shipped H200 profiles match their shapes under ``auto``; an archived one loads by its
-    path relative to the profiles directory (as the RL task files pin it), with its stored model
-    (fit version 5) unchanged rather than refitted."""
+    """The shipped H200 profiles match their shapes under ``auto`` (by default the whole-step graph
+    profile, as the live executor runs by default); an archived one loads by its path relative to
+    the profiles directory (as the RL task files pin it), with its stored model (fit version 5)
+    unchanged rather than refitted."""
     qwen, h200 = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
     P.clear_cache()
-    assert SimExecutor(qwen, h200).cost_source == f"profile:{P.PACKAGED_DIR / 'h200_qwen3-0.6b_bfloat16.json'}"
+    assert SimExecutor(qwen, h200).cost_source == \
+        f"profile:{P.PACKAGED_DIR / 'h200_qwen3-0.6b_bfloat16_step_graphs.json'}"
+    assert SimExecutor(qwen, h200, step_graphs=False).cost_source == \
+        f"profile:{P.PACKAGED_DIR / 'h200_qwen3-0.6b_bfloat16.json'}"
     assert SimExecutor(MODEL_SHAPES["llama-3-8b"], h200).cost_source.startswith("profile:")
     name = "archive/h200_qwen3-0.6b_bfloat16_d5ff5ad.json"
     archived = SimExecutor(qwen, h200, profile=name)

@@ -66,7 +66,7 @@ class LiveSettings:
     device: str = "auto"
     dtype: str = "auto"
     cuda_graphs: bool = True
-    step_graphs: bool = False
+    step_graphs: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -226,7 +226,7 @@ class BenchSchema:
     torch_device: str = "auto"
     dtype: str = "auto"
     cuda_graphs: bool = True
-    step_graphs: bool = False
+    step_graphs: bool = True
     num_blocks: int = 0
     block_size: int = 16
     max_num_seqs: int = 256

@@ -80,7 +80,7 @@ class LiveExecutor(Executor):
     def __init__(self, model: CausalLM, config: ModelConfig, device: torch.device, dtype: torch.dtype,
                  sampling: SamplingConfig = SamplingConfig(), cuda_graphs: bool = True, seed: int = 0,
                  max_gap_s: float = 0.05, piecewise: Optional[bool] = None,
-                 piecewise_sizes: Sequence[int] = TOKEN_SIZES, step_graphs: bool = False,
+                 piecewise_sizes: Sequence[int] = TOKEN_SIZES, step_graphs: Optional[bool] = None,
                  step_graph_max_tokens: int = 2048) -> None:
         self.model = model.eval()
         self.config = config
@@ -94,15 +94,15 @@ class LiveExecutor(Executor):
         self.piecewise_sizes = tuple(piecewise_sizes)
         self._piecewise: Optional[PiecewiseGraphs] = None
         #: steps with prefill chunks up to ``step_graph_max_tokens`` tokens replay whole-step graphs
-        #: (off by default until the shipped profiles measure them; True on CPU runs the same body
-        #: eagerly, for tests)
-        self.use_step_graphs = bool(step_graphs)
+        #: (None: with CUDA graphs on CUDA; True on CPU runs the same body eagerly, for tests)
+        self.use_step_graphs = self.use_cuda_graphs if step_graphs is None else bool(step_graphs)
         self.step_graph_max_tokens = int(step_graph_max_tokens)
         self._step_graphs: Optional[StepGraphs] = None
         self._staging_bufs: dict[torch.dtype, torch.Tensor] = {}
         self.seed = seed
         self.max_gap_s = max_gap_s
-        self.cost_model = SimExecutor(_shape_of(config, dtype), _device_spec(device), seed)
+        self.cost_model = SimExecutor(_shape_of(config, dtype), _device_spec(device), seed,
+                                      cuda_graphs=self.use_cuda_graphs, step_graphs=self.use_step_graphs)
         self._generator = torch.Generator(device=device).manual_seed(seed)
         self._last_end: Optional[float] = None
         self._swap_done: Optional[torch.cuda.Event] = None

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -76,9 +76,11 @@ def build_live(model_cfg: Mapping[str, Any], backend_cfg: Mapping[str, Any], see
                         step_graphs=_step_graphs(backend))
 
 
-def _step_graphs(backend_cfg: Mapping[str, Any]) -> bool:
-    """``backend.step_graphs`` (default off): whole-step graphs, where CUDA graphs are on."""
-    return bool(backend_cfg.get("cuda_graphs", True)) and bool(backend_cfg.get("step_graphs", False))
+def _step_graphs(backend_cfg: Mapping[str, Any]) -> Optional[bool]:
+    """``backend.step_graphs`` (default on) as :class:`LiveExecutor` takes it: None (whole-step
+    graphs wherever CUDA graphs run) or False (off, also when ``backend.cuda_graphs`` is off)."""
+    on = bool(backend_cfg.get("cuda_graphs", True)) and bool(backend_cfg.get("step_graphs", True))
+    return None if on else False
 
 
 def resolve_device(name: str) -> torch.device:

@@ -84,7 +84,7 @@ class SimExecutor(Executor):
 
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
                  profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
-                 step_graphs: bool = False) -> None:
+                 step_graphs: bool = True) -> None:
         self.model = model
         self.device = device
         self.seed = seed

@@ -201,10 +201,12 @@ def profiled_step_graphs(meta: dict) -> bool:
 
 
 def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
-                    block_size: Optional[int] = None, step_graphs: bool = False) -> tuple[Optional[StepProfile], str]:
+                    block_size: Optional[int] = None, step_graphs: bool = True) -> tuple[Optional[StepProfile], str]:
     """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
-    newest matching profile on :func:`search_paths` that measured the executor mode ``step_graphs``
-    (whole-step graphs on or off), preferring ``block_size``), ``"none"``/None
+    newest matching profile on :func:`search_paths`, preferring one that measured the executor mode
+    ``step_graphs`` (whole-step graphs on or off), then ``block_size``; a profile of the other mode
+    only where none of this mode matches, e.g. a device where the live executor runs no graphs,
+    which the reason says), ``"none"``/None
     (roofline), a file path (absolute, relative to the working directory, or relative to the
     shipped profiles directory, e.g. ``archive/<name>.json``), or a :class:`StepProfile`. A profile
     for another device or shape is never used: the reason names the mismatching fields."""
@@ -212,11 +214,12 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
     if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
         return None, "profile disabled (profile=none)"
     if isinstance(spec, str) and spec.lower() == "auto":
-        hits = [row for row in _index() if row[1] == want and row[4] == bool(step_graphs)]
+        hits = [row for row in _index() if row[1] == want]
         if not hits:
-            mode = " measured with whole-step graphs" if step_graphs else ""
-            return None, f"no profile matches {want.describe()}{mode} on {[str(p) for p in search_paths()]}"
-        hits.sort(key=lambda r: (r[3] == (block_size or 16), r[2]))
+            return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
+        hits.sort(key=lambda r: (r[4] == bool(step_graphs), r[3] == (block_size or 16), r[2]))
+        if hits[-1][4] != bool(step_graphs):
+            return load_cached(hits[-1][0]), f"auto (no profile of step_graphs={bool(step_graphs)} matches)"
         return load_cached(hits[-1][0]), "auto"
     prof = spec if isinstance(spec, StepProfile) else load_cached(profile_file(spec))
     if prof.key != want:
