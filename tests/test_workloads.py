@@ -422,6 +422,31 @@ def test_multi_tenant_streams():
     assert same_workload(by["interactive"], [r for r in again if r.tenant == "interactive"])
 
 
+def test_multi_tenant_rate_phases_shift_the_mix():
+    """Two tenants in antiphase (rates x1.8 / x0.2 for 5 s each, swapped): each phase's arrivals
+    are dominated by one tenant, at its phased rate; a tenant without phases is unchanged; bad
+    phases are a clear error; the adversarial workloads' tenants take phases too."""
+    a = {"name": "a", "arrival": {"rate": 10.0}, "rate_phases": [1.8, 0.2], "phase_s": 5.0}
+    b = {"name": "b", "arrival": {"rate": 10.0}, "rate_phases": [0.2, 1.8], "phase_s": 5.0}
+    reqs = multi_tenant([a, b], 400.0, vocab_size=VOCAB, seed=3)
+    phase = np.array([int(r.arrival_s // 5.0) % 2 for r in reqs])
+    is_a = np.array([r.tenant == "a" for r in reqs])
+    assert is_a[phase == 0].mean() == pytest.approx(0.9, abs=0.03)
+    assert is_a[phase == 1].mean() == pytest.approx(0.1, abs=0.03)
+    assert (phase == 0)[is_a].sum() / 200.0 == pytest.approx(18.0, rel=0.1)   # a's rate in its busy phases
+    assert max(r.arrival_s for r in reqs) < 400.0 and len(reqs) / 400.0 == pytest.approx(20.0, rel=0.05)
+    plain = multi_tenant([{**a, "rate_phases": None}], 100.0, vocab_size=VOCAB, seed=3)
+    assert same_workload(plain, multi_tenant([{"name": "a", "arrival": {"rate": 10.0}}], 100.0, vocab_size=VOCAB, seed=3))
+    with pytest.raises(ValueError, match="rate_phases must be a non-empty list"):
+        multi_tenant([{**a, "rate_phases": [1.0, 0.0]}], 10.0, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="phase_s must be"):
+        multi_tenant([{**a, "phase_s": 0.0}], 10.0, vocab_size=VOCAB)
+    reqs = fill_and_squeeze(vocab_size=VOCAB, seed=0, benign={"name": "benign", "arrival": {"rate": 4.0},
+                                                             "rate_phases": [2.0, 0.0001], "phase_s": 10.0})
+    benign = np.array([r.arrival_s for r in reqs if r.tenant == "benign"])
+    assert (benign // 10.0 % 2 == 1).sum() <= 1 < (benign // 10.0 % 2 == 0).sum()
+
+
 def test_fill_and_squeeze_phases():
     reqs = fill_and_squeeze(vocab_size=VOCAB, seed=0, max_model_len=2048, flood_output_len=100)
     phase = lambda p: [r for r in reqs if f"attacker-{p}-" in r.request_id]  # noqa: E731

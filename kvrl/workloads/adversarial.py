@@ -90,7 +90,7 @@ def fill_and_squeeze(*, vocab_size: int, seed: int = 0, horizon_s: float = 120.0
     model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
     if flood_prompt_len is None:
         flood_prompt_len = model_len - flood_output_len
-    reqs = tenant_stream(spec, spec.arrival.until(horizon_s, make_rng(seed, "benign", "arrivals")),
+    reqs = tenant_stream(spec, spec.arrivals(horizon_s, make_rng(seed, "benign", "arrivals")),
                          vocab_size=vocab_size, seed=seed, key=("benign",), id_prefix=spec.name)
     rng = make_rng(seed, "attacker")
     t = float(attack_start_s)
@@ -153,7 +153,7 @@ def prefix_probe(*, vocab_size: int, seed: int = 0, horizon_s: float = 60.0,
     system = readonly(random_ids(make_rng(seed, "victim", "system-prompt"), spec.system_prompt_len,
                                  vocab_size))
     group = f"{spec.name}-system"
-    reqs = tenant_stream(spec, spec.arrival.until(horizon_s, make_rng(seed, "victim", "arrivals")),
+    reqs = tenant_stream(spec, spec.arrivals(horizon_s, make_rng(seed, "victim", "arrivals")),
                          vocab_size=vocab_size, seed=seed, key=("victim",), id_prefix=spec.name,
                          prefix=system, prefix_group=group)
     rng = make_rng(seed, "attacker")

@@ -41,7 +41,9 @@ class TenantSpec:
     ``prompt_len`` is the length of the part after the tenant's system prompt (if
     ``system_prompt_len > 0``, every request starts with the same ``system_prompt_len`` ids and
     has prefix group ``"<name>-system"``). A request samples ``parallel_n`` completions with
-    probability ``parallel_prob`` (else 1).
+    probability ``parallel_prob`` (else 1). ``rate_phases`` (None = a stationary rate): this
+    tenant's arrival rate is multiplied by each factor in turn for ``phase_s`` seconds, cycling
+    (:func:`phased_times`), so tenants with shifted phase lists make a traffic mix that shifts.
     """
 
     name: str = "default"
@@ -54,9 +56,14 @@ class TenantSpec:
     slo_ttft_s: Optional[float] = None
     slo_tpot_s: Optional[float] = None
     system_prompt_len: int = 0
+    rate_phases: Optional[tuple[float, ...]] = None
+    phase_s: float = 10.0
 
     def __post_init__(self):
         object.__setattr__(self, "arrival", as_arrival(self.arrival))
+        if self.rate_phases is not None:
+            object.__setattr__(self, "rate_phases", tuple(self.rate_phases))
+            phased_times(np.zeros(0), self.rate_phases, self.phase_s)      # checks both
         object.__setattr__(self, "prompt_len", LengthDist.from_spec(self.prompt_len))
         object.__setattr__(self, "output_len", LengthDist.from_spec(self.output_len))
         _check_parallel(self.parallel_n, self.parallel_prob)
@@ -66,6 +73,16 @@ class TenantSpec:
             v = getattr(self, k)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{k} must be > 0 or None, got {v!r}")
+
+    def arrivals(self, horizon_s: float, rng: np.random.Generator) -> np.ndarray:
+        """This tenant's arrival times in ``[0, horizon_s)``, in s, ascending: its arrival process,
+        with its rate phases applied (base-rate arrivals over a span long enough for the phases to
+        map past ``horizon_s``, then cut there)."""
+        if self.rate_phases is None:
+            return self.arrival.until(horizon_s, rng)
+        times = phased_times(self.arrival.until(horizon_s * max(self.rate_phases), rng), self.rate_phases,
+                             self.phase_s)
+        return times[times < horizon_s]
 
     @classmethod
     def from_spec(cls, spec: "TenantSpec | Mapping[str, Any]") -> "TenantSpec":
@@ -314,7 +331,7 @@ def multi_tenant(tenants: Sequence["TenantSpec | Mapping"], horizon_s: float = 6
         raise ValueError(f"horizon_s must be > 0, got {horizon_s!r}")
     reqs = []
     for i, s in enumerate(specs):
-        times = s.arrival.until(horizon_s, make_rng(seed, "tenant", i, "arrivals"))
+        times = s.arrivals(horizon_s, make_rng(seed, "tenant", i, "arrivals"))
         reqs += tenant_stream(s, times, vocab_size=vocab_size, seed=seed, key=("tenant", i),
                               id_prefix=s.name)
     return sort_by_arrival(reqs)

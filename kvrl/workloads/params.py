@@ -82,6 +82,9 @@ class TenantParams:
     slo_ttft_s: Optional[float] = key(None, "time-to-first-token SLO in s (null = run default)", gt=0)
     slo_tpot_s: Optional[float] = key(None, "time-per-output-token SLO in s (null = run default)", gt=0)
     system_prompt_len: int = key(0, "shared system prompt length (0 = none)", lo=0)
+    rate_phases: Optional[List[float]] = key(None, "load phases: rate multipliers, each for phase_s s, cycling "
+                                             "(null = stationary)")
+    phase_s: float = key(10.0, "length of one load phase in s", gt=0)
 
 
 def tenant(name: str, *, process: str = "poisson", rate: float = 1.0, cv: float = 1.0,
