@@ -262,12 +262,12 @@ def test_live_backend_episode_runs_on_cpu():
 
 
 # ---------------------------------------------------------------- the task suite (issue 17)
-SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants")
+SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants", "slo_shift")
 
 
 def _few_requests(task: str) -> list[str]:
     """The override that makes ``task``'s workload a few requests (tenant workloads are sized by horizon)."""
-    return ["workload.horizon_s=5" if task.startswith("tenants") else "workload.max_requests=5"]
+    return ["workload.horizon_s=5" if task.startswith(("tenants", "slo_shift")) else "workload.max_requests=5"]
 
 
 @pytest.mark.parametrize("task", SUITE)

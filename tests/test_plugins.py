@@ -17,7 +17,7 @@ from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
 
 BUILTINS = {
     "scheduler": {"fcfs", "priority", "sjf", "lpm"},
-    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit"},
+    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit", "slo_mix"},
     "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "longest_remaining", "slo_slack", "cost_aware"},
     "prefix_cache": {"none", "hash_lru", "hash_lfu", "radix_lru"},
 }
@@ -215,6 +215,31 @@ def test_pi_slo_signal_throttles_when_tpot_is_the_tighter_objective():
         return pi.fraction
     assert run(ttft=0.2, tpot=0.010) > 0.3      # TPOT at 2x its SLO, TTFT well inside: admit less
     assert run(ttft=6.0, tpot=0.002) < 0.1      # TTFT at 3x its SLO: admit more
+
+
+def test_slo_mix_reserves_for_tight_tpot_traffic_by_its_share():
+    """The reserve follows the share of running and waiting sequences whose TPOT objective is at
+    most tight_tpot_s (their own, else the run's; none counts as loose); with nothing queued or
+    running it is the loose one. Parameters are checked."""
+    rule = plugins.create("watermark", "slo_mix", tight_tpot_s=0.005, share=0.5, tight=0.2, loose=0.01)
+    view = _View()
+    rule.bind(view)
+    view.running, view.waiting = (), ()
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 10 and rule.tight_share == 0.0
+    tight, loose, none = _Seq(0, 0, 1, tpot_slo=0.003), _Seq(0, 0, 1, tpot_slo=0.02), _Seq(0, 0, 1, tpot_slo=None)
+    view.running, view.waiting = (tight, loose), (tight,)
+    rule.on_step_end()
+    assert rule.tight_share == pytest.approx(2 / 3) and rule.reserved_blocks() == 200
+    view.waiting = (none, loose)
+    rule.on_step_end()
+    assert rule.tight_share == pytest.approx(1 / 4) and rule.reserved_blocks() == 10
+    view.running, view.waiting = (_Seq(0, 0, 1, tpot_slo=0.005),), (loose,)     # at the limit counts as tight
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 200
+    for bad in ({"share": 1.5}, {"tight": 1.0}, {"loose": -0.1}, {"tight_tpot_s": 0.0}):
+        with pytest.raises(ValueError):
+            plugins.create("watermark", "slo_mix", **bad)
 
 
 def test_bandit_converges_to_the_best_arm_on_a_stationary_reward():

@@ -1,9 +1,11 @@
-"""Adaptive watermark controllers that need no training: ``pi`` (feedback control) and ``bandit``
-(an online discounted-UCB bandit over watermark values).
+"""Adaptive watermark controllers that need no training: ``pi`` (feedback control), ``bandit``
+(an online discounted-UCB bandit over watermark values) and ``slo_mix`` (a rule on the share of
+tight-TPOT requests).
 
-Both move the watermark (reserved / total GPU blocks) while the engine serves, from what a real
-server measures: preemptions, the latencies of finished requests against their SLOs, goodput.
-They are the non-learning bar a learned watermark policy has to clear (issue 17).
+They move the watermark (reserved / total GPU blocks) while the engine serves, from what a real
+server knows: preemptions, the latencies of finished requests against their SLOs, goodput, the
+objectives its requests carry. They are the non-learning bar a learned watermark policy has to
+clear (issue 17).
 """
 from __future__ import annotations
 
@@ -224,6 +226,47 @@ class BanditWatermark(WatermarkPolicy):
         self.reward(self.arm, self._good_tokens / elapsed)
         self._good_tokens, self._epoch_start = 0, now
         self.arm = self.choose()
+
+    def reserved_blocks(self) -> int:
+        return int(self.fraction * self.engine.num_blocks)
+
+
+@register("watermark", "slo_mix")
+class SloMixWatermark(WatermarkPolicy):
+    """A rule on the requests' own TPOT objectives, for traffic whose mix of tight- and loose-SLO
+    requests shifts. After every engine step it counts the running and waiting sequences whose TPOT
+    objective (their own, else the run's) is at most ``tight_tpot_s`` seconds, and keeps
+    ``tight`` of the GPU blocks free while their share is at least ``share``, else ``loose``. A
+    higher reserve admits less, so decode batches stay smaller and faster, which a tight TPOT
+    needs; a loose one is better served by admitting (docs/rl.md, "Regime headroom"). It needs no
+    training, and sees only what a server knows: the objectives its requests carry. Parameters:
+    ``tight_tpot_s`` (0.005 s), ``share`` (0.5, in [0, 1]), ``tight`` (0.2) and ``loose`` (0.0),
+    each in [0, 1)."""
+
+    @dataclass
+    class Params:
+        tight_tpot_s: float = 0.005
+        share: float = 0.5
+        tight: float = 0.2
+        loose: float = 0.0
+
+        def __post_init__(self):
+            check_range("tight_tpot_s", self.tight_tpot_s, 1e-9)
+            check_range("share", self.share, 0.0, 1.0)
+            check_range("tight", self.tight, 0.0, 1.0, hi_inclusive=False)
+            check_range("loose", self.loose, 0.0, 1.0, hi_inclusive=False)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.fraction = params.loose
+        self.tight_share = 0.0        # the share of tight-TPOT sequences after the last step
+
+    def on_step_end(self) -> None:
+        seqs = (*self.engine.running, *self.engine.waiting)
+        limit = self.params.tight_tpot_s
+        tight = sum(1 for s in seqs if s.slo_tpot_s is not None and s.slo_tpot_s <= limit)
+        self.tight_share = tight / len(seqs) if seqs else 0.0
+        self.fraction = self.params.tight if seqs and self.tight_share >= self.params.share else self.params.loose
 
     def reserved_blocks(self) -> int:
         return int(self.fraction * self.engine.num_blocks)
