@@ -144,7 +144,9 @@ class FeatureConfig:
     append :data:`~kvrl.envs.features.PREFIX_FEATURES` (the prefix cache's recent hit rate over
     ``tau_s``, its cached blocks and those of them no sequence holds) after those. ``demand``:
     append :data:`~kvrl.envs.features.DEMAND_FEATURES` (the running batch's predicted growth and
-    peak KV demand, the waiting queue's predicted KV demand) after those. ``length_key``: what
+    peak KV demand, the waiting queue's predicted KV demand) after those. ``slo_mix``: append
+    :data:`~kvrl.envs.features.SLO_MIX_FEATURES` (the shares of running and waiting sequences whose
+    TPOT objective is below ``tpot_ref_s``) after those. ``length_key``: what
     the remaining-output prediction is conditioned on: ``none`` (every finished request) or
     ``tenant`` (the finished requests of the same tenant, once it has ``min_class_history`` of
     them; the request class a server knows at admission) or ``hint`` (each request's
@@ -170,6 +172,7 @@ class FeatureConfig:
     short_tau_s: float = 1.0
     prefix: bool = False
     demand: bool = False
+    slo_mix: bool = False
     length_key: str = "none"
     min_class_history: int = 8
     slo: bool = False

@@ -39,6 +39,11 @@ the largest of these: what the batch needs at its fullest if nothing else is adm
 waiting queue's predicted KV demand (tokens plus predicted output). With ``features.length_key:
 tenant`` every prediction is conditioned on the request's tenant (its class).
 
+SLO-mix features (:data:`SLO_MIX_FEATURES`, appended after those with ``features.slo_mix``): the
+shares of the running and of the waiting sequences whose TPOT objective (their own, else the
+run's) is below ``tpot_ref_s``: how much of the traffic now needs small decode batches (what the
+``slo_mix`` watermark reacts to).
+
 Candidate features (:data:`CANDIDATE_FEATURES`, one row per preemption candidate slot, slot 0 =
 the newest admission, i.e. vLLM's LIFO victim): valid slot; needs the block; blocks held
 (fraction of the pool); computed tokens (fraction of the capacity); generated tokens; remaining
@@ -75,6 +80,7 @@ HISTORY_FEATURES = (
 )
 PREFIX_FEATURES = ("prefix_hit_rate", "cached_blocks", "cached_free_blocks")
 DEMAND_FEATURES = ("growth", "peak_demand", "waiting_demand")
+SLO_MIX_FEATURES = ("tight_running", "tight_waiting")
 CANDIDATE_FEATURES = (
     "valid", "needs_block", "blocks", "computed", "generated", "remaining", "age", "priority", "preemptions",
     "swap_fits", "recompute_vs_swap",
@@ -86,12 +92,20 @@ GENERATED_REF = 32.0     # generated / remaining output tokens that map to 0.5
 def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of :meth:`FeatureTracker.engine_features`' entries under ``config``."""
     return (ENGINE_FEATURES + (HISTORY_FEATURES if config.history else ())
-            + (PREFIX_FEATURES if config.prefix else ()) + (DEMAND_FEATURES if config.demand else ()))
+            + (PREFIX_FEATURES if config.prefix else ()) + (DEMAND_FEATURES if config.demand else ())
+            + (SLO_MIX_FEATURES if config.slo_mix else ()))
 
 
 def candidate_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of one candidate row of :meth:`FeatureTracker.candidate_features` under ``config``."""
     return CANDIDATE_FEATURES + (SLO_CANDIDATE_FEATURES if config.slo else ())
+
+
+def tight_share(seqs: Sequence["SeqView"], tpot_ref_s: float) -> float:
+    """The share of ``seqs`` whose TPOT objective (their own, else the run's) is below
+    ``tpot_ref_s``; 0 for none."""
+    tight = sum(1 for s in seqs if s.slo_tpot_s is not None and s.slo_tpot_s < tpot_ref_s)
+    return tight / len(seqs) if seqs else 0.0
 
 
 def squash(x: float, ref: float) -> float:
@@ -250,6 +264,8 @@ class FeatureTracker:
             )
         if cfg.demand:
             values += self._demand_features(running, waiting, capacity)
+        if cfg.slo_mix:
+            values += (tight_share(running, cfg.tpot_ref_s), tight_share(waiting, cfg.tpot_ref_s))
         return np.asarray(values, dtype=np.float32)
 
     def _demand_features(self, running, waiting, capacity: float) -> tuple[float, float, float]:

@@ -494,3 +494,28 @@ def test_prefix_features_extend_the_observation_behind_their_flag():
     assert np.all((stacked >= 0) & (stacked <= 1))
     assert hit.max() > 0.3 and info["metrics"]["prefix_hit_rate"] > 0.3     # the tenants' system prompts hit
     assert cached.max() > 0 and np.all(free <= cached) and free.max() > 0
+
+
+def test_slo_mix_features_show_the_share_of_tight_tpot_traffic():
+    """features.slo_mix appends the shares of running and waiting sequences whose TPOT objective is
+    below tpot_ref_s; in the slo_shift task they follow the busy tenant (chat: 2.5 ms < 4 ms)."""
+    from types import SimpleNamespace
+
+    from kvrl.envs.features import SLO_MIX_FEATURES, engine_feature_names, tight_share
+    seqs = [SimpleNamespace(slo_tpot_s=v) for v in (0.0025, 0.01, None, 0.004)]
+    assert tight_share(seqs, 0.004) == 0.25 and tight_share([], 0.004) == 0.0
+    env_id, cfg = load_task("slo_shift", _few_requests("slo_shift"))
+    assert engine_feature_names(cfg.features)[-2:] == SLO_MIX_FEATURES
+    _, off = load_task("slo_shift", [*_few_requests("slo_shift"), "env.features.slo_mix=false"])
+    on_env, off_env = gym.make(env_id, config=cfg), gym.make(env_id, config=off)
+    assert on_env.observation_space.shape[0] == off_env.observation_space.shape[0] + 2
+    _, run = load_task("slo_shift", ["workload.horizon_s=60"])
+    env = gym.make(env_id, config=run)
+    env.reset(seed=0)
+    shares, done = [], False
+    while not done:
+        obs, _, terminated, truncated, _ = env.step(0)
+        shares.append(obs[-2:])
+        done = terminated or truncated
+    shares = np.array(shares)
+    assert ((shares >= 0) & (shares <= 1)).all() and shares[:, 0].max() > 0.5 and shares[:, 0].min() < 0.5
