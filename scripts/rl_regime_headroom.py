@@ -79,6 +79,19 @@ def summarise(rows: list[dict]) -> list[str]:
     return lines
 
 
+def serve_to_jsonl(cell, cells: list, workers: int, out: str) -> list[dict]:
+    """``cell`` (a picklable function of one item of ``cells``, returning a JSON-able row) over
+    ``cells`` in ``workers`` processes, in order; each row is appended to the JSON-lines file ``out``
+    as it comes, so a run cut short keeps what it finished. Returns the rows."""
+    rows = []
+    with ProcessPoolExecutor(workers) as pool, open(out, "w") as fh:
+        for row in pool.map(cell, cells, chunksize=1):
+            rows.append(row)
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+    return rows
+
+
 def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -97,13 +110,7 @@ def main() -> None:
         return
     cells = [(t, a, float(r), float(c), args.split, int(s)) for t in args.tasks.split(",") for a in args.axis.split(",")
              for r in args.scales.split(",") for c in args.constants.split(",") for s in args.seeds.split(",")]
-    rows = []
-    with ProcessPoolExecutor(args.workers) as pool, open(args.out, "w") as fh:
-        for row in pool.map(_cell, cells, chunksize=1):
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-    print("\n".join(summarise(rows)))
+    print("\n".join(summarise(serve_to_jsonl(_cell, cells, args.workers, args.out))))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +40,7 @@ from scipy import stats
 
 from kvrl.plugins.base import WatermarkPolicy, check_range
 from kvrl.plugins.registry import register
+from rl_regime_headroom import serve_to_jsonl   # scripts/ is on sys.path when run as a script
 
 RESAMPLE = 0.8
 SLO_MIX_GRID = {"tight": [0.1, 0.2, 0.3], "loose": [0.0, 0.01], "share": [0.3, 0.5, 0.7], "tight_tpot_s": [0.005]}
@@ -187,13 +187,7 @@ def main() -> None:
         return
     todo = cells([float(c) for c in args.constants.split(",")], [int(s) for s in args.seeds.split(",")],
                  args.split, list(args.overrides))
-    rows = []
-    with ProcessPoolExecutor(args.workers) as pool, open(args.out, "w") as fh:
-        for row in pool.map(_cell, todo, chunksize=1):
-            rows.append(row)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-    print("\n".join(summarise(rows)))
+    print("\n".join(summarise(serve_to_jsonl(_cell, todo, args.workers, args.out))))
 
 
 if __name__ == "__main__":
