@@ -65,7 +65,7 @@ import numpy as np
 from kvrl import plugins
 from kvrl.envs.config import FeatureConfig
 from kvrl.plugins.lengths import RemainingOutput, completion_demand
-from kvrl.plugins.slack import slo_slack
+from kvrl.plugins.slack import slo_slack, tight_tpot_share
 
 if TYPE_CHECKING:
     from kvrl.engine.views import EngineView, SeqView
@@ -99,13 +99,6 @@ def engine_feature_names(config: FeatureConfig) -> tuple[str, ...]:
 def candidate_feature_names(config: FeatureConfig) -> tuple[str, ...]:
     """The names of one candidate row of :meth:`FeatureTracker.candidate_features` under ``config``."""
     return CANDIDATE_FEATURES + (SLO_CANDIDATE_FEATURES if config.slo else ())
-
-
-def tight_share(seqs: Sequence["SeqView"], tpot_ref_s: float) -> float:
-    """The share of ``seqs`` whose TPOT objective (their own, else the run's) is below
-    ``tpot_ref_s``; 0 for none."""
-    tight = sum(1 for s in seqs if s.slo_tpot_s is not None and s.slo_tpot_s < tpot_ref_s)
-    return tight / len(seqs) if seqs else 0.0
 
 
 def squash(x: float, ref: float) -> float:
@@ -265,7 +258,8 @@ class FeatureTracker:
         if cfg.demand:
             values += self._demand_features(running, waiting, capacity)
         if cfg.slo_mix:
-            values += (tight_share(running, cfg.tpot_ref_s), tight_share(waiting, cfg.tpot_ref_s))
+            values += (tight_tpot_share(running, cfg.tpot_ref_s, inclusive=False),
+                       tight_tpot_share(waiting, cfg.tpot_ref_s, inclusive=False))
         return np.asarray(values, dtype=np.float32)
 
     def _demand_features(self, running, waiting, capacity: float) -> tuple[float, float, float]:

@@ -16,7 +16,7 @@ resample of 0.8), this script serves:
   requests (the phase offset whose busy tenant matches most arrivals), so it knows what no causal
   policy can;
 * **slo_mix**: the watermark plugin that reacts to the share of tight-TPOT requests among the
-  running and waiting ones (``--slo-mix``: a grid of its parameters).
+  running and waiting ones, over the grid :data:`SLO_MIX_GRID`.
 
 The table gives, per measure, the best policy (picked on the mean over seeds, which favours the
 schedules and rules: they have more candidates) and its paired gain over the best constant of the
@@ -28,6 +28,7 @@ same runs (95% interval over seeds).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import logging
@@ -75,6 +76,13 @@ def _task(overrides: list[str]):
     return load_task("slo_shift", overrides)[1].run
 
 
+@functools.lru_cache(maxsize=None)
+def task_phase_clock(overrides: tuple[str, ...], split: str, seed: int) -> tuple[float, float]:
+    """:func:`phase_clock` of the task with ``overrides``, once per worker process for every oracle
+    schedule that serves the same job."""
+    return phase_clock(_task(list(overrides)), split, seed)
+
+
 def phase_clock(run: dict, split: str, seed: int) -> tuple[float, float]:
     """(phase_s, offset_s) of the job's engine clock: the tenants' phase length as the resample
     compresses it, and the offset (0.25 s grid over two phases) at which the first tenant is busy in
@@ -110,8 +118,8 @@ def _cell(args: tuple) -> dict:
     run = _task(overrides)
     if measure.startswith("regime:"):
         run = _task(overrides + regime_overrides(run, int(measure.split(":")[1])))
-    if plugin["name"] == "phase_oracle":
-        phase, offset = phase_clock(run, split, seed)
+    if plugin["name"] == "phase_oracle":          # only on the mix: run is the task with overrides
+        phase, offset = task_phase_clock(tuple(overrides), split, seed)
         plugin = {**plugin, "phase_s": phase, "offset_s": offset}
     label = label_of({k: v for k, v in plugin.items() if k not in ("phase_s", "offset_s")})
     r = run_job(run, "watermark", Job(Policy(label, "x", plugin), split, seed), RESAMPLE)

@@ -501,9 +501,11 @@ def test_slo_mix_features_show_the_share_of_tight_tpot_traffic():
     below tpot_ref_s; in the slo_shift task they follow the busy tenant (chat: 2.5 ms < 4 ms)."""
     from types import SimpleNamespace
 
-    from kvrl.envs.features import SLO_MIX_FEATURES, engine_feature_names, tight_share
+    from kvrl.envs.features import SLO_MIX_FEATURES, engine_feature_names
+    from kvrl.plugins.slack import tight_tpot_share
     seqs = [SimpleNamespace(slo_tpot_s=v) for v in (0.0025, 0.01, None, 0.004)]
-    assert tight_share(seqs, 0.004) == 0.25 and tight_share([], 0.004) == 0.0
+    assert tight_tpot_share(seqs, 0.004, inclusive=False) == 0.25 and tight_tpot_share([], 0.004, inclusive=False) == 0.0
+    assert tight_tpot_share(seqs, 0.004, inclusive=True) == 0.5
     env_id, cfg = load_task("slo_shift", _few_requests("slo_shift"))
     assert engine_feature_names(cfg.features)[-2:] == SLO_MIX_FEATURES
     _, off = load_task("slo_shift", [*_few_requests("slo_shift"), "env.features.slo_mix=false"])

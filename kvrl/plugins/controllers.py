@@ -19,6 +19,7 @@ from kvrl.envs.config import FeatureConfig
 from kvrl.envs.features import FeatureTracker
 from kvrl.plugins.base import WatermarkPolicy, check_choice, check_range
 from kvrl.plugins.registry import register
+from kvrl.plugins.slack import tight_tpot_share
 
 if TYPE_CHECKING:
     from kvrl.engine.views import SeqView
@@ -263,9 +264,7 @@ class SloMixWatermark(WatermarkPolicy):
 
     def on_step_end(self) -> None:
         seqs = (*self.engine.running, *self.engine.waiting)
-        limit = self.params.tight_tpot_s
-        tight = sum(1 for s in seqs if s.slo_tpot_s is not None and s.slo_tpot_s <= limit)
-        self.tight_share = tight / len(seqs) if seqs else 0.0
+        self.tight_share = tight_tpot_share(seqs, self.params.tight_tpot_s, inclusive=True)
         self.fraction = self.params.tight if seqs and self.tight_share >= self.params.share else self.params.loose
 
     def reserved_blocks(self) -> int:

@@ -63,7 +63,7 @@ class TenantSpec:
         object.__setattr__(self, "arrival", as_arrival(self.arrival))
         if self.rate_phases is not None:
             object.__setattr__(self, "rate_phases", tuple(self.rate_phases))
-            phased_times(np.zeros(0), self.rate_phases, self.phase_s)      # checks both
+            check_phases(self.rate_phases, self.phase_s)
         object.__setattr__(self, "prompt_len", LengthDist.from_spec(self.prompt_len))
         object.__setattr__(self, "output_len", LengthDist.from_spec(self.output_len))
         _check_parallel(self.parallel_n, self.parallel_prob)
@@ -158,16 +158,23 @@ def _count(name: str, v: int, lo: int = 0) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-def phased_times(times: np.ndarray, rate_phases: Sequence[float], phase_s: float) -> np.ndarray:
-    """Arrival times of a process whose rate is multiplied by ``rate_phases[k]`` during the
-    ``k``-th phase of ``phase_s`` seconds, cycling through the list: ``times`` (drawn at the base
-    rate) are mapped through the inverse of the cumulative rate factor, so the arrival order and
-    the inter-arrival distribution's shape are kept and the rate is piecewise constant."""
+def check_phases(rate_phases: Sequence[float], phase_s: float) -> np.ndarray:
+    """``rate_phases`` as float64 factors, after checking them (a non-empty list of finite numbers
+    > 0) and ``phase_s`` (a finite number > 0); ``ValueError`` naming the key otherwise."""
     factors = np.asarray([float(f) for f in rate_phases], dtype=np.float64)
     if factors.size == 0 or not np.all(np.isfinite(factors) & (factors > 0)):
         raise ValueError(f"rate_phases must be a non-empty list of numbers > 0, got {list(rate_phases)!r}")
     if not (math.isfinite(phase_s) and phase_s > 0):
         raise ValueError(f"phase_s must be a finite number > 0, got {phase_s!r}")
+    return factors
+
+
+def phased_times(times: np.ndarray, rate_phases: Sequence[float], phase_s: float) -> np.ndarray:
+    """Arrival times of a process whose rate is multiplied by ``rate_phases[k]`` during the
+    ``k``-th phase of ``phase_s`` seconds, cycling through the list: ``times`` (drawn at the base
+    rate) are mapped through the inverse of the cumulative rate factor, so the arrival order and
+    the inter-arrival distribution's shape are kept and the rate is piecewise constant."""
+    factors = check_phases(rate_phases, phase_s)
     base = np.concatenate([[0.0], np.cumsum(factors * phase_s)])   # base time at each phase start
     cycle = base[-1]
     t = np.asarray(times, dtype=np.float64)
