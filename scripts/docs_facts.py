@@ -453,6 +453,40 @@ def live_suite() -> dict[str, str]:
     return out
 
 
+SLO_SHIFT_LIVE = "docs/results/rl_live_h200/slo_shift"
+
+
+@source("slo_shift_live", "cheap", f"{SLO_SHIFT_LIVE}/sim_leaderboard.csv", f"{SLO_SHIFT_LIVE}/live_leaderboard.csv",
+        f"{SLO_SHIFT_LIVE}/live_results.csv")
+def slo_shift_live() -> dict[str, str]:
+    """docs/rl.md's bullets on `slo_shift` live on an H200 beside the sim (scripts/merge_eval.py's
+    leaderboards, references the constant 0.2 and `slo_mix`; the sim's per-run errors from the
+    ``sim_*`` columns the live runs record)."""
+    out = {}
+    for side, suffix in (("live", ""), ("sim", "_sim")):
+        rows = _csv(f"{SLO_SHIFT_LIVE}/{side}_leaderboard.csv")
+        const = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "fixed(fraction=0.2)" in k)
+        mix = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "slo_mix" in k)
+        rule = next(r for r in rows if r["policy"] == mix)
+        d = f"Δgoodput_tok_s vs {const}"
+        pct = float(rule[f"vs {const}_pct_change"])
+        if side == "live":
+            out["mix_vs_const"] = (f"{float(rule[d + '_mean']):+.1f} ± {float(rule[d + '_ci95']):.1f} tok/s "
+                                   f"({pct:+.1f}%, p {float(rule[f'vs {const}_p']):.2g})")
+        else:
+            out["mix_vs_const_sim"] = f"{float(rule[d + '_mean']):+.1f} ± {float(rule[d + '_ci95']):.1f} tok/s ({pct:+.1f}%)"
+        agents = [r for r in rows if r["kind"] == "agent"]
+        span = lambda ref: " to ".join(f"{v:+.1f}%" for v in sorted(
+            {min(float(r[f"vs {ref}_pct_change"]) for r in agents), max(float(r[f"vs {ref}_pct_change"]) for r in agents)}))
+        out[f"agents_vs_const{suffix}"] = span(const)
+        out[f"agents_vs_mix{suffix}"] = span(mix)
+    runs = _csv(f"{SLO_SHIFT_LIVE}/live_results.csv")
+    for key, metric in (("err_throughput", "throughput_tok_s"), ("err_goodput", "goodput_tok_s"), ("err_tpot", "tpot_p50_s")):
+        errors = [float(r[f"sim_{metric}"]) / float(r[metric]) - 1 for r in runs]
+        out[key] = f"{100 * sum(errors) / len(errors):+.1f}%"
+    return out
+
+
 # --- docs/results.md: the session-4 leaderboards, re-run on the archived profile (committed) -----
 
 SESSION4 = "docs/results/rl_session4"

@@ -9,6 +9,7 @@
     python scripts/rl_tables.py cells docs/results/rl_scenario/tenants.txt --split test \
         --fields "prefix hit rate,preemptions,SLO attainment,p50 TTFT s"
     python scripts/rl_tables.py live docs/results/rl_live_h200/pressure/{sim,live}_results.csv pressure
+    python scripts/rl_tables.py live docs/results/rl_live_h200/slo_shift/{sim,live}_results.csv slo_shift --reference slo_mix
     python scripts/rl_tables.py per_seed docs/results/rl_live_h200_sim_results.csv docs/results/rl_live_h200_results.csv
     python scripts/rl_tables.py verdict pressure=docs/results/rl_sim_suite/pressure_leaderboard.csv:docs/results/rl_sim_suite/pressure_results.csv \
         pool512=docs/results/rl_sim_rcpi/pool512_leaderboard.csv
@@ -25,7 +26,8 @@ table, a row per (task, split): goodput of each fixed watermark with the preempt
 brackets, the row's best in bold as that script marks it. ``cells``: the per-cell line of one split of
 such a file as a table, a row per field of its "per cell:" legend (``--fields``, by their legend
 names), a column per constant. ``live``: scripts/rl_live_compare.py's
-sim-beside-live table of one scenario, its heading as a bold caption (to sit inside a section).
+sim-beside-live table of one scenario, its heading as a bold caption (to sit inside a section), with
+the paired differences to ``--reference`` (a label or its start; default vLLM's fixed 0.01).
 ``per_seed``: goodput per test seed, live and in the sim, a row per live policy; a policy the sim
 ran once under another label (kvrl-eval merges a given val-best constant with the same baseline)
 is matched by its name without the bracketed label.
@@ -339,10 +341,10 @@ def _ci(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()) - half, float(x.mean()) + half
 
 
-def live(sim: str, live_: str, name: str) -> str:
+def live(sim: str, live_: str, name: str, reference: str = "fixed(fraction=0.01)") -> str:
     from rl_live_compare import load, render   # scripts/ is on sys.path when this file runs as a script
 
-    heading, rest = render(load(sim), load(live_), name).split("\n", 1)
+    heading, rest = render(load(sim), load(live_), name, reference).split("\n", 1)
     return f"**{heading.removeprefix('## ')}**\n{rest}"
 
 
@@ -368,6 +370,7 @@ def main() -> None:
     lv = sub.add_parser("live")
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
+    lv.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the paired Δ's reference")
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -386,7 +389,7 @@ def main() -> None:
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:
-        print(live(a.sim, a.live, a.scenario))
+        print(live(a.sim, a.live, a.scenario, a.reference))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ scripts/docs_tables.py) is re-run here when it is cheap, and a committed number 
 what its command prints now fails the suite."""
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -290,7 +292,6 @@ def test_per_seed_table_matches_a_relabelled_sim_policy_by_its_name(tmp_path):
 def test_fact_sources_read_only_their_declared_committed_inputs(monkeypatch):
     """Every fact source (scripts/docs_facts.py) reads only the files it declares, and each of them
     is tracked by git: a prose number comes from committed data, never from a local run."""
-    import subprocess
 
     facts = docs_tables._facts_module()
     tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split())
@@ -330,6 +331,35 @@ def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
     assert "Live seeds per policy" not in out
     del live["slo"][3]                        # a live stage stopped before its last run (results.partial.csv)
     assert "lifo 4, slo 3." in cmp.render(cmp.load(str(sim)), live, "x", reference="lifo")
+
+
+def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
+    """scripts/merge_eval.py: the shares' rows become one results.csv and one leaderboard whose
+    paired differences span every share's seeds; a reference may be the start of a label; a
+    (policy, split, seed) in two shares, or a reference no label starts with, is an error."""
+    head = "policy,kind,split,seed,goodput_tok_s,aborted,policy_errors\n"
+    values = {"fixed(fraction=0.2) [val-best, given]": [100, 110, 120, 130], "rule": [103, 112, 124, 133]}
+    shares = []
+    for g, seeds in enumerate(([0, 2], [1, 3])):
+        path = tmp_path / f"share{g}.csv"
+        path.write_text(head + "".join(f'"{p}",{"val-best" if p.startswith("fixed") else "heuristic"},test,{s},{vs[s]},0,0\n'
+                                       for p, vs in values.items() for s in seeds))
+        shares.append(str(path))
+    script = [sys.executable, str(ROOT / "scripts" / "merge_eval.py")]
+    out = tmp_path / "merged"
+    subprocess.run([*script, "--out", str(out), "--prefix", "live_", "--reference", "fixed(fraction=0.2)", *shares],
+                   check=True, cwd=ROOT, capture_output=True, text=True)
+    merged = list(csv.DictReader(open(out / "live_results.csv")))
+    assert len(merged) == 8 and {r["seed"] for r in merged} == {"0", "1", "2", "3"}
+    board = {r["policy"]: r for r in csv.DictReader(open(out / "live_leaderboard.csv"))}
+    ref = "vs fixed(fraction=0.2) [val-best, given]"
+    assert board["rule"]["runs"] == "4" and float(board["rule"][f"Δgoodput_tok_s {ref}_mean"]) == pytest.approx(3.0)
+    assert board["rule"][f"{ref}_verdict"] == "better"                # +3, +2, +4, +3: paired over all four seeds
+    assert "4 seeds [0, 1, 2, 3]" in (out / "live_leaderboard.md").read_text()
+    twice = subprocess.run([*script, "--out", str(out), shares[0], shares[0]], cwd=ROOT, capture_output=True, text=True)
+    assert twice.returncode != 0 and "is also in" in twice.stderr
+    missing = subprocess.run([*script, "--out", str(out), "--reference", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
+    assert missing.returncode != 0 and "starts with 'lifo'" in missing.stderr
 
 
 def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):

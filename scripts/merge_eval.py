@@ -1,0 +1,99 @@
+"""One leaderboard from several shares of one kvrl-eval evaluation.
+
+A live evaluation is often served in shares: one ``kvrl-eval`` per GPU (benchmarks/rl_live.sh with
+``GPUS=2``) and one device call per group of seeds. Each share writes its own ``results.csv``; this
+joins them (each (policy, seed) must come from exactly one share) and writes what kvrl-eval would
+have written for the whole evaluation: ``results.csv``, ``leaderboard.csv`` and ``leaderboard.md``,
+with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboard).
+
+    python scripts/merge_eval.py --out docs/results/rl_live_h200/slo_shift --prefix live_ \
+        --reference 'fixed(fraction=0.2)' --reference slo_mix --note 'H200, 4 calls x 2 GPUs' \
+        call1/live_g0/results.csv call1/live_g1/results.csv ...
+
+A reference is a policy label or the start of one (the first label, in file order, that starts with
+it). Only ``split=test`` rows enter the leaderboard; every row is kept in the merged results.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+from kvrl.apps.leaderboard import build_rows, markdown, write_csv
+
+TEXT_FIELDS = ("policy", "kind", "split", "backend", "workload")
+
+
+def _value(field: str, text: str):
+    if field in TEXT_FIELDS:
+        return text
+    if field == "seed":
+        return int(text)
+    return float(text) if text not in ("", "nan") else math.nan
+
+
+def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
+    """The header and rows of every share; raises ValueError when a (policy, split, seed) is in two
+    shares or the shares' columns differ."""
+    header, rows, seen = None, [], {}
+    for path in paths:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if header is None:
+                header = list(reader.fieldnames or [])
+            elif list(reader.fieldnames or []) != header:
+                raise ValueError(f"{path}: its columns differ from {paths[0]}'s")
+            for r in reader:
+                key = (r["policy"], r["split"], r["seed"])
+                if key in seen:
+                    raise ValueError(f"{path}: {key} is also in {seen[key]}")
+                seen[key] = path
+                rows.append(r)
+    if header is None:
+        raise ValueError("no results files given")
+    return header, rows
+
+
+def resolve(reference: str, labels: list[str]) -> str:
+    """The label ``reference`` names: itself, else the first label starting with it."""
+    if reference in labels:
+        return reference
+    match = next((p for p in labels if p.startswith(reference)), None)
+    if match is None:
+        raise ValueError(f"no policy label is or starts with {reference!r}; labels: {labels}")
+    return match
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="+", help="the shares' results.csv files")
+    p.add_argument("--out", required=True, help="directory for the merged files")
+    p.add_argument("--prefix", default="", help="file name prefix (e.g. live_ or sim_)")
+    p.add_argument("--reference", action="append", default=[], help="policy label (or its start); repeatable")
+    p.add_argument("--title", default="Leaderboard (merged shares)")
+    p.add_argument("--note", action="append", default=[], help="a line under the title; repeatable")
+    a = p.parse_args()
+    header, rows = read_shares(a.results)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows.sort(key=lambda r: (r["split"], r["policy"], int(r["seed"])))
+    with open(out / f"{a.prefix}results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+    test = [{k: _value(k, v) for k, v in r.items()} for r in rows if r["split"] == "test"]
+    labels = list(dict.fromkeys(r["policy"] for r in test))
+    references = [resolve(ref, labels) for ref in a.reference]
+    board = build_rows(test, references)
+    write_csv(board, out / f"{a.prefix}leaderboard.csv")
+    seeds = sorted({r["seed"] for r in test})
+    notes = [*a.note, f"Merged from {len(a.results)} results files: {len(test)} test runs, {len(seeds)} seeds {seeds}.",
+             "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
+             "difference to the reference policy (same requests), mean ± 95% CI."]
+    (out / f"{a.prefix}leaderboard.md").write_text(markdown(board, a.title, notes))
+    print(f"{len(rows)} rows ({len(test)} test) -> {out}/{a.prefix}{{results,leaderboard}}.csv, {a.prefix}leaderboard.md")
+
+
+if __name__ == "__main__":
+    main()
