@@ -481,9 +481,15 @@ def slo_shift_live() -> dict[str, str]:
         out[f"agents_vs_const{suffix}"] = span(const)
         out[f"agents_vs_mix{suffix}"] = span(mix)
     runs = _csv(f"{SLO_SHIFT_LIVE}/live_results.csv")
-    for key, metric in (("err_throughput", "throughput_tok_s"), ("err_goodput", "goodput_tok_s"), ("err_tpot", "tpot_p50_s")):
+    for key, metric in (("err_throughput", "throughput_tok_s"), ("err_goodput", "goodput_tok_s"), ("err_tpot", "tpot_p50_s"),
+                        ("err_ttft", "ttft_p50_s"), ("err_ttft_p99", "ttft_p99_s")):
         errors = [float(r[f"sim_{metric}"]) / float(r[metric]) - 1 for r in runs]
         out[key] = f"{100 * sum(errors) / len(errors):+.1f}%"
+        per_policy = {}
+        for r, e in zip(runs, errors):
+            per_policy.setdefault(r["policy"], []).append(e)
+        means = [100 * sum(v) / len(v) for v in per_policy.values()]
+        out[f"{key}_policies"] = f"{min(means):+.1f}% to {max(means):+.1f}%"
     return out
 
 

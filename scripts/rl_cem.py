@@ -13,12 +13,14 @@ window-to-window variance cancels and a gain of a fraction of a percent is visib
 (``Q_k = k * (theta . obs + b) - k^2 / 2``, whose arg max is that rounding), so it is saved as an
 SB3 DQN with ``net_arch=[]`` (``best_model.zip`` + ``agent.json``) and ``kvrl-eval`` and the
 ``agent`` plugin load it like any DQN agent. The search starts at the base constant (``theta = 0``,
-``b`` = the base bin) and keeps a diagonal Gaussian over ``(theta, b)``.
+``b`` = the base bin), or at a given linear policy (``--init``: a heuristic written as a score, so
+the search refines the rule instead of rediscovering it), and keeps a diagonal Gaussian over
+``(theta, b)``.
 
 **Selection.** After every generation the distribution's mean is served on the ``val`` split
 (``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
-constant on the same jobs; the mean with the best paired val gain is saved (the base constant itself while no generation
-beats it on val). Windows are served to
+constant on the same jobs; the mean with the best paired val gain is saved (the start itself, the
+base constant or ``--init``'s policy, while no generation beats it on val). Windows are served to
 completion (no time limit), so an episode is scored as kvrl-eval scores a job: ``goodput_tok_s``.
 
     python scripts/rl_cem.py --task hinted --base 0.03 --generations 12 --seed 0 \\
@@ -122,6 +124,26 @@ def save_agent(out: str, params: np.ndarray, task: str, overrides: list[str], su
         json.dump(summary, f, indent=2)
 
 
+def parse_init(text: str, names: list[str], free: np.ndarray) -> np.ndarray:
+    """The starting ``(theta, b)`` from ``name=weight,...,bias=b`` (observation names; a name not
+    given starts at 0); a weight on a feature outside ``--features`` is an error."""
+    params = np.zeros(len(names) + 1)
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep:
+            raise SystemExit(f"--init: {item!r} is not name=value")
+        if name == "bias":
+            params[-1] = float(value)
+        elif name not in names:
+            raise SystemExit(f"--init: {name!r} is not among the task's observation {names}")
+        elif not free[names.index(name)]:
+            raise SystemExit(f"--init: {name!r} is not among --features")
+        else:
+            params[names.index(name)] = float(value)
+    return params
+
+
 def train(args) -> None:
     _, _, env = _make_env(args.task, args.overrides, "train")
     bins = [float(b) for b in env.actions.config.bins]
@@ -137,16 +159,23 @@ def train(args) -> None:
     free = np.array([n in chosen for n in names] + [True])       # searched weights (+ the bias); others stay 0
     base = np.zeros(n_obs + 1)
     base[-1] = bins.index(args.base)
+    start = base if args.init is None else parse_init(args.init, names, free)
     rng = np.random.default_rng(args.seed)
-    mean, std = base.copy(), np.full(n_obs + 1, args.init_std)
+    mean, std = start.copy(), np.full(n_obs + 1, args.init_std)
     std[-1] = args.init_std_bias
     std[~free] = 0.0
     val_seeds = [int(s) for s in args.val_seeds.split(",")]
-    history, best = [], {"val_gain_pct": 0.0, "params": base.tolist(), "generation": -1}
+    history = []
     t0 = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides)) as pool:
         val_tasks = [(base, "val", s, args.resample) for s in val_seeds]
         val_base = np.asarray(list(pool.map(_score, val_tasks)))
+        start_gain = 0.0
+        if args.init is not None:       # the start must itself be beaten on val to be replaced
+            val_start = np.asarray(list(pool.map(_score, [(start, "val", s, args.resample) for s in val_seeds])))
+            start_gain = float(_paired_gain(val_start, val_base).mean())
+            print(json.dumps({"generation": -1, "start": args.init, "val_gain_pct": round(start_gain, 3)}), flush=True)
+        best = {"val_gain_pct": start_gain, "params": start.tolist(), "generation": -1}
         for gen in range(args.generations):
             windows = rng.integers(2**31, size=args.windows).tolist()
             cands = [mean + std * rng.standard_normal(n_obs + 1) for _ in range(args.population)]
@@ -197,6 +226,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--features", default=None, help="comma-separated observation names the score may weigh "
                     "(default: all)")
+    ap.add_argument("--init", default=None, help="start the search at this linear policy instead of the base "
+                    "constant: name=weight,...,bias=b (bins; e.g. a rule written as a score); kept unless a "
+                    "generation beats it on val")
     ap.add_argument("--max-wall-s", type=float, default=None, help="stop after the generation that passes this")
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="*")

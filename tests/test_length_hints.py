@@ -124,6 +124,28 @@ def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
     assert {0, 6} <= set(got)            # both clips are reached
 
 
+def test_policy_search_starts_at_a_given_linear_policy():
+    """rl_cem.py --init: ``name=weight,...,bias=b`` sets the start's weights by observation name;
+    a name the task lacks, one outside --features, or an item without ``=`` is a clear error."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "rl_cem.py"
+    spec = importlib.util.spec_from_file_location("rl_cem", path)
+    cem = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cem)
+    names = ["running", "tight_running", "tight_waiting"]
+    free = np.array([False, True, True, True])
+    start = cem.parse_init("tight_running=25, bias=-5", names, free)
+    assert list(start) == [0.0, 25.0, 0.0, -5.0]
+    # the rule slo_mix(tight=0.3 -> bin 5, loose=0.0 -> bin 0, share=0.3) written as that score
+    assert [cem.act(start, np.array([0.0, x, 0.0]), 6) for x in (0.0, 0.1, 0.4, 0.9)] == [0, 0, 5, 5]
+    for bad, match in (("queue=1", "not among the task's observation"), ("running=1", "not among --features"),
+                       ("tight_running", "is not name=value")):
+        with pytest.raises(SystemExit, match=match):
+            cem.parse_init(bad, names, free)
+
+
 def test_past_future_overcommit_lets_the_predicted_peak_exceed_the_pool():
     from kvrl.plugins.registry import create
 
