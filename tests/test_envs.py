@@ -280,7 +280,8 @@ def test_every_task_uses_the_shipped_profile(task):
 
 
 HELD_OUT = (("pressure", "pressure_heldout"), ("phased", "phased_heldout"), ("classes_preemption", "classes_heldout"),
-            ("joint", "joint_heldout"), ("tenants", "tenants_heldout"))
+            ("joint", "joint_heldout"), ("tenants", "tenants_heldout"),
+            ("slo_shift", "slo_shift_heldout"))
 
 
 @pytest.mark.parametrize("task,heldout", HELD_OUT)
