@@ -29,6 +29,8 @@
 #   GPUS=8 REFERENCE=lifo AGENTS_classes_preemption=docs/results/agents/classes-slot-seed0 \
 #     BASELINES='baselines.eviction=[{name: lifo},{name: slo_slack, mode: swap, pace: 0.5},{name: most_blocks, mode: swap}]' \
 #     bash benchmarks/rl_live.sh classes_preemption
+# Seeds served over several calls or GPUs (one results.csv per share) join into one leaderboard with
+# scripts/merge_eval.py (docs/rl.md, "slo_shift live on an H200").
 # A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
 #     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure
