@@ -29,8 +29,9 @@
 #   GPUS=8 REFERENCE=lifo AGENTS_classes_preemption=docs/results/agents/classes-slot-seed0 \
 #     BASELINES='baselines.eviction=[{name: lifo},{name: slo_slack, mode: swap, pace: 0.5},{name: most_blocks, mode: swap}]' \
 #     bash benchmarks/rl_live.sh classes_preemption
-# Seeds served over several calls or GPUs (one results.csv per share) join into one leaderboard with
-# scripts/merge_eval.py (docs/rl.md, "slo_shift live on an H200").
+# With GPUS > 1 the GPU shares are also merged into $OUT/<scenario>/live_leaderboard.{csv,md} and
+# live_results.csv; seeds served over several calls join the same way with scripts/merge_eval.py
+# (docs/rl.md, "slo_shift live on an H200").
 # A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
 #     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure
@@ -102,6 +103,10 @@ print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len
     else echo "$sc: a live stage wrote no results"; fi
   done
   live_csvs=$csvs; [ -n "$live_csvs" ] || continue
+  if [ "$GPUS" -gt 1 ]; then   # the GPU shares as one leaderboard: $dir/live_{results,leaderboard}.csv, live_leaderboard.md
+    python3 scripts/merge_eval.py --out "$dir" --prefix live_ --reference "${REFERENCE:-fixed(fraction=0.01)}" \
+      --title "$sc live ($GPUS GPU shares)" ${live_csvs//,/ } || status=1
+  fi
   python3 scripts/rl_live_compare.py "$dir/sim/results.csv" "$live_csvs" "$sc" ${REFERENCE:+--reference "$REFERENCE"} > "$dir/compare.md"
   cat "$dir/compare.md"
 done
