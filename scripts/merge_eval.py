@@ -20,7 +20,11 @@ import csv
 import math
 from pathlib import Path
 
+from rl_live_compare import resolve_reference   # scripts/ is on sys.path when this file runs as a script
+
+from kvrl.apps.eval import write_results
 from kvrl.apps.leaderboard import build_rows, markdown, write_csv
+from kvrl.apps.outputs import atomic_write
 
 TEXT_FIELDS = ("policy", "kind", "split", "backend", "workload")
 
@@ -56,10 +60,8 @@ def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
 
 
 def resolve(reference: str, labels: list[str]) -> str:
-    """The label ``reference`` names: itself, else the first label starting with it."""
-    if reference in labels:
-        return reference
-    match = next((p for p in labels if p.startswith(reference)), None)
+    """The label ``reference`` names (rl_live_compare's rule); an error if none."""
+    match = resolve_reference(reference, labels)
     if match is None:
         raise ValueError(f"no policy label is or starts with {reference!r}; labels: {labels}")
     return match
@@ -74,14 +76,11 @@ def main() -> None:
     p.add_argument("--title", default="Leaderboard (merged shares)")
     p.add_argument("--note", action="append", default=[], help="a line under the title; repeatable")
     a = p.parse_args()
-    header, rows = read_shares(a.results)
+    _, rows = read_shares(a.results)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows.sort(key=lambda r: (r["split"], r["policy"], int(r["seed"])))
-    with open(out / f"{a.prefix}results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(rows)
+    write_results(rows, out / f"{a.prefix}results.csv")
     test = [{k: _value(k, v) for k, v in r.items()} for r in rows if r["split"] == "test"]
     labels = list(dict.fromkeys(r["policy"] for r in test))
     references = [resolve(ref, labels) for ref in a.reference]
@@ -91,7 +90,7 @@ def main() -> None:
     notes = [*a.note, f"Merged from {len(a.results)} results files: {len(test)} test runs, {len(seeds)} seeds {seeds}.",
              "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
              "difference to the reference policy (same requests), mean ± 95% CI."]
-    (out / f"{a.prefix}leaderboard.md").write_text(markdown(board, a.title, notes))
+    atomic_write(out / f"{a.prefix}leaderboard.md", lambda f: f.write(markdown(board, a.title, notes)))
     print(f"{len(rows)} rows ({len(test)} test) -> {out}/{a.prefix}{{results,leaderboard}}.csv, {a.prefix}leaderboard.md")
 
 

@@ -39,10 +39,16 @@ def load(paths: str) -> dict[str, dict[int, float]]:
     return out
 
 
+def resolve_reference(reference: str, labels) -> "str | None":
+    """The policy label ``reference`` names among ``labels``: that label exactly, else the first
+    that starts with it; None if none does."""
+    return reference if reference in labels else next((p for p in labels if p.startswith(reference)), None)
+
+
 def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.01)") -> str:
     """The Markdown table; ``reference``: the label (prefix) of the policy differences are taken to
-    (that label exactly, else the first of the sim's results that starts with it)."""
-    ref = reference if reference in sim else next((p for p in sim if p.startswith(reference)), None)
+    (:func:`resolve_reference` over the sim's policies)."""
+    ref = resolve_reference(reference, list(sim))
     lines = [f"## {name}: sim prediction vs live ({METRIC}, mean ± 95% CI over seeds; Δ = paired per-seed "
              f"difference to {ref})", "",
              "| policy | sim | live | Δ sim (verdict) | Δ live (verdict) | same sign where sim is significant |",

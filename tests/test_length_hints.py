@@ -100,18 +100,24 @@ def test_hinted_task_observes_the_hint_keyed_demand():
     assert np.all(np.isfinite(obs)) and obs.shape == env.observation_space.shape
 
 
-def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
-    """scripts/rl_cem.py saves its linear-rounded policy as an SB3 DQN (kvrl-eval and the agent
-    plugin load it): the DQN's greedy action must be the rounded score, clipped to the bins."""
+def _rl_cem():
+    """scripts/rl_cem.py as a module (scripts/ is not a package)."""
     import importlib.util
     import pathlib
-
-    from kvrl.envs.agent_io import load_agent
 
     path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "rl_cem.py"
     spec = importlib.util.spec_from_file_location("rl_cem", path)
     cem = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cem)
+    return cem
+
+
+def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
+    """scripts/rl_cem.py saves its linear-rounded policy as an SB3 DQN (kvrl-eval and the agent
+    plugin load it): the DQN's greedy action must be the rounded score, clipped to the bins."""
+    from kvrl.envs.agent_io import load_agent
+
+    cem = _rl_cem()
     rng = np.random.default_rng(0)
     params = rng.normal(0.0, 2.0, size=25)
     params[-1] = 2.2
@@ -127,13 +133,7 @@ def test_policy_search_agent_acts_as_its_rounded_linear_score(tmp_path):
 def test_policy_search_starts_at_a_given_linear_policy():
     """rl_cem.py --init: ``name=weight,...,bias=b`` sets the start's weights by observation name;
     a name the task lacks, one outside --features, or an item without ``=`` is a clear error."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "rl_cem.py"
-    spec = importlib.util.spec_from_file_location("rl_cem", path)
-    cem = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cem)
+    cem = _rl_cem()
     names = ["running", "tight_running", "tight_waiting"]
     free = np.array([False, True, True, True])
     start = cem.parse_init("tight_running=25, bias=-5", names, free)
