@@ -103,6 +103,8 @@ REJECTED = [
     ("fidelity", ["workloads.poisson.workload.arrival.rate=-1"], "workloads.poisson.workload"),
     ("fidelity", ["only_workloads=[posson]"], "only_workloads"),
     ("fidelity", ["refit=true"], "refit"),                             # before: silently ignored without resim
+    ("fidelity", ["host_speed=fast"], "host_speed"),
+    ("fidelity", ["host_speed=0"], "host_speed"),
     ("fidelity", ["live.device=gpu"], "live.device"),
 ]
 

@@ -115,6 +115,11 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert all(w["queued_steps"] > 0 for w in pressured) and sum(w["preemptions"] for w in pressured) > 0
     assert "steps with requests left waiting" in (cpu_profile.parent / "profile.md").read_text()
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
+    # the host's speed while the engine runs were timed, for the sim's host_speed
+    meta = data["meta"]
+    assert meta["host_probes"] > 0 and 0 < meta["host_probe_s"] < 0.1 and meta["python"]
+    assert meta["host_probe_p10_p90_s"][0] <= meta["host_probe_s"] <= meta["host_probe_p10_p90_s"][1]
+    assert "host speed while the engine runs were timed" in (cpu_profile.parent / "profile.md").read_text()
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0
     assert (cpu_profile.parent / "profile.md").read_text().startswith("# Step-time profile")
@@ -509,6 +514,12 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         assert {"pre_tok_prev", "swap_blocks", "swap_step", "cpu_wait", "cpu_steal", "cpu_busy"} <= set(header)
         assert (out / f"steps_tiny_{pol}.png").stat().st_size > 0
     assert "Per-metric error" in proc.stdout
+    # every pair records the live host's speed beside the profile's; the default sim leaves the
+    # profile's host terms as they are
+    first = json.loads((out / "fidelity.json").read_text())
+    for r in first.values():
+        assert r["live_host_probe_s"] > 0 and np.isfinite(r["host_probe_ratio"]) and r["host_speed"] == 1.0
+    assert "sim host speed (live / profile host probe)" in table and "| x1.00 (" in table
 
     # the sim side again, offline, against this run's live results: the same sim metrics (the sim
     # is deterministic and gets the same requests, engine configuration and profile), live kept
@@ -526,6 +537,19 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
     _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "refit=true", "only_policies=[vllm]",
          f"hydra.run.dir={tmp_path / 'refit'}", "plots=false", cwd=tmp_path)
     assert "(refitted)" in (tmp_path / "refit" / "fidelity.md").read_text()
+    # host_speed=probe: the live run's recorded probe over the profile's scales the host terms of
+    # the sim and of the replay (host_speed=2: by two)
+    for setting, d in (("probe", "probe"), ("2", "double")):
+        _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", f"host_speed={setting}",
+             f"hydra.run.dir={tmp_path / d}", "plots=false", cwd=tmp_path)
+    probe, double = (json.loads((tmp_path / d / "fidelity.json").read_text()) for d in ("probe", "double"))
+    for pair, r in first.items():
+        ratio = r["host_probe_ratio"]
+        assert probe[pair]["host_speed"] == (pytest.approx(ratio) if 0.25 <= ratio <= 4 else 1.0)
+        host = lambda res: res["replay"]["by_kind"]["host"]["sim_s"]
+        assert host(double[pair]) == pytest.approx(2 * host(second[pair]), rel=1e-9)
+        assert host(probe[pair]) == pytest.approx(probe[pair]["host_speed"] * host(second[pair]), rel=1e-9)
+        assert double[pair]["sim"]["throughput_tok_s"] < second[pair]["sim"]["throughput_tok_s"]
     bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={tmp_path / 'nowhere'}",
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)

@@ -54,7 +54,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     graphs, steps = bool(live.use_cuda_graphs), bool(live.use_step_graphs)
     first = SimExecutor(shape, dev, seed, profile=cfg["profile"], cuda_graphs=graphs, step_graphs=steps)
     spec = first.profile if first.profile is not None else "none"
-    make_sim = lambda: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs, step_graphs=steps)
+    make_sim = lambda host_speed=1.0: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs,
+                                                  step_graphs=steps, host_speed=host_speed)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
     slo = dict(cfg["slo"])
 
@@ -82,6 +83,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                 f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
                 + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
                 f"torch {torch.__version__}, triton {tv}; host {platform.node()}; {time.perf_counter() - t_all:.0f} s so far.",
+                f"sim host speed: {cfg['host_speed']} (factor on the profile's host terms; 'probe' = the live run's "
+                "host probe over the profile's; per pair in the replay table).",
                 f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
     for wname, w in workloads.items():
@@ -98,7 +101,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             log.info("running %s", title)
             out = out_dir / "runs" / wname / pname
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg["max_live_wall_s"],
-                           cfg["plots"], title, cfg["live_repeats"])
+                           cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"])
             results[(wname, pname)] = res
             write_report(results, out_dir, header_lines(), final=False)   # partial results survive a timeout
             if "error" not in res:

@@ -133,6 +133,7 @@ class FidelitySchema:
     plots: bool = True
     resim: Optional[str] = None
     refit: bool = False
+    host_speed: Any = 1.0
 
 
 # ------------------------------------------------------------------------------------- kvrl-profile
@@ -340,6 +341,10 @@ def _fidelity_checks(cfg: dict) -> None:
     plugins.check_range("live_repeats", cfg["live_repeats"], 1)
     if cfg["refit"] and not cfg["resim"]:
         raise ValueError("refit=true applies only with resim=<run dir> (nothing would be refitted)")
+    hs = cfg["host_speed"]
+    if hs != "probe" and not (isinstance(hs, (int, float)) and not isinstance(hs, bool) and 0 < hs < float("inf")):
+        raise ValueError(f"host_speed={hs!r}: give 'probe' (the live run's host probe over the profile's) or a "
+                         "positive factor on the profile's host terms (1 = as profiled)")
 
 
 def _profile_checks(cfg: dict) -> None:

@@ -1,6 +1,6 @@
 """Re-run the sim side of a finished ``kvrl-fidelity`` run, offline, against its recorded live results.
 
-``kvrl-fidelity resim=<run dir> profile=<profile.json> [refit=true]`` (no GPU): reads the earlier run's
+``kvrl-fidelity resim=<run dir> profile=<profile.json> [refit=true] [host_speed=probe]`` (no GPU): reads the earlier run's
 ``.hydra/config.yaml`` (workloads, policies, SLO, seed) and ``fidelity.json`` (live metrics of
 every live run, the resolved engine configuration of each pair), serves the same requests through
 the sim with the given profile, re-prices the recorded live batches of ``runs/*/*/replay.csv`` with
@@ -62,10 +62,11 @@ def sim_target(profile) -> tuple[Any, Any]:
     return shape, device
 
 
-def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
+def reprice(replay_csv: Path, model, cuda_graphs: bool, host_speed: float = 1.0) -> list[dict]:
     """The recorded live steps of ``replay_csv`` priced by ``model`` as the sim prices them (compute
-    stream + host term, on the sim's swap stream: a step waits for the swap-ins issued before it and
-    for a pending swap-out, as :class:`~kvrl.executors.sim.SwapStream` models the live executor)."""
+    stream + host term times ``host_speed``, on the sim's swap stream: a step waits for the swap-ins
+    issued before it and for a pending swap-out, as :class:`~kvrl.executors.sim.SwapStream` models
+    the live executor)."""
     from kvrl.executors.profile import FORWARD_FEATURES, HOST_WORK
     from kvrl.executors.sim import SwapStream
     from kvrl.fidelity.replay import read_replay_csv
@@ -74,9 +75,9 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool) -> list[dict]:
     stream, now = SwapStream(), 0.0
     for feats in read_replay_csv(replay_csv):
         busy = feats.get("n_pre", 0) or feats.get("n_dec", 0)
-        host = model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
-                            *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
-        elapsed = model.predict_features(feats, cuda_graphs, host=True)
+        host = host_speed * model.host_s(feats.get("n_pre", 0) + feats.get("n_dec", 0), feats.get("n_pre", 0),
+                                         *(feats.get(k, 0) for k in HOST_WORK)) if busy else 0.0
+        elapsed = model.predict_features(feats, cuda_graphs, host=True, host_scale=host_speed)
         n_out, n_in = feats.get("swap_out", 0), feats.get("swap_in", 0)
         if n_out or n_in or stream.busy_until > now:
             forward = model.forward_s(*(feats.get(k, 0) for k in FORWARD_FEATURES), cuda_graphs=cuda_graphs)
@@ -95,7 +96,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.fidelity.compare import summarize
-    from kvrl.fidelity.pairs import pair_engine, workload_requests
+    from kvrl.fidelity.pairs import pair_engine, pair_host_speed, workload_requests
     from kvrl.fidelity.replay import replay_summary
     from kvrl.fidelity.report import plot_pair, write_report
 
@@ -122,7 +123,9 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
               f"{profile.describe()}.",
               "Live metrics as recorded by that run; sim runs and the replay re-done on this machine (replay priced "
               "from step features on the sim's swap stream).",
-              f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s."]
+              f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s.",
+              f"sim host speed: {cfg.get('host_speed', 1.0)} (factor on the profile's host terms; 'probe' = the live "
+              "run's recorded host probe over the profile's; per pair in the replay table)."]
     for pair, old_res in old.items():
         wname, pname = pair.split("/", 1)
         if (only_w and wname not in only_w) or (only_p and pname not in only_p):
@@ -133,16 +136,18 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         w, pcfg = old_cfg["workloads"][wname], old_cfg["policies"][pname]
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
-        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps)
+        speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe_s"), profile)
+        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps,
+                          host_speed=speed["host_speed"])
         seng = pair_engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
         res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s", "live_gc")
                if k in old_res}
-        res.update(sim=summarize(seng), sim_wall_s=time.perf_counter() - wall, engine=ecfg)
+        res.update(sim=summarize(seng), sim_wall_s=time.perf_counter() - wall, engine=ecfg, **speed)
         replay_csv = run_dir / "runs" / wname / pname / "replay.csv"
         if replay_csv.exists():
-            rp = reprice(replay_csv, profile.model, graphs)
+            rp = reprice(replay_csv, profile.model, graphs, speed["host_speed"])
             res["replay"] = replay_summary(rp)
             if cfg.get("plots", True):
                 live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])

@@ -78,13 +78,18 @@ class SimExecutor(Executor):
         step_graphs: whether the modelled live executor replays whole-step graphs
             (``backend.step_graphs``): ``profile="auto"`` picks a profile measured in that mode, and
             an explicit profile of the other mode is used with a warning.
+        host_speed: with a profile, the factor on its host terms (the engine's own time between
+            steps): how much slower the modelled live host runs Python than the profiling one
+            (:func:`~kvrl.executors.host_speed.host_speed_ratio`; 1.0: the profile's host as is).
     """
 
     name = "sim"
 
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
                  profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
-                 step_graphs: bool = True) -> None:
+                 step_graphs: bool = True, host_speed: float = 1.0) -> None:
+        if not (host_speed > 0 and host_speed < float("inf")):
+            raise ValueError(f"host_speed={host_speed}: give a positive factor on the profile's host terms")
         self.model = model
         self.device = device
         self.seed = seed
@@ -93,6 +98,7 @@ class SimExecutor(Executor):
         #: multiplies every step's compute time (domain randomisation of the cost model, set per
         #: episode by the RL environments' ``env.episode.step_time_sigma``; 1.0 = the cost model as is)
         self.step_time_scale = 1.0
+        self.host_speed = float(host_speed)
         self._block_bytes = 0
         self._clock = 0.0
         self._swaps = SwapStream()
@@ -316,10 +322,10 @@ class SimExecutor(Executor):
         m = self._step_model
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
-                            len(batch.copies), n_out, n_in, self.cuda_graphs)
+                            len(batch.copies), n_out, n_in, self.cuda_graphs, host_scale=self.host_speed)
         if n_pre or n_dec:
             swaps = n_out + n_in
-            compute += m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
+            compute += self.host_speed * m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
                                      pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
         self._last_pre_tok = pre_tok
         compute *= self.step_time_scale

@@ -1,6 +1,6 @@
 """What the machine's CPUs did during a live run, sampled every few steps: was the engine's thread
 waiting for a CPU, were the VM's CPUs stolen by the hypervisor, how busy were the CPUs, and how
-fast the host ran a fixed piece of Python (:func:`host_probe_s`).
+fast the host ran a fixed piece of Python (:func:`~kvrl.executors.host_speed.host_probe_s`).
 
 The fidelity replay shows the engine's time between steps and the CPU-launched mixed steps slowing
 down together by up to 1.5-1.9x for seconds at a time (docs/fidelity.md, "Replay error before and
@@ -18,22 +18,14 @@ import os
 import time
 from typing import Optional
 
+from kvrl.executors.host_speed import host_probe_s, median_probe_s
+
 #: the replay.csv columns (per step: the ratios over the sampling window that holds it)
 CPU_COLUMNS = ("cpu_wait", "cpu_steal", "cpu_busy", "host_slow")
 
 
 #: a step whose window has ``host_slow`` at or above this ran on a slow host (run 31: 1.6-1.8x)
 HOST_SLOW_THRESHOLD = 1.4
-
-
-def host_probe_s(iterations: int = 2000) -> float:
-    """Wall seconds of a fixed piece of integer Python (about 50-100 us on a GPU host's CPU): the
-    host's speed right now, comparable only within one process."""
-    t0 = time.perf_counter()
-    acc = 0
-    for i in range(iterations):
-        acc += i * i % 7
-    return time.perf_counter() - t0
 
 
 def cpu_counters() -> Optional[tuple[float, float, float, float]]:
@@ -78,6 +70,11 @@ class CpuSampler:
                 c = (math.nan,) * 4
             probe = host_probe_s()
             self.samples.append((step_index, time.perf_counter(), (*c, probe)))
+
+    def median_probe_s(self) -> float:
+        """The run's median host probe in seconds (NaN before any sample): the live side of the
+        sim's ``host_speed`` (:func:`~kvrl.executors.host_speed.host_speed_ratio`)."""
+        return median_probe_s([c[4] for _, _, c in self.samples])
 
     def columns(self, num_steps: int) -> list[dict[str, float]]:
         """Per step, the :data:`CPU_COLUMNS` of the window between the samples around it (a sample

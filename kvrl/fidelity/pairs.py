@@ -41,8 +41,31 @@ def serve_live(engine, requests, recorder: StepRecorder, max_wall_s: Optional[fl
     return f"live run exceeded max_live_wall_s={max_wall_s}" if loop.stop_reason == "max_wall_s" else None
 
 
+def pair_host_speed(setting, live_probe_s: Optional[float], profile) -> dict:
+    """The sim's ``host_speed`` for one pair and what it stands on: ``setting`` ``"probe"`` (the
+    live run's median host probe over the profile's, :func:`~kvrl.executors.host_speed.host_speed_ratio`)
+    or a positive number (that factor); ``profile`` the sim's (None: roofline, no host terms).
+    Returns ``live_host_probe_s``, ``host_probe_ratio`` (live over profile probe; NaN where either
+    is missing), ``host_speed`` (applied) and ``host_speed_note``."""
+    import math
+
+    from kvrl.executors.host_speed import host_speed_ratio
+
+    prof_probe = (profile.meta.get("host_probe_s") if profile is not None else None) or math.nan
+    live_probe = live_probe_s if live_probe_s is not None else math.nan
+    raw = live_probe / prof_probe if prof_probe > 0 and live_probe > 0 else math.nan
+    if setting == "probe":
+        speed, note = host_speed_ratio(live_probe, prof_probe)
+    else:
+        speed, note = float(setting), f"host_speed={float(setting):g} as configured"
+    return {"live_host_probe_s": live_probe, "host_probe_ratio": raw, "host_speed": speed, "host_speed_note": note}
+
+
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
-             plots: bool, title: str, live_repeats: int = 1) -> dict:
+             plots: bool, title: str, live_repeats: int = 1, host_speed="probe") -> dict:
+    """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
+    builds one), replay the first live run's batches through the sim's cost model, and write the
+    pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it."""
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -62,7 +85,8 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     (out / "live").mkdir(parents=True, exist_ok=True)
     write_json(out / "live" / "metrics.json", live_m)
     atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
-    pricer = make_sim()
+    res.update(pair_host_speed(host_speed, recorder.cpu.median_probe_s(), make_sim(1.0).profile))
+    pricer = make_sim(res["host_speed"])
     pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
     replay = recorder.replay(pricer, live)
     recorder.batches.clear()
@@ -84,7 +108,7 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
             repeats.append(summarize(again))
     if repeats:
         res["live_again"], res["live_repeats"] = repeats[0], repeats
-    sim = make_sim()
+    sim = make_sim(res["host_speed"])
     seng = pair_engine(resolved, sim, pcfg, slo)
     wall = time.perf_counter()
     seng.run(requests)

@@ -39,7 +39,8 @@ class StepRecorder(EngineCallback):
     def replay(self, pricer, live) -> list[dict]:
         """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
         sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
-        and the sim's host term (so the run can be re-priced offline with another profile); ``live``
+        and the sim's host term at the pricer's ``host_speed`` (so the run can be re-priced offline
+        with another profile); ``live``
         is the live executor (its CUDA-graph sizes)."""
         from kvrl.executors.profile import HOST_WORK, batch_features, host_work_rows
 
@@ -50,7 +51,7 @@ class StepRecorder(EngineCallback):
                                                           self.inside, cpu):
             f = {**batch_features(batch), **work}
             n_dec, n_pre = f["n_dec"], f["n_pre"]
-            host_s = model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
+            host_s = pricer.host_speed * model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
                 if model is not None and batch.seqs else 0.0
             rows.append({"live_s": live_s, "sim_s": pricer.execute(batch).elapsed_s, "kind": step_kind(batch, n_pre, n_dec),
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,

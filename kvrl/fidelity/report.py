@@ -189,8 +189,9 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
                  + (f"; {ties} with a tie on one side (policies equal there: not a disagreement in order)." if ties else "."))
     lines += ["", "## Replay: the live run's batches priced by the sim's cost model", "",
               "| workload | policy | steps | median abs rel err | p90 | total time rel err | live wall s | sim wall s | "
-              "live GC pauses: n, total s, max s | live time on a slow host | total time rel err on a fast host |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "live GC pauses: n, total s, max s | live time on a slow host | total time rel err on a fast host | "
+              "sim host speed (live / profile host probe) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (w, p), r in results.items():
         rp, g = r.get("replay"), r.get("live_gc")
         if rp:
@@ -198,7 +199,7 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
             lines.append(f"| {w} | {p} | {rp['steps']} | {rp['median_abs_rel_err']:.1%} | {rp['p90_abs_rel_err']:.1%} | "
                          f"{pct(rp['total_rel_err'])} | {r.get('live_wall_s', 0):.1f} | {r.get('sim_wall_s', 0):.2f} | "
                          f"{gc_cell} | {slow_cell(rp.get('host_slow_share'))} | "
-                         f"{fast_cell((rp.get('fast_host') or {}).get('all'))} |")
+                         f"{fast_cell((rp.get('fast_host') or {}).get('all'))} | {host_speed_cell(r)} |")
     lines += ["", "### Replay by step kind (total seconds over the run; host = the engine's time between steps)", "",
               "| workload | policy | kind | steps | live s | sim s | total rel err | median abs rel err | "
               "total rel err on a fast host |",
@@ -211,6 +212,16 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
                          f"{pct(rel_err(k['live_s'], k['sim_s']))} | {'' if math.isnan(med) else f'{med:.1%}'} | "
                          f"{fast_cell(fast.get(kind))} |")
     return "\n".join(lines), csv_rows
+
+
+def host_speed_cell(r: dict) -> str:
+    """The factor the sim put on the profile's host terms for a pair, and the measured ratio of
+    the live run's host probe to the profile's (runs before session 20 recorded neither)."""
+    if "host_speed" not in r:
+        return "n/a"
+    ratio = r.get("host_probe_ratio")
+    measured = f"{ratio:.2f}" if ratio is not None and math.isfinite(ratio) else "n/a"
+    return f"x{r['host_speed']:.2f} ({measured})"
 
 
 def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:

@@ -4,25 +4,38 @@ measures the engine's own time between steps and the steps an engine actually ta
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
 from kvrl.engine.callbacks import EngineCallback
+from kvrl.executors.host_speed import host_probe_s
 from kvrl.workloads.lengths import LengthDist
 
 
 class StepTimer(EngineCallback):
     """Engine callback that keeps each executed batch, the engine-measured wall seconds inside
     ``execute`` and the live ``elapsed_s`` (which adds the engine's own time since the previous
-    step). It does nothing else between steps (one list append), so the gaps it sees are the engine's."""
+    step). Every ``probe_every`` steps it also times :func:`~kvrl.executors.host_speed.host_probe_s`
+    (the host's speed while the engine runs, which the profile records) and takes the probe's wall
+    time out of the next step's ``elapsed_s``; otherwise it does one list append, so the gaps it
+    keeps are the engine's."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe_every: int = 16) -> None:
         self.rows: list[tuple[Any, float, float]] = []
+        self.probes: list[float] = []
+        self.probe_every = probe_every
+        self._probe_wall = 0.0     # wall seconds this callback spent probing after the previous step
 
     def on_step(self, event) -> bool:
-        self.rows.append((event.batch, event.execute_wall_s, event.output.elapsed_s))
+        self.rows.append((event.batch, event.execute_wall_s, event.output.elapsed_s - self._probe_wall))
+        self._probe_wall = 0.0
+        if len(self.rows) % self.probe_every == 0:
+            t0 = time.perf_counter()
+            self.probes.append(host_probe_s())
+            self._probe_wall = time.perf_counter() - t0
         return True
 
 
@@ -33,6 +46,8 @@ class HostRun:
 
     steps: list[tuple[dict, float, float]]
     peak_blocks: int
+    #: host probes taken during the run (seconds each; :func:`~kvrl.executors.host_speed.host_probe_s`)
+    host_probes: list[float]
 
 
 def engine_run_lengths(kind: str, lo: int, hi: int) -> LengthDist:
@@ -93,7 +108,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     used = STEP_COLUMNS.index("used_blocks")
     peak = max((row[used] for row in eng.metrics.steps), default=0)
     return HostRun([({**batch_features(b), **w}, inner, el) for (b, inner, el), w in list(zip(timed.rows, work))[2:]],
-                   int(peak))
+                   int(peak), timed.probes)
 
 
 def engine_samples(ex, steps) -> list[dict]:

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from kvrl.executors.host_speed import median_probe_s
 from kvrl.profiling.batches import BatchFactory, grid_points, random_points
 from kvrl.profiling.host import engine_samples, host_run
 from kvrl.profiling.timing import device_name, fill_kv, measure, pool_blocks, profile_key_dict, warm_graphs
@@ -55,6 +56,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     # chunked prefills as an engine schedules them) and its gaps give the host model
     first = host_run(ex, grid, nb, n_cpu, block_size, seed)
     runs = {"fcfs/lifo": first.steps}
+    probes = list(first.host_probes)
     # and under memory pressure (a pool of half the blocks that run had in use at its peak;
     # recompute, then swap victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of
     # policy): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
@@ -63,7 +65,9 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     pool = {"peak_blocks": first.peak_blocks, "pressure_blocks": tight}
     if tight < nb:
         for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
-            runs[label] = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched).steps
+            hr = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched)
+            runs[label] = hr.steps
+            probes += hr.host_probes
     steps = [row for rows in runs.values() for row in rows]
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
@@ -108,7 +112,12 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             "grid": grid, "fit_stat": grid.get("fit_stat", "median"),
             "timing": f"{grid.get('fit_stat', 'median')} of LiveExecutor.execute wall time (synchronised) after warm-up",
             "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
-            "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex))}
+            "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex)),
+            # the host's speed while the engine runs were timed (kvrl.executors.host_speed)
+            "host_probe_s": median_probe_s(probes) if probes else None, "host_probes": len(probes),
+            "python": platform.python_version(),
+            "host_probe_p10_p90_s": [float(np.percentile(probes, 10)), float(np.percentile(probes, 90))]
+            if probes else []}
     # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
     # a refit from the file, after a fit-version change, uses the subset)
     key = profile_key_dict(ex)
@@ -231,6 +240,12 @@ def render_report(prof) -> str:
                          f"{label}: {w['steps']} steps, {w['preemptions']} preemptions, {w['swap_blocks']} swapped "
                          f"blocks, {w['queued_steps']} steps with requests left waiting (at most {w['max_waiting']})"
                          for label, w in f["host_run_work"].items()))
+    probe = prof.meta.get("host_probe_s")
+    if probe:
+        p10, p90 = prof.meta.get("host_probe_p10_p90_s") or (float("nan"), float("nan"))
+        lines.append(f"host speed while the engine runs were timed (kvrl.executors.host_speed): median probe "
+                     f"{probe * 1e6:.1f} us over {prof.meta.get('host_probes')} probes (p10 {p10 * 1e6:.1f}, "
+                     f"p90 {p90 * 1e6:.1f} us), python {prof.meta.get('python')}")
     if "host_unidentified" in f:
         lines.append(f"host terms the engine runs do not identify (no such work, or it always moved with an earlier "
                      f"term's; not fitted, 0): {', '.join(f['host_unidentified']) or 'none'}")

@@ -195,11 +195,12 @@ class StepModel:
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
-                swap_in: int = 0, cuda_graphs: bool = True, host: bool = True) -> float:
+                swap_in: int = 0, cuda_graphs: bool = True, host: bool = True, host_scale: float = 1.0) -> float:
         """Seconds of one engine step's compute stream as the live executor reports it when no
         swap-in delays it (``host`` adds the engine's own time between steps, which live
-        ``elapsed_s`` includes). The sim's hot path: a few microseconds, block-operation terms
-        inlined."""
+        ``elapsed_s`` includes, times ``host_scale``: a live host that runs Python that much slower
+        than the profiling one, :mod:`kvrl.executors.host_speed`). The sim's hot path: a few
+        microseconds, block-operation terms inlined."""
         if n_pre == 0 and n_dec == 0:
             t = 0.0
         else:
@@ -207,7 +208,7 @@ class StepModel:
                                rows, cuda_graphs)
             if host:
                 h0, h1, h2 = self._h
-                t += h0 + h1 * (n_pre + n_dec) + h2 * n_pre
+                t += host_scale * (h0 + h1 * (n_pre + n_dec) + h2 * n_pre)   # exact at 1.0
         if copies:
             t += self._copy.c0 + self._copy.c1 * copies
         if swap_out:
@@ -216,12 +217,13 @@ class StepModel:
             t += self._swap_in.c0 + self._swap_in.c1 * swap_in
         return t
 
-    def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False) -> float:
+    def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False, host_scale: float = 1.0) -> float:
         """:meth:`predict` of a feature dict; with ``host``, also the :data:`HOST_WORK` terms of
-        the keys ``f`` has."""
-        t = self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host)
+        the keys ``f`` has (all host terms times ``host_scale``)."""
+        t = self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host,
+                         host_scale=host_scale)
         if host and (f.get("n_pre") or f.get("n_dec")):
-            t += self.host_work_s(*(int(f.get(k, 0)) for k in HOST_WORK))
+            t += host_scale * self.host_work_s(*(int(f.get(k, 0)) for k in HOST_WORK))
         return t
 
     def swap_s(self, num_blocks: int) -> float:

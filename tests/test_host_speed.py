@@ -1,0 +1,100 @@
+"""The host's speed (kvrl/executors/host_speed.py): the probe's ratio, the sim's ``host_speed``
+factor on a profile's host terms, and the probes a profile's engine runs take."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+from kvrl.executors.host_speed import PLAUSIBLE, host_probe_s, host_speed_ratio, median_probe_s
+from kvrl.executors.sim import SimExecutor
+from kvrl.fidelity.pairs import pair_host_speed
+from kvrl.profiling.host import StepTimer
+from tests.helpers import make_request
+
+
+def test_host_speed_ratio_is_live_over_profile_and_refuses_what_it_cannot_compare():
+    assert host_speed_ratio(150e-6, 100e-6) == (pytest.approx(1.5), "live probe 150 us / profile probe 100 us")
+    assert host_speed_ratio(80e-6, 100e-6)[0] == pytest.approx(0.8)
+    for live, prof, why in ((1e-4, None, "profile recorded no host probe"), (1e-4, math.nan, "profile recorded no"),
+                            (None, 1e-4, "live run recorded no host probe"), (0.0, 1e-4, "live run recorded no"),
+                            (1e-4 * (PLAUSIBLE[1] + 0.1), 1e-4, "outside"), (1e-4 * PLAUSIBLE[0] * 0.9, 1e-4, "outside")):
+        speed, note = host_speed_ratio(live, prof)
+        assert speed == 1.0 and why in note
+    assert median_probe_s([3.0, 1.0, 2.0, math.nan, -1.0]) == 2.0 and median_probe_s([1.0, 2.0]) == 1.5
+    assert math.isnan(median_probe_s([]))
+    assert 0 < host_probe_s(200) < host_probe_s(200_000)
+
+
+def test_pair_host_speed_reads_the_profile_probe_and_keeps_the_measured_ratio_when_not_applied():
+    prof = SimpleNamespace(meta={"host_probe_s": 1e-4})
+    got = pair_host_speed("probe", 1.3e-4, prof)
+    assert got["host_speed"] == pytest.approx(1.3) and got["host_probe_ratio"] == pytest.approx(1.3)
+    fixed = pair_host_speed(1.0, 1.3e-4, prof)
+    assert fixed["host_speed"] == 1.0 and fixed["host_probe_ratio"] == pytest.approx(1.3)
+    assert "as configured" in fixed["host_speed_note"]
+    old = pair_host_speed("probe", 1.3e-4, SimpleNamespace(meta={}))      # a profile from before session 20
+    assert old["host_speed"] == 1.0 and math.isnan(old["host_probe_ratio"])
+    assert pair_host_speed("probe", 1.3e-4, None)["host_speed"] == 1.0   # roofline: no host terms
+
+
+def _served(**sim_kw) -> tuple[list[float], SimExecutor]:
+    """Per-step durations of a small run on the shipped H200 Qwen3-0.6B profile, and its sim."""
+    from kvrl import plugins
+    from kvrl.engine.config import EngineConfig
+    from kvrl.engine.engine import Engine
+    from kvrl.engine.metrics import STEP_COLUMNS
+
+    sim = SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], profile="auto", **sim_kw)
+    assert sim.profile is not None
+    eng = Engine(EngineConfig(num_blocks=64, block_size=16, num_cpu_blocks=64, max_model_len=4096), sim,
+                 plugins.create("scheduler", "fcfs"), plugins.create("watermark", "fixed"),
+                 plugins.create("eviction", "lifo"), plugins.create("prefix_cache", "hash_lru"), record_steps=True)
+    eng.run([make_request(f"r{i}", 200 + 50 * i, 40, arrival_s=0.01 * i, seed=i) for i in range(12)])
+    return [row[STEP_COLUMNS.index("duration_s")] for row in eng.metrics.steps], sim
+
+
+def test_sim_host_speed_scales_only_the_host_terms_and_is_exact_at_one():
+    base, sim = _served(host_speed=1.0)
+    assert base == _served()[0]                  # bit for bit what a sim without the argument serves
+    slow, _ = _served(host_speed=1.5)
+    # the same schedule (time does not enter this workload's decisions), every step longer by half
+    # its host terms: at least half the base term, and a small part of a step on this profile
+    assert len(slow) == len(base)
+    h0 = sim.profile.model.host["base"]
+    assert all(s - b >= 0.5 * h0 * (1 - 1e-9) for s, b in zip(slow, base) if b > 0)
+    assert 0 < sum(slow) - sum(base) < 0.5 * sum(base)
+    with pytest.raises(ValueError, match="host_speed=0"):
+        SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"], host_speed=0)
+
+
+def test_model_host_scale_multiplies_exactly_the_host_part():
+    from tests.helpers import known_eager_model, step_features
+
+    m = known_eager_model(host={"per_admit": 2e-5, "per_wait": 1e-6})
+    f = {**step_features([300, 40], pre=[(64, 0)]), "n_admit": 1, "n_wait": 5}
+    fwd, with_host = m.predict_features(f, host=False), m.predict_features(f, host=True)
+    assert m.predict_features(f, host=True, host_scale=1.0) == with_host
+    assert m.predict_features(f, host=True, host_scale=3.0) == pytest.approx(fwd + 3 * (with_host - fwd), rel=1e-12)
+    assert m.predict_features(f, host=False, host_scale=3.0) == fwd
+
+
+def test_step_timer_probes_every_n_steps_and_keeps_the_probe_out_of_the_next_gap(monkeypatch):
+    import kvrl.profiling.host as H
+
+    clock = {"t": 0.0}
+
+    def probe() -> float:
+        clock["t"] += 0.5            # the probe takes half a second of wall time
+        return 1e-4
+
+    monkeypatch.setattr(H, "host_probe_s", probe)
+    monkeypatch.setattr(H.time, "perf_counter", lambda: clock["t"])
+    timer = StepTimer(probe_every=2)
+    ev = lambda el: SimpleNamespace(batch=None, execute_wall_s=0.001, output=SimpleNamespace(elapsed_s=el))
+    for el in (0.01, 0.02, 0.53, 0.04, 0.55):
+        timer.on_step(ev(el))
+    assert timer.probes == [1e-4, 1e-4]
+    assert [round(el, 6) for _, _, el in timer.rows] == [0.01, 0.02, 0.03, 0.04, 0.05]
