@@ -8,36 +8,43 @@ from types import SimpleNamespace
 import pytest
 
 from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
-from kvrl.executors.host_speed import PLAUSIBLE, host_probe_s, host_speed_ratio, median_probe_s
+from kvrl.executors.host_speed import PLAUSIBLE, host_probe_s, host_speed_ratio, probe_stats
 from kvrl.executors.sim import SimExecutor
 from kvrl.fidelity.pairs import pair_host_speed
 from kvrl.profiling.host import StepTimer
 from tests.helpers import make_request
 
 
-def test_host_speed_ratio_is_live_over_profile_and_refuses_what_it_cannot_compare():
-    assert host_speed_ratio(150e-6, 100e-6) == (pytest.approx(1.5), "live probe 150 us / profile probe 100 us")
-    assert host_speed_ratio(80e-6, 100e-6)[0] == pytest.approx(0.8)
-    for live, prof, why in ((1e-4, None, "profile recorded no host probe"), (1e-4, math.nan, "profile recorded no"),
-                            (None, 1e-4, "live run recorded no host probe"), (0.0, 1e-4, "live run recorded no"),
-                            (1e-4 * (PLAUSIBLE[1] + 0.1), 1e-4, "outside"), (1e-4 * PLAUSIBLE[0] * 0.9, 1e-4, "outside")):
+def _stats(mean: float) -> dict:
+    return {"mean_s": mean, "median_s": mean, "p10_s": mean, "p90_s": mean, "n": 10}
+
+
+def test_probe_stats_and_the_ratio_of_live_over_profile_which_refuses_what_it_cannot_compare():
+    st = probe_stats([3.0, 1.0, 2.0, math.nan, -1.0, 6.0])
+    assert st == {"mean_s": 3.0, "median_s": 2.5, "p10_s": 1.0, "p90_s": 6.0, "n": 4}
+    assert probe_stats([]) is None and probe_stats([math.nan]) is None
+    assert 0 < host_probe_s(200) < host_probe_s(200_000)
+    assert host_speed_ratio(_stats(150e-6), _stats(100e-6)) == (pytest.approx(1.5),
+                                                                 "live probe 150 us / profile probe 100 us (mean)")
+    assert host_speed_ratio(_stats(80e-6), _stats(100e-6))[0] == pytest.approx(0.8)
+    for live, prof, why in ((_stats(1e-4), None, "profile recorded no host probe"),
+                            (None, _stats(1e-4), "live run recorded no host probe"),
+                            (_stats(1e-4 * (PLAUSIBLE[1] + 0.1)), _stats(1e-4), "outside"),
+                            (_stats(1e-4 * PLAUSIBLE[0] * 0.9), _stats(1e-4), "outside")):
         speed, note = host_speed_ratio(live, prof)
         assert speed == 1.0 and why in note
-    assert median_probe_s([3.0, 1.0, 2.0, math.nan, -1.0]) == 2.0 and median_probe_s([1.0, 2.0]) == 1.5
-    assert math.isnan(median_probe_s([]))
-    assert 0 < host_probe_s(200) < host_probe_s(200_000)
 
 
 def test_pair_host_speed_reads_the_profile_probe_and_keeps_the_measured_ratio_when_not_applied():
-    prof = SimpleNamespace(meta={"host_probe_s": 1e-4})
-    got = pair_host_speed("probe", 1.3e-4, prof)
+    prof = SimpleNamespace(meta={"host_probe": _stats(1e-4)})
+    got = pair_host_speed("probe", _stats(1.3e-4), prof)
     assert got["host_speed"] == pytest.approx(1.3) and got["host_probe_ratio"] == pytest.approx(1.3)
-    fixed = pair_host_speed(1.0, 1.3e-4, prof)
+    fixed = pair_host_speed(1.0, _stats(1.3e-4), prof)
     assert fixed["host_speed"] == 1.0 and fixed["host_probe_ratio"] == pytest.approx(1.3)
     assert "as configured" in fixed["host_speed_note"]
-    old = pair_host_speed("probe", 1.3e-4, SimpleNamespace(meta={}))      # a profile from before session 20
+    old = pair_host_speed("probe", _stats(1.3e-4), SimpleNamespace(meta={}))   # a profile from before session 20
     assert old["host_speed"] == 1.0 and math.isnan(old["host_probe_ratio"])
-    assert pair_host_speed("probe", 1.3e-4, None)["host_speed"] == 1.0   # roofline: no host terms
+    assert pair_host_speed("probe", _stats(1.3e-4), None)["host_speed"] == 1.0   # roofline: no host terms
 
 
 def _served(**sim_kw) -> tuple[list[float], SimExecutor]:
@@ -98,3 +105,44 @@ def test_step_timer_probes_every_n_steps_and_keeps_the_probe_out_of_the_next_gap
         timer.on_step(ev(el))
     assert timer.probes == [1e-4, 1e-4]
     assert [round(el, 6) for _, _, el in timer.rows] == [0.01, 0.02, 0.03, 0.04, 0.05]
+
+
+def test_host_speed_table_reads_a_run_and_its_probe_resim(tmp_path):
+    """scripts/host_speed_table.py: per pair, the host total of the replay live, at the profile's
+    host speed (the run's sim, undone to 1.0) and with the probe ratio (the resim's)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("host_speed_table", "scripts/host_speed_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    host = lambda live, sim: {"replay": {"by_kind": {"host": {"live_s": live, "sim_s": sim}}}}
+    run, probe = tmp_path / "run", tmp_path / "probe"
+    for d in (run, probe):
+        d.mkdir()
+    (run / "fidelity.json").write_text(json.dumps({
+        "w/p": {**host(2.0, 1.0), "host_speed": 1.0, "live_host_probe": _stats(2e-4)},
+        "w/bad": {"error": "live run exceeded max_live_wall_s=1"}}))
+    (probe / "fidelity.json").write_text(json.dumps({"w/p": {**host(2.0, 1.8), "host_speed": 1.8}}))
+    rows = mod.rows("loaded", run, probe)
+    assert len(rows) == 1 and rows[0]["err_flat"] == pytest.approx(-0.5) and rows[0]["err_probe"] == pytest.approx(-0.1)
+    text = mod.table(rows, 3)
+    assert "| loaded | w/p | 10, 200, 200 | x1.80 | 2.000 | -50.0% | -10.0% |" in text
+    assert "50.0% at the profile's host speed, 10.0% with the probe ratio (1 pairs); 3 busy processes" in text
+
+
+def test_host_probes_callback_and_the_ratio_recorded_beside_a_live_run(monkeypatch):
+    """kvrl-run/kvrl-eval live: HostProbes probes every n-th step; sim_beside.probe_ratio is their
+    mean over the profile's (NaN without probes on either side)."""
+    import kvrl.executors.host_speed as H
+    from kvrl.apps.sim_beside import probe_ratio
+
+    monkeypatch.setattr(H, "host_probe_s", lambda: 3e-4)
+    cb = H.HostProbes(every=3)
+    assert all(cb.on_step(None) for _ in range(10)) and cb.probes == [3e-4] * 3
+    prof = SimpleNamespace(meta={"host_probe": _stats(2e-4)})
+    assert probe_ratio(cb.probes, prof) == pytest.approx(1.5)
+    assert math.isnan(probe_ratio([], prof)) and math.isnan(probe_ratio(cb.probes, SimpleNamespace(meta={})))
+    assert math.isnan(probe_ratio(cb.probes, None))
+    with pytest.raises(ValueError, match="every=0"):
+        H.HostProbes(every=0)

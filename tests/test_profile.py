@@ -117,8 +117,8 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert all(s["t"] > 0 and s["reps"] >= 3 for s in data["samples"])
     # the host's speed while the engine runs were timed, for the sim's host_speed
     meta = data["meta"]
-    assert meta["host_probes"] > 0 and 0 < meta["host_probe_s"] < 0.1 and meta["python"]
-    assert meta["host_probe_p10_p90_s"][0] <= meta["host_probe_s"] <= meta["host_probe_p10_p90_s"][1]
+    probe = meta["host_probe"]
+    assert probe["n"] > 0 and 0 < probe["p10_s"] <= probe["median_s"] <= probe["p90_s"] < 0.1 and meta["python"]
     assert "host speed while the engine runs were timed" in (cpu_profile.parent / "profile.md").read_text()
     assert data["meta"]["fit_stat"] == "min" and data["meta"]["cpu_threads"] == 1
     assert len(data["host_samples"]) > 10 and data["model"]["host"]["base"] > 0
@@ -518,7 +518,7 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
     # profile's host terms as they are
     first = json.loads((out / "fidelity.json").read_text())
     for r in first.values():
-        assert r["live_host_probe_s"] > 0 and np.isfinite(r["host_probe_ratio"]) and r["host_speed"] == 1.0
+        assert r["live_host_probe"]["mean_s"] > 0 and np.isfinite(r["host_probe_ratio"]) and r["host_speed"] == 1.0
     assert "sim host speed (live / profile host probe)" in table and "| x1.00 (" in table
 
     # the sim side again, offline, against this run's live results: the same sim metrics (the sim

@@ -46,6 +46,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl.apps import sim_beside, tracking
+from kvrl.executors.host_speed import HostProbes
 from kvrl.apps.baselines import VAL_TUNED, label_of, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
@@ -145,12 +146,14 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     if executor is not None and not _LIVE.get("num_blocks"):
         _LIVE["num_blocks"] = engine.config.num_blocks
     requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
-    metrics = engine.run(requests)
+    probes = HostProbes() if cfg["backend"]["name"] == "live" else None   # the live host's speed (#16)
+    metrics = engine.run(requests, callbacks=[probes] if probes else ())
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
     if cfg["backend"]["name"] == "live":      # the sim's prediction of the same run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.probes)
         out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
+        out["host_probe_ratio"] = predicted["host_probe_ratio"]
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}

@@ -136,7 +136,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         w, pcfg = old_cfg["workloads"][wname], old_cfg["policies"][pname]
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
-        speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe_s"), profile)
+        speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe"), profile)
         sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps,
                           host_speed=speed["host_speed"])
         seng = pair_engine(ecfg, sim, pcfg, slo)

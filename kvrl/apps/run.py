@@ -20,6 +20,7 @@ from kvrl import plugins
 from kvrl.apps.progress import job_progress
 from kvrl.apps.outputs import atomic_write, plot_steps, summary_table, write_json
 from kvrl.apps import sim_beside, tracking
+from kvrl.executors.host_speed import HostProbes
 from kvrl.apps.schema import register_schemas, validate_config
 from kvrl.builder import build_engine, to_dict
 from kvrl.workloads import build_workload
@@ -41,13 +42,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
              len(requests), engine.config.num_blocks, engine.config.block_size, engine.config.num_cpu_blocks,
              engine.executor.name)
     wall = time.perf_counter()
-    metrics = engine.run(requests, progress=job_progress(cfg.progress), max_steps=cfg.max_steps)
+    probes = HostProbes() if engine.executor.name == "live" else None   # the live host's speed (#16)
+    metrics = engine.run(requests, progress=job_progress(cfg.progress), max_steps=cfg.max_steps,
+                         callbacks=[probes] if probes else ())
     metrics["wall_s"] = time.perf_counter() - wall
     metrics.update(engine.metrics.wall_clock())   # policy_time_s, host gaps (#15)
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
     if engine.executor.name == "live":    # the sim's prediction of this run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.probes)
         predicted["error"] = sim_beside.compare(metrics, predicted)
         write_json(out_dir / "sim_prediction.json", predicted)
         metrics["sim_error"] = predicted["error"]

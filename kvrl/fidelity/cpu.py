@@ -18,7 +18,7 @@ import os
 import time
 from typing import Optional
 
-from kvrl.executors.host_speed import host_probe_s, median_probe_s
+from kvrl.executors.host_speed import host_probe_s
 
 #: the replay.csv columns (per step: the ratios over the sampling window that holds it)
 CPU_COLUMNS = ("cpu_wait", "cpu_steal", "cpu_busy", "host_slow")
@@ -71,10 +71,10 @@ class CpuSampler:
             probe = host_probe_s()
             self.samples.append((step_index, time.perf_counter(), (*c, probe)))
 
-    def median_probe_s(self) -> float:
-        """The run's median host probe in seconds (NaN before any sample): the live side of the
-        sim's ``host_speed`` (:func:`~kvrl.executors.host_speed.host_speed_ratio`)."""
-        return median_probe_s([c[4] for _, _, c in self.samples])
+    def probes(self) -> list[float]:
+        """The run's host probes in seconds, in order: the live side of the sim's ``host_speed``
+        (:func:`~kvrl.executors.host_speed.probe_stats`)."""
+        return [c[4] for _, _, c in self.samples]
 
     def columns(self, num_steps: int) -> list[dict[str, float]]:
         """Per step, the :data:`CPU_COLUMNS` of the window between the samples around it (a sample

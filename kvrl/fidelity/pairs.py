@@ -41,31 +41,33 @@ def serve_live(engine, requests, recorder: StepRecorder, max_wall_s: Optional[fl
     return f"live run exceeded max_live_wall_s={max_wall_s}" if loop.stop_reason == "max_wall_s" else None
 
 
-def pair_host_speed(setting, live_probe_s: Optional[float], profile) -> dict:
+def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
     """The sim's ``host_speed`` for one pair and what it stands on: ``setting`` ``"probe"`` (the
-    live run's median host probe over the profile's, :func:`~kvrl.executors.host_speed.host_speed_ratio`)
-    or a positive number (that factor); ``profile`` the sim's (None: roofline, no host terms).
-    Returns ``live_host_probe_s``, ``host_probe_ratio`` (live over profile probe; NaN where either
-    is missing), ``host_speed`` (applied) and ``host_speed_note``."""
+    live run's host probes against the profile's, :func:`~kvrl.executors.host_speed.host_speed_ratio`)
+    or a positive number (that factor); ``live_probe`` the live run's
+    :func:`~kvrl.executors.host_speed.probe_stats`; ``profile`` the sim's (None: roofline, no host
+    terms). Returns ``live_host_probe``, ``host_probe_ratio`` (the measured ratio, NaN where either
+    side has no probes), ``host_speed`` (applied) and ``host_speed_note``."""
     import math
 
-    from kvrl.executors.host_speed import host_speed_ratio
+    from kvrl.executors.host_speed import RATIO_STAT, host_speed_ratio
 
-    prof_probe = (profile.meta.get("host_probe_s") if profile is not None else None) or math.nan
-    live_probe = live_probe_s if live_probe_s is not None else math.nan
-    raw = live_probe / prof_probe if prof_probe > 0 and live_probe > 0 else math.nan
+    prof_probe = profile.meta.get("host_probe") if profile is not None else None
+    raw = live_probe[RATIO_STAT] / prof_probe[RATIO_STAT] if live_probe and prof_probe else math.nan
     if setting == "probe":
         speed, note = host_speed_ratio(live_probe, prof_probe)
     else:
         speed, note = float(setting), f"host_speed={float(setting):g} as configured"
-    return {"live_host_probe_s": live_probe, "host_probe_ratio": raw, "host_speed": speed, "host_speed_note": note}
+    return {"live_host_probe": live_probe, "host_probe_ratio": raw, "host_speed": speed, "host_speed_note": note}
 
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
              plots: bool, title: str, live_repeats: int = 1, host_speed="probe") -> dict:
     """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
     builds one), replay the first live run's batches through the sim's cost model, and write the
-    pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it."""
+    pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it, the live side's
+    host probes pooled over every live run of the pair (the sim is compared with their mean)."""
+    from kvrl.executors.host_speed import probe_stats
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -85,7 +87,16 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     (out / "live").mkdir(parents=True, exist_ok=True)
     write_json(out / "live" / "metrics.json", live_m)
     atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
-    res.update(pair_host_speed(host_speed, recorder.cpu.median_probe_s(), make_sim(1.0).profile))
+    repeats, probes = [], recorder.cpu.probes()
+    for _ in range(live_repeats - 1 if "error" not in res else 0):   # the same live run again: how far live is from itself
+        again, rec = pair_engine(ecfg, live, pcfg, slo, record_steps=False), StepRecorder()
+        error = serve_live(again, requests, rec, max_wall_s)
+        probes += rec.cpu.probes()
+        if error:
+            log.warning("%s: repeat: %s", title, error)
+        else:
+            repeats.append(summarize(again))
+    res.update(pair_host_speed(host_speed, probe_stats(probes), make_sim(1.0).profile))
     pricer = make_sim(res["host_speed"])
     pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
     replay = recorder.replay(pricer, live)
@@ -98,14 +109,6 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     if "error" in res:
         res.update(live=live_m, sim={}, engine=resolved)
         return res
-    repeats = []
-    for _ in range(live_repeats - 1):   # the same live run again: how far live is from itself
-        again = pair_engine(ecfg, live, pcfg, slo, record_steps=False)
-        error = serve_live(again, requests, StepRecorder(), max_wall_s)
-        if error:
-            log.warning("%s: repeat: %s", title, error)
-        else:
-            repeats.append(summarize(again))
     if repeats:
         res["live_again"], res["live_repeats"] = repeats[0], repeats
     sim = make_sim(res["host_speed"])

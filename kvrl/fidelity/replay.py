@@ -20,7 +20,7 @@ class StepRecorder(EngineCallback):
     three list appends happens between live steps). The run's wall-time limit is the serving
     loop's (:func:`kvrl.fidelity.pairs.serve_live`)."""
 
-    def __init__(self, cpu_every: int = 64) -> None:
+    def __init__(self, cpu_every: int = 16) -> None:
         from kvrl.fidelity.cpu import CpuSampler
 
         self.batches: list = []

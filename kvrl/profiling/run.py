@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from kvrl.executors.host_speed import median_probe_s
+from kvrl.executors.host_speed import probe_stats
 from kvrl.profiling.batches import BatchFactory, grid_points, random_points
 from kvrl.profiling.host import engine_samples, host_run
 from kvrl.profiling.timing import device_name, fill_kv, measure, pool_blocks, profile_key_dict, warm_graphs
@@ -114,10 +114,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
             "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex)),
             # the host's speed while the engine runs were timed (kvrl.executors.host_speed)
-            "host_probe_s": median_probe_s(probes) if probes else None, "host_probes": len(probes),
-            "python": platform.python_version(),
-            "host_probe_p10_p90_s": [float(np.percentile(probes, 10)), float(np.percentile(probes, 90))]
-            if probes else []}
+            "host_probe": probe_stats(probes), "python": platform.python_version()}
     # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
     # a refit from the file, after a fit-version change, uses the subset)
     key = profile_key_dict(ex)
@@ -240,12 +237,11 @@ def render_report(prof) -> str:
                          f"{label}: {w['steps']} steps, {w['preemptions']} preemptions, {w['swap_blocks']} swapped "
                          f"blocks, {w['queued_steps']} steps with requests left waiting (at most {w['max_waiting']})"
                          for label, w in f["host_run_work"].items()))
-    probe = prof.meta.get("host_probe_s")
+    probe = prof.meta.get("host_probe")
     if probe:
-        p10, p90 = prof.meta.get("host_probe_p10_p90_s") or (float("nan"), float("nan"))
-        lines.append(f"host speed while the engine runs were timed (kvrl.executors.host_speed): median probe "
-                     f"{probe * 1e6:.1f} us over {prof.meta.get('host_probes')} probes (p10 {p10 * 1e6:.1f}, "
-                     f"p90 {p90 * 1e6:.1f} us), python {prof.meta.get('python')}")
+        lines.append(f"host speed while the engine runs were timed (kvrl.executors.host_speed): {probe['n']} probes, "
+                     f"mean {probe['mean_s'] * 1e6:.1f} us, median {probe['median_s'] * 1e6:.1f} us (p10 "
+                     f"{probe['p10_s'] * 1e6:.1f}, p90 {probe['p90_s'] * 1e6:.1f} us), python {prof.meta.get('python')}")
     if "host_unidentified" in f:
         lines.append(f"host terms the engine runs do not identify (no such work, or it always moved with an earlier "
                      f"term's; not fitted, 0): {', '.join(f['host_unidentified']) or 'none'}")
