@@ -27,16 +27,18 @@ def rows(label: str, run: Path, probe: Path) -> list[dict]:
         scaled = second[pair]["replay"]["by_kind"]["host"]["sim_s"]
         lp = r.get("live_host_probe") or {}
         out.append({"run": label, "pair": pair, "n": lp.get("n", 0), "mean_us": lp.get("mean_s", math.nan) * 1e6,
-                    "median_us": lp.get("median_s", math.nan) * 1e6, "ratio": second[pair]["host_speed"],
+                    "median_us": lp.get("median_s", math.nan) * 1e6, "contention": lp.get("contention", math.nan),
+                    "ratio": second[pair]["host_speed"],
                     "live_s": live_h, "err_flat": flat / live_h - 1, "err_probe": scaled / live_h - 1})
     return out
 
 
 def table(all_rows: list[dict], load: int | None) -> str:
-    lines = ["| run | pair | live probes: n, mean, median (us) | host speed applied | live host s | "
-             "sim host error at 1.0 | with the probe ratio |", "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| run | pair | live probes: n, mean, median (us) | live contention | host speed applied | live host s | "
+             "sim host error at 1.0 | with the probe ratio |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in all_rows:
         lines.append(f"| {r['run']} | {r['pair']} | {r['n']}, {r['mean_us']:.0f}, {r['median_us']:.0f} | "
+                     f"x{r['contention']:.3f} | "
                      f"x{r['ratio']:.2f} | {r['live_s']:.3f} | {r['err_flat']:+.1%} | {r['err_probe']:+.1%} |")
     lines.append("")
     for run in dict.fromkeys(r["run"] for r in all_rows):

@@ -396,6 +396,7 @@ def test_cpu_sampler_turns_counters_into_per_step_window_shares(monkeypatch):
     run-queue wait (of wall time) and of stolen / busy CPU time (of all CPU time), and the larger of
     its two host probes over the run's fastest tenth; steps outside any window are NaN; without
     /proc the counters are NaN and the probe is still recorded."""
+    import kvrl.executors.host_speed as HS
     import kvrl.fidelity.cpu as C
 
     seq = iter([(0.0, 0.0, 0.0, 0.0, 10.0), (0.5, 1.0, 2.0, 4.0, 11.0), (0.6, 1.0, 3.0, 8.0, 13.0)])
@@ -408,7 +409,7 @@ def test_cpu_sampler_turns_counters_into_per_step_window_shares(monkeypatch):
         return wait, steal, busy, total
 
     monkeypatch.setattr(C, "cpu_counters", counters)
-    monkeypatch.setattr(C, "host_probe_s", lambda: next(probes))
+    monkeypatch.setattr(HS, "host_probe_s", lambda: next(probes))
     monkeypatch.setattr(C.time, "perf_counter", lambda: cur["wall"])
     s = C.CpuSampler(every=2)
     for i in range(6):

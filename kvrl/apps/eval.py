@@ -151,7 +151,7 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
     if cfg["backend"]["name"] == "live":      # the sim's prediction of the same run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests, probes.probes)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats())
         out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
         out["host_probe_ratio"] = predicted["host_probe_ratio"]
     if job.trace and engine.metrics.steps:

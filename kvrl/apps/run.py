@@ -50,7 +50,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
     if engine.executor.name == "live":    # the sim's prediction of this run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests, probes.probes)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats())
         predicted["error"] = sim_beside.compare(metrics, predicted)
         write_json(out_dir / "sim_prediction.json", predicted)
         metrics["sim_error"] = predicted["error"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,11 +32,11 @@ def sim_config(cfg: Any, engine) -> DictConfig:
     return sim
 
 
-def predict(cfg: Any, live_engine, requests: Sequence, live_probes: Sequence[float] = ()) -> dict:
+def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict] = None) -> dict:
     """The sim's summary of serving ``requests`` as ``live_engine`` (a finished live run) did,
     plus ``cost_source`` and ``profile_staleness`` of the sim's cost model, and ``host_probe_ratio``:
-    the live run's host probes (``live_probes``, seconds; :class:`~kvrl.executors.host_speed.HostProbes`)
-    over the profile's (NaN where either is missing). The sim prices host terms as profiled
+    the live run's host measurement (``live_host``: :class:`~kvrl.executors.host_speed.HostProbes`'
+    ``meter.stats()``) against the profile's (NaN where either is missing). The sim prices host terms as profiled
     (``host_speed`` 1.0): the ratio is recorded, not applied, until a GPU run shows it helps
     (docs/fidelity.md, "Host speed")."""
     from kvrl.builder import build_engine
@@ -54,18 +54,16 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_probes: Sequence[flo
     summary = engine.run(list(requests))
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness
-    summary["host_probe_ratio"] = probe_ratio(live_probes, engine.executor.profile)
+    summary["host_probe_ratio"] = probe_ratio(live_host, engine.executor.profile)
     return summary
 
 
-def probe_ratio(live_probes: Sequence[float], profile) -> float:
-    """The :data:`~kvrl.executors.host_speed.RATIO_STAT` of ``live_probes`` over the profile's
-    recorded host probes (NaN without either)."""
-    from kvrl.executors.host_speed import RATIO_STAT, probe_stats
+def probe_ratio(live: Optional[dict], profile) -> float:
+    """:func:`~kvrl.executors.host_speed.host_speed_factor` of the live run's host measurement
+    ``live`` (:func:`~kvrl.executors.host_speed.probe_stats`) and the profile's (NaN without either)."""
+    from kvrl.executors.host_speed import host_speed_factor
 
-    live = probe_stats(live_probes)
-    prof = profile.meta.get("host_probe") if profile is not None else None
-    return live[RATIO_STAT] / prof[RATIO_STAT] if live and prof else float("nan")
+    return host_speed_factor(live, profile.meta.get("host_probe") if profile is not None else None)
 
 
 def compare(live: dict, sim: dict, metrics: Sequence[str] = METRICS) -> dict[str, float]:

@@ -36,55 +36,129 @@ def host_probe_s(iterations: int = PROBE_ITERATIONS) -> float:
     return time.perf_counter() - t0
 
 
-def probe_stats(probes: Sequence[float]) -> Optional[dict]:
-    """``{"mean_s", "median_s", "p10_s", "p90_s", "n"}`` of ``probes`` (seconds; non-finite and
-    non-positive ones dropped); None when none is left. The mean is what the sim's host terms
-    follow (:data:`RATIO_STAT`): a probe descheduled for a few ms counts in it as the engine's
-    gaps that were descheduled count in their total; the median shows a slow CPU alone."""
+def thread_sched_s() -> Optional[tuple[float, float]]:
+    """(seconds this thread has run on a CPU, seconds it has waited runnable on a run queue),
+    cumulative, from ``/proc/thread-self/schedstat``; None where the kernel keeps no scheduler
+    statistics (not Linux, or schedstats off)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns = (float(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return run_ns / 1e9, wait_ns / 1e9
+
+
+def probe_stats(probes: Sequence[float], sched: Optional[tuple[float, float]] = None) -> Optional[dict]:
+    """What one run (or several, pooled) measured of the host: ``mean_s``, ``median_s``, ``p10_s``,
+    ``p90_s`` and ``n`` of ``probes`` (seconds; non-finite and non-positive ones dropped), and with
+    ``sched`` (the engine thread's on-CPU and run-queue seconds over the runs, :class:`HostMeter`)
+    ``cpu_s``, ``wait_s`` and ``contention`` = 1 + wait / on-CPU: how much longer the thread's CPU
+    work took for waiting on other processes. None when no probe is left."""
     vals = sorted(p for p in probes if math.isfinite(p) and p > 0)
     if not vals:
         return None
     q = lambda f: vals[min(int(f * len(vals)), len(vals) - 1)]
     mid = len(vals) // 2
     median = vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
-    return {"mean_s": sum(vals) / len(vals), "median_s": median, "p10_s": q(0.1), "p90_s": q(0.9), "n": len(vals)}
-
-
-#: the statistic of :func:`probe_stats` whose live / profile ratio is the sim's ``host_speed``
-RATIO_STAT = "mean_s"
+    out = {"mean_s": sum(vals) / len(vals), "median_s": median, "p10_s": q(0.1), "p90_s": q(0.9), "n": len(vals)}
+    if sched is not None and sched[0] > 0:
+        out.update(cpu_s=sched[0], wait_s=sched[1], contention=1.0 + sched[1] / sched[0])
+    return out
 
 
 def host_speed_ratio(live: Optional[dict], profile: Optional[dict]) -> tuple[float, str]:
-    """(the factor the sim's host terms take for a live host whose probes are ``live``, given the
-    profile's ``profile``, both :func:`probe_stats`; why, in a few words). The factor is the ratio
-    of their :data:`RATIO_STAT` (above 1: the live host is slower than the profiling one); 1.0 when
-    either is missing or the ratio lies outside :data:`PLAUSIBLE`."""
+    """(the factor the sim's host terms take for a live host that measured ``live``, given the
+    profile's ``profile``, both :func:`probe_stats`; why, in a few words). The factor is the ratio of
+    the median probes (how fast the CPU runs Python when the thread runs: a slower VM, a slow vCPU
+    window) times the ratio of the engine thread's ``contention`` where both sides have it (how long
+    it waited for a CPU that other processes held). Above 1: the live host is slower than the
+    profiling one. 1.0 when either side is missing or the factor lies outside :data:`PLAUSIBLE`.
+
+    Not the mean probe: a probe is ~0.1 ms and a descheduling lasts milliseconds, so the mean of the
+    few dozen probes of a run swings by tens of percent with one of them (docs/fidelity.md, "Host
+    speed"); the scheduler's own count of the thread's waits covers the whole run."""
     if not profile:
         return 1.0, "the profile recorded no host probe (profiled before session 20)"
     if not live:
         return 1.0, "the live run recorded no host probe"
-    a, b = live[RATIO_STAT], profile[RATIO_STAT]
-    ratio = a / b
+    speed = host_speed_factor(live, profile)
+    why = f"median probe {live['median_s'] * 1e6:.0f} us live / {profile['median_s'] * 1e6:.0f} us profiled"
+    if "contention" in live and "contention" in profile:
+        why += f", contention x{live['contention']:.2f} live / x{profile['contention']:.2f} profiled"
     lo, hi = PLAUSIBLE
-    if not lo <= ratio <= hi:
-        return 1.0, f"host probe ratio {ratio:.2f} is outside {lo}-{hi}: not comparable, not applied"
-    return ratio, f"live probe {a * 1e6:.0f} us / profile probe {b * 1e6:.0f} us ({RATIO_STAT.removesuffix('_s')})"
+    if not lo <= speed <= hi:
+        return 1.0, f"host speed {speed:.2f} ({why}) is outside {lo}-{hi}: not comparable, not applied"
+    return speed, why
+
+
+def host_speed_factor(live: Optional[dict], profile: Optional[dict]) -> float:
+    """The factor of :func:`host_speed_ratio` before its plausibility check (NaN where either side
+    is missing): what the two measurements say, recorded whether or not it is applied."""
+    if not live or not profile:
+        return math.nan
+    speed = live["median_s"] / profile["median_s"]
+    if "contention" in live and "contention" in profile:
+        speed *= live["contention"] / profile["contention"]
+    return speed
+
+
+class HostMeter:
+    """The host's speed over one or more runs of the engine thread: :func:`host_probe_s` probes
+    taken by :meth:`probe`, and the thread's scheduler times between :meth:`start` and :meth:`stop`
+    (summed over start/stop pairs); :meth:`stats` is their :func:`probe_stats`."""
+
+    def __init__(self) -> None:
+        self.probes: list[float] = []
+        self.sched: Optional[tuple[float, float]] = None
+        self._at_start: Optional[tuple[float, float]] = None
+
+    def start(self) -> None:
+        self._at_start = thread_sched_s()
+
+    def stop(self) -> None:
+        end, begin = thread_sched_s(), self._at_start
+        if end is not None and begin is not None:
+            run, wait = self.sched or (0.0, 0.0)
+            self.sched = (run + end[0] - begin[0], wait + end[1] - begin[1])
+        self._at_start = None
+
+    def probe(self) -> float:
+        """Time one probe, keep it and return it (seconds)."""
+        p = host_probe_s()
+        self.probes.append(p)
+        return p
+
+    def merge(self, other: "HostMeter") -> None:
+        """Pool ``other``'s probes and scheduler times into this meter (the live runs of one pair)."""
+        self.probes += other.probes
+        if other.sched is not None:
+            run, wait = self.sched or (0.0, 0.0)
+            self.sched = (run + other.sched[0], wait + other.sched[1])
+
+    def stats(self) -> Optional[dict]:
+        return probe_stats(self.probes, self.sched)
 
 
 class HostProbes:
-    """Engine callback (:mod:`kvrl.engine.callbacks`) that times :func:`host_probe_s` after every
-    ``every``-th step of a live run (about 0.1 ms each, in that step's gap): the live side of
+    """Engine callback (:mod:`kvrl.engine.callbacks`) that keeps a :class:`HostMeter` over a live
+    run, probing after every ``every``-th step (about 0.1 ms, in that step's gap): the live side of
     :func:`host_speed_ratio` for ``kvrl-run``/``kvrl-eval`` with the live backend."""
 
     def __init__(self, every: int = 16) -> None:
         if every < 1:
             raise ValueError(f"HostProbes every={every}: must be at least 1")
         self.every = every
-        self.probes: list[float] = []
+        self.meter = HostMeter()
         self._steps = 0
+
+    def on_run_start(self, engine) -> None:
+        self.meter.start()
+
+    def on_run_end(self, engine) -> None:
+        self.meter.stop()
 
     def on_step(self, event) -> bool:
         self._steps += 1
         if self._steps % self.every == 0:
-            self.probes.append(host_probe_s())
+            self.meter.probe()
         return True

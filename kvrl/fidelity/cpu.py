@@ -18,7 +18,7 @@ import os
 import time
 from typing import Optional
 
-from kvrl.executors.host_speed import host_probe_s
+from kvrl.executors.host_speed import HostMeter
 
 #: the replay.csv columns (per step: the ratios over the sampling window that holds it)
 CPU_COLUMNS = ("cpu_wait", "cpu_steal", "cpu_busy", "host_slow")
@@ -50,7 +50,8 @@ def cpu_counters() -> Optional[tuple[float, float, float, float]]:
 
 
 class CpuSampler:
-    """Samples :func:`cpu_counters` and :func:`host_probe_s` with the wall clock every ``every``
+    """Samples :func:`cpu_counters` and a host probe (:class:`~kvrl.executors.host_speed.HostMeter`)
+    with the wall clock every ``every``
     steps (two small ``/proc`` reads and the probe, about 0.1 ms, in that step's gap) and turns
     consecutive samples into per-step window values (:data:`CPU_COLUMNS`): ``cpu_wait`` the share of
     wall time this thread was runnable but not running, ``cpu_steal`` and ``cpu_busy`` the shares of
@@ -62,19 +63,17 @@ class CpuSampler:
             raise ValueError(f"CpuSampler every={every}: must be at least 1")
         self.every = every
         self.samples: list[tuple[int, float, tuple]] = []
+        #: the probes, and the thread's scheduler times between start() and stop(): the live side
+        #: of the sim's ``host_speed`` (kvrl.executors.host_speed)
+        self.meter = HostMeter()
 
     def on_step(self, step_index: int) -> None:
         if step_index % self.every == 0:
             c = cpu_counters()
             if c is None:                      # no /proc: counters NaN, the probe still runs
                 c = (math.nan,) * 4
-            probe = host_probe_s()
+            probe = self.meter.probe()
             self.samples.append((step_index, time.perf_counter(), (*c, probe)))
-
-    def probes(self) -> list[float]:
-        """The run's host probes in seconds, in order: the live side of the sim's ``host_speed``
-        (:func:`~kvrl.executors.host_speed.probe_stats`)."""
-        return [c[4] for _, _, c in self.samples]
 
     def columns(self, num_steps: int) -> list[dict[str, float]]:
         """Per step, the :data:`CPU_COLUMNS` of the window between the samples around it (a sample

@@ -46,14 +46,12 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
     live run's host probes against the profile's, :func:`~kvrl.executors.host_speed.host_speed_ratio`)
     or a positive number (that factor); ``live_probe`` the live run's
     :func:`~kvrl.executors.host_speed.probe_stats`; ``profile`` the sim's (None: roofline, no host
-    terms). Returns ``live_host_probe``, ``host_probe_ratio`` (the measured ratio, NaN where either
+    terms). Returns ``live_host_probe``, ``host_probe_ratio`` (the measured factor, NaN where either
     side has no probes), ``host_speed`` (applied) and ``host_speed_note``."""
-    import math
-
-    from kvrl.executors.host_speed import RATIO_STAT, host_speed_ratio
+    from kvrl.executors.host_speed import host_speed_factor, host_speed_ratio
 
     prof_probe = profile.meta.get("host_probe") if profile is not None else None
-    raw = live_probe[RATIO_STAT] / prof_probe[RATIO_STAT] if live_probe and prof_probe else math.nan
+    raw = host_speed_factor(live_probe, prof_probe)
     if setting == "probe":
         speed, note = host_speed_ratio(live_probe, prof_probe)
     else:
@@ -67,7 +65,6 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     builds one), replay the first live run's batches through the sim's cost model, and write the
     pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it, the live side's
     host probes pooled over every live run of the pair (the sim is compared with their mean)."""
-    from kvrl.executors.host_speed import probe_stats
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -87,16 +84,16 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     (out / "live").mkdir(parents=True, exist_ok=True)
     write_json(out / "live" / "metrics.json", live_m)
     atomic_write(out / "live" / "steps.csv", eng.metrics.write_steps_csv)
-    repeats, probes = [], recorder.cpu.probes()
+    repeats, host = [], recorder.cpu.meter
     for _ in range(live_repeats - 1 if "error" not in res else 0):   # the same live run again: how far live is from itself
         again, rec = pair_engine(ecfg, live, pcfg, slo, record_steps=False), StepRecorder()
         error = serve_live(again, requests, rec, max_wall_s)
-        probes += rec.cpu.probes()
+        host.merge(rec.cpu.meter)
         if error:
             log.warning("%s: repeat: %s", title, error)
         else:
             repeats.append(summarize(again))
-    res.update(pair_host_speed(host_speed, probe_stats(probes), make_sim(1.0).profile))
+    res.update(pair_host_speed(host_speed, host.stats(), make_sim(1.0).profile))
     pricer = make_sim(res["host_speed"])
     pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
     replay = recorder.replay(pricer, live)

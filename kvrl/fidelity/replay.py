@@ -29,6 +29,12 @@ class StepRecorder(EngineCallback):
         #: CPU contention counters every ``cpu_every`` steps (kvrl.fidelity.cpu)
         self.cpu = CpuSampler(cpu_every)
 
+    def on_run_start(self, engine) -> None:
+        self.cpu.meter.start()
+
+    def on_run_end(self, engine) -> None:
+        self.cpu.meter.stop()
+
     def on_step(self, event) -> bool:
         self.cpu.on_step(len(self.inside))
         self.inside.append(event.execute_wall_s)

@@ -11,30 +11,36 @@ from typing import Any, Optional
 import numpy as np
 
 from kvrl.engine.callbacks import EngineCallback
-from kvrl.executors.host_speed import host_probe_s
+from kvrl.executors.host_speed import HostMeter
 from kvrl.workloads.lengths import LengthDist
 
 
 class StepTimer(EngineCallback):
     """Engine callback that keeps each executed batch, the engine-measured wall seconds inside
     ``execute`` and the live ``elapsed_s`` (which adds the engine's own time since the previous
-    step). Every ``probe_every`` steps it also times :func:`~kvrl.executors.host_speed.host_probe_s`
-    (the host's speed while the engine runs, which the profile records) and takes the probe's wall
-    time out of the next step's ``elapsed_s``; otherwise it does one list append, so the gaps it
-    keeps are the engine's."""
+    step). Its :class:`~kvrl.executors.host_speed.HostMeter` keeps the engine thread's scheduler
+    times over the run, and a host probe every ``probe_every`` steps (the host's speed while the
+    engine runs, which the profile records), whose wall time is taken out of the next step's
+    ``elapsed_s``; otherwise it does one list append, so the gaps it keeps are the engine's."""
 
     def __init__(self, probe_every: int = 16) -> None:
         self.rows: list[tuple[Any, float, float]] = []
-        self.probes: list[float] = []
+        self.meter = HostMeter()
         self.probe_every = probe_every
         self._probe_wall = 0.0     # wall seconds this callback spent probing after the previous step
+
+    def on_run_start(self, engine) -> None:
+        self.meter.start()
+
+    def on_run_end(self, engine) -> None:
+        self.meter.stop()
 
     def on_step(self, event) -> bool:
         self.rows.append((event.batch, event.execute_wall_s, event.output.elapsed_s - self._probe_wall))
         self._probe_wall = 0.0
         if len(self.rows) % self.probe_every == 0:
             t0 = time.perf_counter()
-            self.probes.append(host_probe_s())
+            self.meter.probe()
             self._probe_wall = time.perf_counter() - t0
         return True
 
@@ -46,8 +52,8 @@ class HostRun:
 
     steps: list[tuple[dict, float, float]]
     peak_blocks: int
-    #: host probes taken during the run (seconds each; :func:`~kvrl.executors.host_speed.host_probe_s`)
-    host_probes: list[float]
+    #: host probes and the engine thread's scheduler times during the run
+    host: HostMeter
 
 
 def engine_run_lengths(kind: str, lo: int, hi: int) -> LengthDist:
@@ -108,7 +114,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
     used = STEP_COLUMNS.index("used_blocks")
     peak = max((row[used] for row in eng.metrics.steps), default=0)
     return HostRun([({**batch_features(b), **w}, inner, el) for (b, inner, el), w in list(zip(timed.rows, work))[2:]],
-                   int(peak), timed.probes)
+                   int(peak), timed.meter)
 
 
 def engine_samples(ex, steps) -> list[dict]:

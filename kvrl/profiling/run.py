@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 
-from kvrl.executors.host_speed import probe_stats
 from kvrl.profiling.batches import BatchFactory, grid_points, random_points
 from kvrl.profiling.host import engine_samples, host_run
 from kvrl.profiling.timing import device_name, fill_kv, measure, pool_blocks, profile_key_dict, warm_graphs
@@ -56,7 +55,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     # chunked prefills as an engine schedules them) and its gaps give the host model
     first = host_run(ex, grid, nb, n_cpu, block_size, seed)
     runs = {"fcfs/lifo": first.steps}
-    probes = list(first.host_probes)
+    host = first.host
     # and under memory pressure (a pool of half the blocks that run had in use at its peak;
     # recompute, then swap victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of
     # policy): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
@@ -67,7 +66,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
         for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
             hr = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched)
             runs[label] = hr.steps
-            probes += hr.host_probes
+            host.merge(hr.host)
     steps = [row for rows in runs.values() for row in rows]
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
@@ -114,7 +113,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             "cpu_threads": torch.get_num_threads() if ex.device.type == "cpu" else None,
             "holdout_seed": seed, "fingerprint": profile_fingerprint(device_name(ex)),
             # the host's speed while the engine runs were timed (kvrl.executors.host_speed)
-            "host_probe": probe_stats(probes), "python": platform.python_version()}
+            "host_probe": host.stats(), "python": platform.python_version()}
     # the file keeps evenly spaced subsets of the engine run (the model was fitted on all of it;
     # a refit from the file, after a fit-version change, uses the subset)
     key = profile_key_dict(ex)
@@ -241,7 +240,9 @@ def render_report(prof) -> str:
     if probe:
         lines.append(f"host speed while the engine runs were timed (kvrl.executors.host_speed): {probe['n']} probes, "
                      f"mean {probe['mean_s'] * 1e6:.1f} us, median {probe['median_s'] * 1e6:.1f} us (p10 "
-                     f"{probe['p10_s'] * 1e6:.1f}, p90 {probe['p90_s'] * 1e6:.1f} us), python {prof.meta.get('python')}")
+                     f"{probe['p10_s'] * 1e6:.1f}, p90 {probe['p90_s'] * 1e6:.1f} us), python {prof.meta.get('python')}"
+                     + (f"; engine thread waited for a CPU {probe['wait_s']:.3f} s over {probe['cpu_s']:.2f} s on one "
+                        f"(contention x{probe['contention']:.3f})" if "contention" in probe else ""))
     if "host_unidentified" in f:
         lines.append(f"host terms the engine runs do not identify (no such work, or it always moved with an earlier "
                      f"term's; not fitted, 0): {', '.join(f['host_unidentified']) or 'none'}")
