@@ -12,7 +12,10 @@
 #   bash benchmarks/calibrate.sh env profile_qwen fidelity_qwen    # fidelity needs this call's profile
 #   bash benchmarks/calibrate.sh profile_llama summary
 # kvrl-fidelity rewrites its tables after every pair, so a stage cut short keeps the pairs it finished.
-# Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama fidelity_pressure residuals summary
+# Stages: env profile_qwen fidelity_qwen profile_llama fidelity_llama fidelity_pressure residuals host_speed summary
+# host_speed (session 20): after fidelity_pressure with a profile that recorded host probes (a fresh one),
+#   bash benchmarks/calibrate.sh env profile_qwen fidelity_pressure host_speed
+# re-prices its live runs with host_speed=probe -> $OUT/host_speed_$QWEN.md (host-time error with and without).
 # Issue 16 (fit version 9, pressure terms fitted by kvrl-profile), one device call (~8 min on an H200):
 #   bash benchmarks/calibrate.sh env profile_qwen fidelity_pressure residuals
 # fidelity_pressure: the 8 pressured workloads of $PRESSURE_WORKLOADS x 2 policies x 3 live runs with this
@@ -67,6 +70,14 @@ from kvrl.profiling.run import install_name
 p = PACKAGED_DIR / install_name(StepProfile.load(sys.argv[1])); print(p if p.exists() else sys.argv[1])' "$QWEN_PROFILE")
       run residuals 120 python3 scripts/fidelity_residuals.py --run "$OUT/fidelity_pressure_$QWEN" \
         --before "$shipped" --after "$QWEN_PROFILE" --out "$OUT/residuals_$QWEN" ;;
+    host_speed)
+      # the fidelity_pressure run re-priced offline with host_speed=probe (kvrl/executors/host_speed.py): the
+      # engine's host time at the live host's measured speed, against the profile's host speed (docs/fidelity.md,
+      # "Host speed"); CPU only, seconds
+      run host_speed 120 bash -c "python3 -m kvrl.apps.fidelity resim='$OUT/fidelity_pressure_$QWEN' \
+        profile='$QWEN_PROFILE' host_speed=probe hydra.run.dir='$OUT/fidelity_pressure_${QWEN}_probe' plots=false \
+        > /dev/null && python3 scripts/host_speed_table.py \
+        'pressure=$OUT/fidelity_pressure_$QWEN:$OUT/fidelity_pressure_${QWEN}_probe' | tee '$OUT/host_speed_$QWEN.md'" ;;
     summary)
       echo "=== summary"; ls -la "$OUT/profiles"
       for f in "$OUT"/profile_*/profile.md "$OUT"/fidelity_*/fidelity.md; do [ -f "$f" ] && { echo; echo "--- $f"; cat "$f"; }; done ;;
