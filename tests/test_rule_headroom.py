@@ -1,0 +1,37 @@
+"""scripts/rl_rule_headroom.py: the clairvoyant rollout planner whose base is a rule (issue 17)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("rl_rule_headroom", ROOT / "scripts" / "rl_rule_headroom.py")
+R = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(R)
+
+RULE = "slo_mix:tight=0.3,loose=0.0,share=0.3"
+SHORT = ["workload.horizon_s=25"]      # a 5 s test window: a few hundred requests
+
+
+def test_parse_rule():
+    assert R.parse_rule(RULE) == {"name": "slo_mix", "tight": 0.3, "loose": 0.0, "share": 0.3}
+    assert R.parse_rule("fixed:fraction=0.01") == {"name": "fixed", "fraction": 0.01}
+
+
+def test_the_rules_row_is_kvrl_evals_and_the_planner_never_loses_to_it():
+    """The loop serves kvrl-eval's job bit for bit; the planner with only the rule as a candidate
+    is the rule; with constants too it is at least the rule (deterministic sim, rollouts to the end)."""
+    from kvrl.apps.eval import Job, Policy, run_job
+    from kvrl.envs.config import load_task
+
+    rule = R.parse_rule(RULE)
+    _, cfg = load_task("slo_shift", ["seed=1", *SHORT])
+    theirs = run_job(dict(cfg.run), "watermark", Job(Policy("rule", "heuristic", rule), "test", 1), 0.8)
+    mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
+    assert mine == pytest.approx(theirs["goodput_tok_s"], rel=1e-12)
+    alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0)
+    assert alone == pytest.approx(mine, rel=1e-12) and chosen and set(chosen) == {None}
+    best, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None, 0.0, 0.3], 1.0, 1.0)
+    assert best >= mine - 1e-9 and set(chosen) <= {None, 0.0, 0.3}
