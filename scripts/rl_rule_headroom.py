@@ -14,7 +14,7 @@ deterministic sim job.
 
 The rule's own row is served by the same loop without overrides and must equal kvrl-eval's row for
 the job (``--check`` names a kvrl-eval results.csv to compare with). Prints one JSON line per job
-and the paired summary (kvrl.analysis.stats).
+and the paired summary (kvrl.analysis.stats); ``--table OUT.jsonl`` renders a finished run as Markdown.
 """
 from __future__ import annotations
 
@@ -128,6 +128,35 @@ def check_against(results: list[dict], path: str, label_prefix: str) -> None:
               f"({'same' if abs(theirs - r['rule_goodput']) < 1e-6 * max(theirs, 1) else 'DIFFERENT'})")
 
 
+def summary(results: list[dict]) -> str:
+    """The paired comparison of the planner with its rule over the jobs' seeds, in one line."""
+    from kvrl.analysis.stats import paired_compare
+
+    planner = {r["seed"]: r["planner_goodput"] for r in results}
+    base = {r["seed"]: r["rule_goodput"] for r in results}
+    cmp = paired_compare(planner, base, "goodput_tok_s")
+    held = sum(c is not None for r in results for c in r["chosen"]) / max(sum(len(r["chosen"]) for r in results), 1)
+    return (f"rule {sum(base.values()) / len(base):,.1f}, planner {sum(planner.values()) / len(planner):,.1f} goodput "
+            f"tok/s over {len(results)} seeds; planner - rule = {cmp.delta:+.1f} ± {cmp.delta_ci:.1f} tok/s "
+            f"({cmp.pct_change:+.1f}%, p {cmp.p_value:.2g}); a constant held at {held:.0%} of decisions")
+
+
+def table(path: str) -> str:
+    """Markdown of a ``--out`` file: per seed, the rule, the planner, their difference and the
+    constants the planner held, then :func:`summary`."""
+    with open(path) as f:
+        results = sorted((json.loads(line) for line in f if line.strip()), key=lambda r: r["seed"])
+    lines = ["| seed | rule (goodput tok/s) | planner | planner − rule | decisions | a constant held | constants held |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        held = [c for c in r["chosen"] if c is not None]
+        counts = ", ".join(f"{c:g} x{held.count(c)}" for c in sorted(set(held)))
+        lines.append(f"| {r['seed']} | {r['rule_goodput']:,.1f} | {r['planner_goodput']:,.1f} | "
+                     f"{100 * (r['planner_goodput'] / r['rule_goodput'] - 1):+.1f}% | {len(r['chosen'])} | "
+                     f"{len(held) / max(len(r['chosen']), 1):.0%} | {counts or '-'} |")
+    return "\n".join(lines + ["", summary(results) + "."])
+
+
 def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -144,8 +173,12 @@ def main() -> None:
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
     p.add_argument("--check-label", default="slo_mix", help="the rule's policy label prefix in --check")
+    p.add_argument("--table", default=None, help="render a finished --out file as Markdown and exit (no sim)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
+    if a.table:
+        print(table(a.table))
+        return
     rule = parse_rule(a.rule)
     consts = [float(c) for c in a.constants.split(",")]
     jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold)
@@ -161,16 +194,7 @@ def main() -> None:
                     f.write(json.dumps(r) + "\n")
     if a.check:
         check_against(results, a.check, a.check_label)
-    from kvrl.analysis.stats import paired_compare
-
-    planner = {r["seed"]: r["planner_goodput"] for r in results}
-    base = {r["seed"]: r["rule_goodput"] for r in results}
-    cmp = paired_compare(planner, base, "goodput_tok_s")
-    held = sum(c is not None for r in results for c in r["chosen"]) / max(sum(len(r["chosen"]) for r in results), 1)
-    print(f"\n{a.task} {a.overrides}: rule {sum(base.values()) / len(base):.1f}, planner "
-          f"{sum(planner.values()) / len(planner):.1f} goodput tok/s over {len(results)} seeds; planner - rule = "
-          f"{cmp.delta:+.1f} ± {cmp.delta_ci:.1f} ({cmp.pct_change:+.1f}%, p {cmp.p_value:.3g}); a constant held at "
-          f"{held:.0%} of decisions")
+    print(f"\n{a.task} {a.overrides}: {summary(results)}")
 
 
 if __name__ == "__main__":

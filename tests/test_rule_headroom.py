@@ -35,3 +35,16 @@ def test_the_rules_row_is_kvrl_evals_and_the_planner_never_loses_to_it():
     assert alone == pytest.approx(mine, rel=1e-12) and chosen and set(chosen) == {None}
     best, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None, 0.0, 0.3], 1.0, 1.0)
     assert best >= mine - 1e-9 and set(chosen) <= {None, 0.0, 0.3}
+
+
+def test_table_renders_a_finished_run(tmp_path):
+    import json
+
+    out = tmp_path / "h.jsonl"
+    rows = [{"seed": s, "rule_goodput": 100.0 + s, "planner_goodput": 102.0 + s + 0.1 * s, "chosen": [None, 0.2, 0.2, None]}
+            for s in (1, 0, 2)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = R.table(str(out))
+    assert text.splitlines()[2] == "| 0 | 100.0 | 102.0 | +2.0% | 4 | 50% | 0.2 x2 |"
+    assert "rule 101.0, planner 103.1 goodput tok/s over 3 seeds; planner - rule = +2.1 ±" in text
+    assert "a constant held at 50% of decisions." in text

@@ -60,7 +60,7 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
 
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
-             plots: bool, title: str, live_repeats: int = 1, host_speed="probe") -> dict:
+             plots: bool, title: str, live_repeats: int = 1, host_speed=1.0) -> dict:
     """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
     builds one), replay the first live run's batches through the sim's cost model, and write the
     pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it, the live side's

@@ -16,8 +16,9 @@ from kvrl.engine.callbacks import EngineCallback
 
 class StepRecorder(EngineCallback):
     """Engine callback on the live run: keeps every executed batch, its live ``elapsed_s`` and the
-    wall seconds inside ``execute`` (priced by the sim's cost model after the run, so nothing but
-    three list appends happens between live steps). The run's wall-time limit is the serving
+    wall seconds inside ``execute`` (priced by the sim's cost model after the run, so between live
+    steps nothing happens but three list appends, and every ``cpu_every`` steps the CPU sampler's
+    two ``/proc`` reads and host probe, about 0.1 ms). The run's wall-time limit is the serving
     loop's (:func:`kvrl.fidelity.pairs.serve_live`)."""
 
     def __init__(self, cpu_every: int = 16) -> None:
@@ -46,8 +47,7 @@ class StepRecorder(EngineCallback):
         """Per executed step, in order (the pricer's swap stream sees the same sequence): live and
         sim seconds, the step's kind and cost-model features, the live seconds inside ``execute``
         and the sim's host term at the pricer's ``host_speed`` (so the run can be re-priced offline
-        with another profile); ``live``
-        is the live executor (its CUDA-graph sizes)."""
+        with another profile); ``live`` is the live executor (its CUDA-graph sizes)."""
         from kvrl.executors.profile import HOST_WORK, batch_features, host_work_rows
 
         model = pricer.profile.model if pricer.profile is not None else None
