@@ -60,6 +60,22 @@ def job_requests(cfg, split: str, seed: int, resample: float):
     return list(cached_workload(env_run, ex.vocab_size, job["engine"].get("max_model_len") or ex.max_model_len)), job
 
 
+def run_jobs(fn, jobs: list, workers: int, out=None) -> list[dict]:
+    """``fn`` over ``jobs`` in ``workers`` processes; each result printed as one JSON line as it
+    comes (and appended to ``out``); returns the results in the order they finished. Also used by
+    scripts/rl_rule_headroom.py."""
+    results = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for future in as_completed([pool.submit(fn, job) for job in jobs]):
+            r = future.result()
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            if out:
+                with open(out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    return results
+
+
 def _constant(task, seed, overrides, split, resample, fraction) -> float:
     env, cfg = _env(task, seed, overrides + [f"watermark.fraction={fraction}"])
     requests, _ = job_requests(cfg, split, seed, resample)
@@ -140,15 +156,7 @@ def main() -> None:
         scenarios = [{"name": a.task, "task": a.task, "overrides": list(a.overrides), "base": a.base}]
     jobs = [(sc["name"], sc["task"], s, list(sc.get("overrides", [])), a.split, a.resample, sc.get("base", a.base),
              cands, a.hold, consts) for sc in scenarios for s in seeds]
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        results = []
-        for future in as_completed([pool.submit(_job, job) for job in jobs]):
-            r = future.result()
-            results.append(r)
-            print(json.dumps(r), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+    results = run_jobs(_job, jobs, a.workers, a.out)
     from kvrl.analysis.stats import paired_compare
 
     for sc in scenarios:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 
 def parse_rule(text: str) -> dict:
@@ -183,15 +182,9 @@ def main() -> None:
     consts = [float(c) for c in a.constants.split(",")]
     jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold)
             for s in a.seeds.split(",")]
-    results = []
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        for future in as_completed([pool.submit(_job, job) for job in jobs]):
-            r = future.result()
-            results.append(r)
-            print(json.dumps(r), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+    from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
+
+    results = run_jobs(_job, jobs, a.workers, a.out)
     if a.check:
         check_against(results, a.check, a.check_label)
     print(f"\n{a.task} {a.overrides}: {summary(results)}")

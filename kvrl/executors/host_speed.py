@@ -17,6 +17,7 @@ probe measured something else.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Optional, Sequence
 
@@ -58,9 +59,8 @@ def probe_stats(probes: Sequence[float], sched: Optional[tuple[float, float]] = 
     if not vals:
         return None
     q = lambda f: vals[min(int(f * len(vals)), len(vals) - 1)]
-    mid = len(vals) // 2
-    median = vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
-    out = {"mean_s": sum(vals) / len(vals), "median_s": median, "p10_s": q(0.1), "p90_s": q(0.9), "n": len(vals)}
+    out = {"mean_s": statistics.fmean(vals), "median_s": statistics.median(vals), "p10_s": q(0.1), "p90_s": q(0.9),
+           "n": len(vals)}
     if sched is not None and sched[0] > 0:
         out.update(cpu_s=sched[0], wait_s=sched[1], contention=1.0 + sched[1] / sched[0])
     return out

@@ -62,9 +62,10 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
              plots: bool, title: str, live_repeats: int = 1, host_speed=1.0) -> dict:
     """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
-    builds one), replay the first live run's batches through the sim's cost model, and write the
-    pair's files into ``out``; ``host_speed`` as :func:`pair_host_speed` takes it, the live side's
-    host probes pooled over every live run of the pair (the sim is compared with their mean)."""
+    builds one; ``make_sim()`` one at the profile's host speed), replay the first live run's
+    batches through the sim's cost model, and write the pair's files into ``out``; ``host_speed``
+    as :func:`pair_host_speed` takes it, the live side's host probes pooled over every live run of
+    the pair (the sim is compared with their mean)."""
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -93,8 +94,9 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
             log.warning("%s: repeat: %s", title, error)
         else:
             repeats.append(summarize(again))
-    res.update(pair_host_speed(host_speed, host.stats(), make_sim(1.0).profile))
-    pricer = make_sim(res["host_speed"])
+    pricer = make_sim()
+    res.update(pair_host_speed(host_speed, host.stats(), pricer.profile))
+    pricer.host_speed = res["host_speed"]
     pricer.allocate_kv(eng.config.num_blocks, eng.config.num_cpu_blocks, eng.config.block_size)
     replay = recorder.replay(pricer, live)
     recorder.batches.clear()
