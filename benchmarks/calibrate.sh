@@ -29,7 +29,7 @@
 # anywhere with: python -c "from kvrl.fidelity.report import replot; replot('$OUT/fidelity_qwen3-0.6b')").
 # Knobs (environment): FID_ARGS="..." extra kvrl-fidelity overrides, e.g.
 #   FID_ARGS="workloads.poisson.workload.arrival.rate=200 max_requests=300"
-# PROF_ARGS="..." extra kvrl-profile overrides; QWEN=qwen3-0.6b LLAMA=llama-3-8b DTYPE=bfloat16 DEV=auto
+# PROF_ARGS="..." extra kvrl-profile overrides; PRESSURE_LIMIT_S (default 420) the fidelity_pressure stage's cap; QWEN=qwen3-0.6b LLAMA=llama-3-8b DTYPE=bfloat16 DEV=auto
 # (a CPU smoke test of this script: QWEN=tiny DTYPE=float32 DEV=cpu FID_ARGS="max_requests=8 warmup_requests=0").
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT/profiles"
@@ -60,7 +60,7 @@ for stage in "${STAGES[@]}"; do
     fidelity_pressure)
       prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
       echo "=== fidelity_pressure: sim profile $prof"   # auto = the shipped one (no fresh profile in this call)
-      run fidelity_pressure 420 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
+      run fidelity_pressure "${PRESSURE_LIMIT_S:-420}" python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_pressure_$QWEN" "only_workloads=$PRESSURE_WORKLOADS" \
         warmup_requests=64 max_live_wall_s=40 live_repeats=3 plots=false ${FID_ARGS:-} ;;
     residuals)

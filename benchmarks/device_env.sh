@@ -2,8 +2,11 @@
 # package-dir mapping of pyproject.toml (kernels/, envs/, conf/ -> kvrl/*) so the checkout imports
 # as the installed package would, and set PYTHONPATH. No pip access is needed on the device.
 export PYTHONUNBUFFERED=1
+# Installed once per machine (flock: driver scripts started together on one host share /tmp/site).
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  ( command -v flock >/dev/null && flock 9; [ -f /tmp/site/.kvrl-wheels ] && [ "$(cat /tmp/site/.kvrl-wheels)" = "$(ls .whl)" ] || {
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && ls .whl > /tmp/site/.kvrl-wheels; } ) 9> /tmp/kvrl-wheels.lock || exit 1
   export PYTHONPATH=/tmp/site
 fi
 for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done

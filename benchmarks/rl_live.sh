@@ -24,7 +24,8 @@
 # BASELINES (a kvrl-eval baselines.watermark list); LIVE_LIMIT_S (default 600, per scenario: the
 # live stage is stopped after that; the sim table and the live runs it finished stay); EXTRA (more
 # overrides for both stages) and LIVE_EXTRA (live stage only); GPUS (default 1: more splits the seeds over that many GPUs, one
-# kvrl-eval each, in parallel); REFERENCE (the policy the paired differences are taken against,
+# kvrl-eval each, in parallel); GPU_IDS (the devices those are, default 0,1,...: e.g. GPU_IDS=1,2,3 with GPUS=3
+# leaves GPU 0 to another script on the same machine); REFERENCE (the policy the paired differences are taken against,
 # default fixed 0.01; e.g. lifo for the eviction tasks). The eviction task (d) on 8 GPUs:
 #   GPUS=8 REFERENCE=lifo AGENTS_classes_preemption=docs/results/agents/classes-slot-seed0 \
 #     BASELINES='baselines.eviction=[{name: lifo},{name: slo_slack, mode: swap, pace: 0.5},{name: most_blocks, mode: swap}]' \
@@ -84,9 +85,10 @@ PY
     # all run on one GPU, so the paired differences stay paired)
     shares=($(python3 -c "import sys, yaml; s = yaml.safe_load(sys.argv[1]); n = int(sys.argv[2])
 print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len(s)))))" "$SEEDS" "$GPUS"))
+    IFS=, read -ra ids <<< "${GPU_IDS:-$(seq -s, 0 $((GPUS - 1)))}"
     i=0; pids=(); live_csvs=""
     for share in "${shares[@]}"; do
-      CUDA_VISIBLE_DEVICES=$i timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" "seeds=$share" backend=live \
+      CUDA_VISIBLE_DEVICES=${ids[$i]} timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" "seeds=$share" backend=live \
         val_pick=sim workers=1 ${LIVE_EXTRA:-} "hydra.run.dir=$dir/live_g$i" > "$dir/live_g$i.log" 2>&1 &
       pids+=($!); live_csvs="$live_csvs${live_csvs:+,}$dir/live_g$i/results.csv"; i=$((i + 1))
     done

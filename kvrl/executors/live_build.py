@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -103,7 +104,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs/.checkpoints") -> str:
-    """A random-weight checkpoint of the shape in ``model_cfg`` (written once, then reused)."""
+    """A random-weight checkpoint of the shape in ``model_cfg`` (written once, then reused).
+
+    Written into a private directory and renamed into place, so processes that start together
+    (one ``kvrl-eval`` per GPU) never load a half-written checkpoint; the first rename wins."""
     from kvrl.model import make_random_checkpoint
     from kvrl.model.random_checkpoint import PRESETS
 
@@ -113,15 +117,23 @@ def random_checkpoint_for(model_cfg: dict, dtype: torch.dtype, root: str = "runs
     if (path / "config.json").exists():
         return str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     if name in PRESETS:
-        make_random_checkpoint(path, preset=name, dtype=dtype_name)
-        return str(path)
-    shape_keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
-                  "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-                  "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
-                  "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
-    overrides = {hf: model_cfg[k] for k, hf in shape_keys.items() if k in model_cfg}
-    make_random_checkpoint(path, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name, **overrides)
+        make_random_checkpoint(tmp, preset=name, dtype=dtype_name)
+    else:
+        shape_keys = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "num_heads": "num_attention_heads",
+                      "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+                      "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+                      "tie_word_embeddings": "tie_word_embeddings", "max_model_len": "max_position_embeddings"}
+        overrides = {hf: model_cfg[k] for k, hf in shape_keys.items() if k in model_cfg}
+        make_random_checkpoint(tmp, family=model_cfg.get("family", "qwen3"), preset="tiny", dtype=dtype_name,
+                               **overrides)
+    try:
+        os.rename(tmp, path)
+    except OSError:                 # another process renamed its copy first: use that one
+        if not (path / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return str(path)
 
 
