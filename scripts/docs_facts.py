@@ -493,6 +493,94 @@ def slo_shift_live() -> dict[str, str]:
     return out
 
 
+
+SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"
+
+
+@source("slo_shift_cemrule_live", "cheap", f"{SLO_SHIFT_CEMRULE}/sim_leaderboard.csv",
+        f"{SLO_SHIFT_CEMRULE}/live_leaderboard.csv", f"{SLO_SHIFT_CEMRULE}/live_results.csv")
+def slo_shift_cemrule_live() -> dict[str, str]:
+    """docs/rl.md's bullets on the rule-started `slo_shift` agents live on an H200 beside the sim
+    (scripts/merge_eval.py's leaderboards, reference `slo_mix`; the sim's per-run errors from the
+    ``sim_*`` columns of the live runs)."""
+    out = {}
+    for side in ("live", "sim"):
+        rows = _csv(f"{SLO_SHIFT_CEMRULE}/{side}_leaderboard.csv")
+        mix = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "slo_mix" in k)
+        d = f"Δgoodput_tok_s vs {mix}"
+        agents = sorted((r for r in rows if r["kind"] == "agent"), key=lambda r: r["policy"])   # by training seed
+        out[f"agents_vs_mix_{side}"] = "; ".join(
+            f"{float(r[d + '_mean']):+.1f} ± {float(r[d + '_ci95']):.1f} (p {float(r[f'vs {mix}_p']):.2g})" for r in agents)
+        out[f"significant_{side}"] = str(sum(r[f"vs {mix}_verdict"] != "no significant difference" for r in agents))
+        out[f"seeds_{side}"] = "/".join(r["runs"] for r in agents)
+    runs = _csv(f"{SLO_SHIFT_CEMRULE}/live_results.csv")
+    for key, metric in (("err_throughput", "throughput_tok_s"), ("err_goodput", "goodput_tok_s"),
+                        ("err_tpot", "tpot_p50_s"), ("err_ttft", "ttft_p50_s")):
+        errors = [float(r[f"sim_{metric}"]) / float(r[metric]) - 1 for r in runs]
+        out[key] = f"{100 * sum(errors) / len(errors):+.1f}%"
+    return out
+
+
+# --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
+
+HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
+RUN34 = "docs/results/fidelity_h200_run34.json"
+
+
+@source("host_speed_gpu", "cheap", HOST_SPEED_GPU)
+def host_speed_gpu() -> dict[str, str]:
+    """The host-time error of run 34's pairs at host speed 1.0 and with ``host_speed=probe``
+    (scripts/host_speed_table.py's table: the last two columns of each pair's row)."""
+    pairs = []
+    for line in _text(HOST_SPEED_GPU).splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[-1].endswith("%") and cells[-2].endswith("%"):
+            pairs.append((abs(float(cells[-2].rstrip("%"))), abs(float(cells[-1].rstrip("%")))))
+    before, after = (sum(p[i] for p in pairs) / len(pairs) for i in (0, 1))
+    return {"err_before": f"{before:.1f}%", "err_after": f"{after:.1f}%",
+            "better_worse": f"{sum(b > a for b, a in pairs)} / {sum(a > b for b, a in pairs)}"}
+
+
+@source("run34", "cheap", RUN34)
+def run34() -> dict[str, str]:
+    """Run 34's sim throughput error against the mean of each pair's three live runs."""
+    errors = []
+    for pair in _json(RUN34).values():
+        if pair.get("live") and pair.get("sim"):
+            live = [pair["live"], *pair.get("live_repeats", [])]
+            mean = sum(r["throughput_tok_s"] for r in live) / len(live)
+            errors.append(abs(pair["sim"]["throughput_tok_s"] / mean - 1))
+    return {"tput_mean": f"{100 * sum(errors) / len(errors):.1f}%", "tput_max": f"{100 * max(errors):.1f}%",
+            "tput_within": f"{sum(e < 0.03 for e in errors)} of {len(errors)}"}
+
+
+
+RUN35 = "docs/results/fidelity_llama_h200_run35.json"
+
+
+@source("run35", "cheap", RUN35)
+def run35() -> dict[str, str]:
+    """Run 35 (Llama-3-8B, the pressure set, whole-step graphs): per target metric of
+    kvrl.fidelity.compare.TARGETS, the mean absolute error of the sim against the mean of each pair's
+    live runs and how many pairs are within the target; how many meet every target at once."""
+    from kvrl.fidelity.compare import TARGETS
+
+    pairs = [p for p in _json(RUN35).values() if p.get("live") and p.get("sim")]
+    out, every = {}, [True] * len(pairs)
+    for metric, bound in TARGETS.items():
+        errors = []
+        for i, p in enumerate(pairs):
+            live = [p["live"], *p.get("live_repeats", [])]
+            mean = sum(r[metric] for r in live) / len(live)
+            errors.append(abs(p["sim"][metric] / mean - 1))
+            every[i] &= errors[-1] < bound
+        name = metric.removesuffix("_s").removesuffix("_tok")
+        out[f"{name}_mean"] = f"{100 * sum(errors) / len(errors):.1f}%"
+        out[f"{name}_within"] = f"{sum(e < bound for e in errors)} of {len(errors)}"
+    out["every_target"] = f"{sum(every)} of {len(pairs)}"
+    return out
+
+
 # --- docs/results.md: the session-4 leaderboards, re-run on the archived profile (committed) -----
 
 SESSION4 = "docs/results/rl_session4"
