@@ -581,6 +581,30 @@ def run35() -> dict[str, str]:
     return out
 
 
+
+RUN36 = "docs/results/fidelity_slo_shift_run36"
+RUN36_SCALES = ("1.0", "0.98", "0.97", "0.95")
+
+
+@source("run36", "cheap", f"{RUN36}/fidelity.json", *(f"{RUN36}/resim_scale_{s}.json" for s in RUN36_SCALES))
+def run36() -> dict[str, str]:
+    """Run 36 (env=slo_shift's traffic, one live run per policy): the sim's error per metric, as run and
+    re-simulated with every step's compute scaled (``sim_step_scale``), per policy (slo_mix, fixed_0_2),
+    and the replay's per-kind totals."""
+    out = {}
+    run = _json(f"{RUN36}/fidelity.json")
+    for kind in ("decode", "mixed", "host"):
+        errs = [r["replay"]["by_kind"][kind] for r in run.values()]
+        out[f"replay_{kind}"] = " / ".join(f"{100 * (k['sim_s'] / k['live_s'] - 1):+.1f}%" for k in errs)
+    for scale in RUN36_SCALES:
+        res = _json(f"{RUN36}/resim_scale_{scale}.json")
+        for metric, name in (("ttft_p50_s", "ttft"), ("goodput_tok_s", "goodput"), ("tpot_p50_s", "tpot"),
+                             ("throughput_tok_s", "throughput")):
+            out[f"{name}_{scale}"] = " / ".join(f"{100 * (r['sim'][metric] / r['live'][metric] - 1):+.1f}%"
+                                               for r in res.values())
+    return out
+
+
 # --- docs/results.md: the session-4 leaderboards, re-run on the archived profile (committed) -----
 
 SESSION4 = "docs/results/rl_session4"

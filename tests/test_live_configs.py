@@ -105,6 +105,8 @@ REJECTED = [
     ("fidelity", ["refit=true"], "refit"),                             # before: silently ignored without resim
     ("fidelity", ["host_speed=fast"], "host_speed"),
     ("fidelity", ["host_speed=0"], "host_speed"),
+    ("fidelity", ["sim_step_scale=0.97"], "sim_step_scale"),             # a sensitivity check of recorded runs only
+    ("fidelity", ["resim=out/x", "sim_step_scale=0"], "sim_step_scale"),
     ("fidelity", ["live.device=gpu"], "live.device"),
 ]
 

@@ -553,6 +553,15 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         assert host(double[pair]) == pytest.approx(2 * host(second[pair]), rel=1e-9)
         assert host(probe[pair]) == pytest.approx(probe[pair]["host_speed"] * host(second[pair]), rel=1e-9)
         assert double[pair]["sim"]["throughput_tok_s"] < second[pair]["sim"]["throughput_tok_s"]
+    # sim_step_scale=2 (a sensitivity check): every sim step's compute takes twice as long, so the
+    # sim's run takes longer; the replay still prices the live steps as profiled
+    _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "sim_step_scale=2",
+         f"hydra.run.dir={tmp_path / 'slow'}", "plots=false", cwd=tmp_path)
+    slow = json.loads((tmp_path / "slow" / "fidelity.json").read_text())
+    for pair, r in second.items():
+        assert slow[pair]["sim"]["duration_s"] > 1.5 * r["sim"]["duration_s"]
+        assert slow[pair]["replay"]["by_kind"] == r["replay"]["by_kind"]
+    assert "sim step scale: 2" in (tmp_path / "slow" / "fidelity.md").read_text()
     bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={tmp_path / 'nowhere'}",
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)

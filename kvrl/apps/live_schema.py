@@ -134,6 +134,7 @@ class FidelitySchema:
     resim: Optional[str] = None
     refit: bool = False
     host_speed: Any = 1.0
+    sim_step_scale: float = 1.0
 
 
 # ------------------------------------------------------------------------------------- kvrl-profile
@@ -345,6 +346,11 @@ def _fidelity_checks(cfg: dict) -> None:
     if hs != "probe" and not (isinstance(hs, (int, float)) and not isinstance(hs, bool) and 0 < hs < float("inf")):
         raise ValueError(f"host_speed={hs!r}: give 'probe' (the live run's host probe over the profile's) or a "
                          "positive factor on the profile's host terms (1 = as profiled)")
+    scale = cfg["sim_step_scale"]
+    if not 0 < scale < float("inf"):
+        raise ValueError(f"sim_step_scale={scale!r}: give a positive factor on the sim's step compute times")
+    if scale != 1.0 and not cfg["resim"]:
+        raise ValueError("sim_step_scale applies only with resim=<run dir> (a sensitivity check of recorded live runs)")
 
 
 def _profile_checks(cfg: dict) -> None:

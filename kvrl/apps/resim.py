@@ -1,6 +1,6 @@
 """Re-run the sim side of a finished ``kvrl-fidelity`` run, offline, against its recorded live results.
 
-``kvrl-fidelity resim=<run dir> profile=<profile.json> [refit=true] [host_speed=probe]`` (no GPU): reads the earlier run's
+``kvrl-fidelity resim=<run dir> profile=<profile.json> [refit=true] [host_speed=probe] [sim_step_scale=0.97]`` (no GPU): reads the earlier run's
 ``.hydra/config.yaml`` (workloads, policies, SLO, seed) and ``fidelity.json`` (live metrics of
 every live run, the resolved engine configuration of each pair), serves the same requests through
 the sim with the given profile, re-prices the recorded live batches of ``runs/*/*/replay.csv`` with
@@ -91,7 +91,8 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool, host_speed: float = 1.0)
 
 def resim_impl(cfg: dict, out_dir: Path) -> dict:
     """See the module doc. ``cfg``: this run's config (``resim``, ``profile``, ``refit``,
-    ``only_workloads``, ``only_policies``, ``plots``); everything else comes from the earlier run."""
+    ``only_workloads``, ``only_policies``, ``plots``, ``host_speed``, ``sim_step_scale``); everything else
+    comes from the earlier run."""
     from kvrl import plugins
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
@@ -125,7 +126,9 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
               "from step features on the sim's swap stream).",
               f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s.",
               f"sim host speed: {cfg.get('host_speed', 1.0)} (factor on the profile's host terms; 'probe' = the live "
-              "run's recorded host probe over the profile's; per pair in the replay table)."]
+              "run's recorded host probe over the profile's; per pair in the replay table).",
+              f"sim step scale: {cfg.get('sim_step_scale', 1.0)} (factor on every sim step's compute time: a "
+              "sensitivity check; the replay table prices the live steps as profiled)."]
     for pair, old_res in old.items():
         wname, pname = pair.split("/", 1)
         if (only_w and wname not in only_w) or (only_p and pname not in only_p):
@@ -139,6 +142,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe"), profile)
         sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps,
                           host_speed=speed["host_speed"])
+        sim.step_time_scale = float(cfg.get("sim_step_scale", 1.0))
         seng = pair_engine(ecfg, sim, pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
