@@ -5,10 +5,12 @@ A :class:`~kvrl.envs.watermark_env.WatermarkEnv` episode served to completion (`
 sim executor, feature tracker, pending arrivals) can be copied with :func:`copy.deepcopy`. From
 any decision point, :func:`action_scores` serves a copy once per action: the action for one
 decision epoch, then ``base`` until the episode ends, and returns each copy's finished-episode
-goodput. The copies see the future (arrivals and output lengths are in the copied state), so:
+goodput. ``base`` is a constant action index or a policy, a callable from the observation to an
+action index, which then acts on the observation each step returns. The copies see the future
+(arrivals and output lengths are in the copied state), so:
 
 * the greedy choice over these scores is a clairvoyant **rollout planner** (an upper reference for
-  what an adaptive watermark can gain over its base constant, scripts/rl_rollout_oracle.py);
+  what an adaptive watermark can gain over its base, scripts/rl_rollout_oracle.py);
 * the scores, as regression targets for the observation, teach a policy the *expected* gain of each
   action given what it can observe (rollout classification policy iteration, Lagoudakis & Parr,
   ICML 2003): :func:`collect` gathers them on training windows (scripts/rl_rcpi.py fits the
@@ -21,48 +23,70 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+Base = Union[int, Callable[[np.ndarray], int]]
+"""A base: a constant action index, or a policy (observation -> action index)."""
 
-def finish(env, action: int) -> float:
-    """Serve the rest of ``env``'s episode at the constant ``action``; the episode's goodput tok/s."""
+
+def base_action(base: Base, obs: Optional[np.ndarray]):
+    """The action ``base`` takes at observation ``obs``: a policy's on ``obs``, a constant as it is
+    (it ignores ``obs``; scripts/rl_rollout_oracle.py passes watermark fractions as constants)."""
+    return int(base(obs)) if callable(base) else base
+
+
+def finish(env, base: Base, obs: Optional[np.ndarray] = None) -> float:
+    """Serve the rest of ``env``'s episode following ``base``; the episode's goodput tok/s. A policy
+    base acts on ``obs`` (the observation at ``env``'s current decision point, required then) and
+    then on the observation each step returns."""
+    if callable(base) and obs is None:
+        raise ValueError("a policy base needs the current observation")
     while True:
-        _, _, terminated, truncated, info = env.step(action)
+        obs, _, terminated, truncated, info = env.step(base_action(base, obs))
         if terminated or truncated:
             return float(info["metrics"]["goodput_tok_s"])
 
 
-def action_scores(env, base: int, hold: int = 1) -> np.ndarray:
+def action_scores(env, base: Base, hold: int = 1) -> np.ndarray:
     """Finished-episode goodput (tok/s) of each action of ``env``'s discrete action space: the
     action for ``hold`` decision epochs from the current decision point, then ``base`` to the
-    end. ``env`` itself is not advanced."""
+    end (a policy base from the observation the last held step returns). ``env`` itself is not
+    advanced."""
     scores = np.empty(env.action_space.n, dtype=np.float64)
     for action in range(env.action_space.n):
         trial = copy.deepcopy(env)
         score = None
         for _ in range(hold):
-            _, _, terminated, truncated, info = trial.step(action)
+            obs, _, terminated, truncated, info = trial.step(action)
             if terminated or truncated:
                 score = float(info["metrics"]["goodput_tok_s"])
                 break
-        scores[action] = finish(trial, base) if score is None else score
+        scores[action] = finish(trial, base, obs) if score is None else score
     return scores
 
 
 @dataclass
 class RolloutData:
-    """Observations and, per observation, every action's finished-episode goodput (tok/s)."""
+    """Observations and, per observation, every action's finished-episode goodput (tok/s), the
+    base's action there and its score."""
 
     observations: list[np.ndarray] = field(default_factory=list)
     scores: list[np.ndarray] = field(default_factory=list)
     base_scores: list[float] = field(default_factory=list)
+    base_actions: list[int] = field(default_factory=list)
 
     def add(self, obs: np.ndarray, scores: np.ndarray, base: int) -> None:
+        """One decision: ``base`` is the base's action at ``obs`` (its score is the base score)."""
         self.observations.append(np.asarray(obs, dtype=np.float32))
         self.scores.append(scores)
         self.base_scores.append(float(scores[base]))
+        self.base_actions.append(int(base))
+
+    def extend(self, other: "RolloutData") -> None:
+        for name in ("observations", "scores", "base_scores", "base_actions"):
+            getattr(self, name).extend(getattr(other, name))
 
     def advantages_pct(self) -> np.ndarray:
         """Each action's gain over the base action, in % of the base's goodput (rows: decisions)."""
@@ -72,29 +96,40 @@ class RolloutData:
 
     def save(self, path: str) -> None:
         np.savez_compressed(path, observations=np.asarray(self.observations), scores=np.asarray(self.scores),
-                            base_scores=np.asarray(self.base_scores))
+                            base_scores=np.asarray(self.base_scores),
+                            base_actions=np.asarray(self.base_actions, dtype=np.int64))
 
     @classmethod
-    def load(cls, paths: Sequence[str]) -> "RolloutData":
+    def load(cls, paths: Sequence[str], base: Optional[int] = None) -> "RolloutData":
+        """Files saved before ``base_actions`` existed (a constant base) take ``base`` at every
+        decision; without it, the first action whose score is the base score."""
         data = cls()
         for path in paths:
             with np.load(path) as z:
                 data.observations += list(z["observations"])
                 data.scores += list(z["scores"])
                 data.base_scores += list(z["base_scores"])
+                if "base_actions" in z:
+                    data.base_actions += [int(a) for a in z["base_actions"]]
+                elif base is not None:
+                    data.base_actions += [int(base)] * len(z["base_scores"])
+                else:
+                    data.base_actions += [int(np.flatnonzero(row == b)[0])
+                                          for row, b in zip(z["scores"], z["base_scores"])]
         return data
 
 
-def collect(env, base: int, episodes: int, rng: np.random.Generator, explore: float = 0.3,
+def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: float = 0.3,
             hold: int = 1, record: float = 1.0, skip_s: float = 0.0) -> RolloutData:
     """Rollout scores at decisions of ``episodes`` training windows of ``env``.
 
     Each episode is one window of the env's split (its usual draw: window, load scale, step-time
     perturbation) served to completion. A decision is scored with probability ``record`` once
     ``skip_s`` seconds of engine time have passed (the first seconds of a window start from an
-    empty pool, unlike serving). Between decisions the episode follows ``base``, or a uniformly
-    random action with probability ``explore`` (so that the states also cover what the learned
-    policy will do)."""
+    empty pool, unlike serving). Between decisions the episode follows ``base`` (a policy on the
+    observation each step returns), or a uniformly random action with probability ``explore`` (so
+    that the states also cover what the learned policy will do). Each scored decision records the
+    base's action there."""
     data = RolloutData()
     for _ in range(episodes):
         requests, _ = env.session.episode(rng, None)
@@ -103,8 +138,8 @@ def collect(env, base: int, episodes: int, rng: np.random.Generator, explore: fl
         done = False
         while not done:
             if env.driver.engine.now - start_s >= skip_s and rng.random() < record:
-                data.add(obs, action_scores(env, base, hold), base)
-            action = int(rng.integers(env.action_space.n)) if rng.random() < explore else base
+                data.add(obs, action_scores(env, base, hold), base_action(base, obs))
+            action = int(rng.integers(env.action_space.n)) if rng.random() < explore else base_action(base, obs)
             obs, _, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
     return data

@@ -1,16 +1,26 @@
 """A watermark agent taught by rollouts (rollout classification policy iteration, one step).
 
 ``collect``: at every decision of training windows (served to completion), the sim is copied and
-served once per action (the action for one epoch, then the base constant to the end): the
-finished-window goodput of every action (kvrl.envs.rollout). ``fit``: an SB3 DQN's Q-network is
-fitted by regression to those rollout gains (in % of the base's goodput) instead of by TD
-learning, so its greedy action is the one whose *expected* gain, given what the agent observes,
-is largest; saved as a kvrl-train run directory (``best_model.zip`` + ``agent.json``) that
-kvrl-eval and the ``agent`` plugin load like any DQN agent.
+served once per action (the action for one epoch, then the base to the end): the finished-window
+goodput of every action (kvrl.envs.rollout). ``fit``: an SB3 DQN's Q-network is fitted by
+regression to those rollout gains (in % of the base's goodput) instead of by TD learning, so its
+greedy action is the one whose *expected* gain, given what the agent observes, is largest; saved
+as a kvrl-train run directory (``best_model.zip`` + ``agent.json``) that kvrl-eval and the
+``agent`` plugin load like any DQN agent.
+
+``--base`` is a constant (one of the task's bins) or a saved DQN agent's directory, whose greedy
+action on each observation is the base there (one step of policy improvement over that agent).
+The collected data hold the base's action at each decision; ``fit`` and ``crossval`` use it.
+``fit``'s ``--margin_pct`` (leave the base action only for a predicted gain) is folded into the
+network's biases for a constant base, and into the regression targets (every action but the
+decision's base action lowered by the margin) for an agent base, whose action a bias cannot follow.
 
     python scripts/rl_rcpi.py collect --task pool512 --base 0.03 --episodes 4 --seed 0 --out d0.npz
-    python scripts/rl_rcpi.py fit --task pool512 --data d*.npz --seed 0 --out docs/results/agents/pool512-rcpi-seed0
+    python scripts/rl_rcpi.py fit --task pool512 --base 0.03 --data d*.npz --seed 0 \
+        --out docs/results/agents/pool512-rcpi-seed0
     python scripts/rl_rcpi.py crossval --task pool512 --base 0.03 --data docs/results/rcpi/pool512_*.npz
+    python scripts/rl_rcpi.py collect --task slo_shift --base docs/results/agents/slo_shift-cemrule-seed0 \
+        --episodes 4 --seed 0 --out r0.npz
 
 ``crossval``: what the observation predicts, held out by collection file (independent episodes):
 for each file, the same network is fitted on the others and its greedy choice on that file's
@@ -46,6 +56,31 @@ def _base_index(env, base: float) -> int:
     return bins.index(base)
 
 
+def _base(env, spec: str):
+    """``--base``: a bin's action index, or the greedy policy (obs -> action index) of the DQN
+    agent saved in the directory ``spec``."""
+    try:
+        return _base_index(env, float(spec))
+    except ValueError:
+        pass
+    from stable_baselines3 import DQN
+
+    from kvrl.envs.agent_io import INFERENCE_ONLY
+
+    model = DQN.load(os.path.join(spec, "best_model.zip"), device="cpu", custom_objects=INFERENCE_ONLY)
+    if model.action_space.n != env.action_space.n:
+        raise SystemExit(f"--base {spec}: {model.action_space.n} actions, the task has {env.action_space.n}")
+    return lambda obs: int(model.predict(obs, deterministic=True)[0])
+
+
+def _constant(env, spec: str):
+    """The action index of a constant ``--base``; None for an agent (no agent is loaded)."""
+    try:
+        return _base_index(env, float(spec))
+    except ValueError:
+        return None
+
+
 def collect(args) -> None:
     import numpy as np
 
@@ -54,20 +89,26 @@ def collect(args) -> None:
     from kvrl.envs.rollout import RolloutData
 
     _, _, env = _env(args.task, args.overrides, copyable=True)
-    t = time.process_time()
+    base = _base(env, args.base)
+    t, wall = time.process_time(), time.monotonic()
     rng = np.random.default_rng(args.seed)
-    data = RolloutData()
-    for _ in range(args.episodes):          # saved after every episode: a time limit keeps what is done
-        more = collect_rollouts(env, _base_index(env, args.base), 1, rng, explore=args.explore,
-                                record=args.record, skip_s=args.skip_s)
-        for name in ("observations", "scores", "base_scores"):
-            getattr(data, name).extend(getattr(more, name))
+    data, episodes = RolloutData(), 0
+    while episodes < args.episodes:         # saved after every episode: a time limit keeps what is done
+        if args.max_wall_s is not None and time.monotonic() - wall > args.max_wall_s:
+            break
+        data.extend(collect_rollouts(env, base, 1, rng, explore=args.explore, record=args.record,
+                                     skip_s=args.skip_s))
+        episodes += 1
         if data.scores:
             data.save(args.out)
+        print(json.dumps({"episodes": episodes, "decisions": len(data.scores),
+                          "cpu_s": round(time.process_time() - t, 1)}), flush=True)
     adv = data.advantages_pct()
-    print(json.dumps({"out": args.out, "decisions": len(data.scores), "cpu_s": round(time.process_time() - t, 1),
+    print(json.dumps({"out": args.out, "episodes": episodes, "decisions": len(data.scores),
+                      "cpu_s": round(time.process_time() - t, 1),
                       "mean_gain_pct": [round(float(x), 3) for x in adv.mean(axis=0)],
-                      "best_gain_pct": round(float(adv.max(axis=1).mean()), 3)}))
+                      "best_gain_pct": round(float(adv.max(axis=1).mean()), 3),
+                      "base_action_counts": np.bincount(data.base_actions, minlength=env.action_space.n).tolist()}))
 
 
 def fit(args) -> None:
@@ -79,12 +120,18 @@ def fit(args) -> None:
     from kvrl.envs.rollout import RolloutData
 
     env_id, cfg, env = _env(args.task, args.overrides, copyable=False)
-    base = _base_index(env, args.base)
-    data = RolloutData.load(args.data)
+    base = _constant(env, args.base)
+    data = RolloutData.load(args.data, base=base)
     x = np.asarray(data.observations, dtype=np.float32)
     raw = data.advantages_pct()
     clipped = int((np.abs(raw) > args.clip_pct).sum())
     y = np.clip(raw, -args.clip_pct, args.clip_pct).astype(np.float32)
+    base_actions = np.asarray(data.base_actions)
+    others = np.arange(y.shape[1])[None, :] != base_actions[:, None]
+    if base is None:                          # an agent base: the margin lowers the targets of the other actions
+        target = (y - args.margin_pct * others).astype(np.float32)
+    else:                                     # a constant: folded into the biases below
+        target = y
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(x))
     n_val = max(1, int(len(x) * args.val_fraction))
@@ -93,7 +140,7 @@ def fit(args) -> None:
     model = DQN("MlpPolicy", env, seed=args.seed, device="cpu", policy_kwargs={"net_arch": [64, 64]})
     net = model.q_net
     opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    xt, yt = torch.as_tensor(x), torch.as_tensor(y)
+    xt, yt = torch.as_tensor(x), torch.as_tensor(target)
 
     def loss_on(idx) -> float:
         with torch.no_grad():
@@ -112,10 +159,11 @@ def fit(args) -> None:
         if v < best[0]:
             best = (v, {k: p.detach().clone() for k, p in net.state_dict().items()})
     net.load_state_dict(best[1])
-    with torch.no_grad():                     # a margin: leave the base action only for a predicted gain
-        last = [m for m in net.q_net if isinstance(m, torch.nn.Linear)][-1]
-        last.bias -= args.margin_pct
-        last.bias[base] += args.margin_pct
+    if base is not None:
+        with torch.no_grad():                 # a margin: leave the base action only for a predicted gain
+            last = [m for m in net.q_net if isinstance(m, torch.nn.Linear)][-1]
+            last.bias -= args.margin_pct
+            last.bias[base] += args.margin_pct
     model.q_net_target.load_state_dict(net.state_dict())
     os.makedirs(args.out, exist_ok=True)
     model.save(os.path.join(args.out, "best_model.zip"))
@@ -127,7 +175,9 @@ def fit(args) -> None:
     summary = {"out": args.out, "decisions": len(x), "targets_clipped": clipped, "val_huber": round(best[0], 4),
                "val_realised_gain_pct": round(float(realised.mean()), 3),
                "val_oracle_gain_pct": round(float(y[val].max(axis=1).mean()), 3),
-               "val_action_counts": np.bincount(chosen, minlength=env.action_space.n).tolist()}
+               "val_action_counts": np.bincount(chosen, minlength=env.action_space.n).tolist(),
+               "val_deviation_pct": round(100.0 * float((chosen != base_actions[val]).mean()), 1),
+               "margin": "biases" if base is not None else "targets"}
     with open(os.path.join(args.out, "rcpi.json"), "w") as f:
         json.dump({**summary, "args": {k: v for k, v in vars(args).items() if k != "func"}}, f, indent=2)
     print(json.dumps(summary))
@@ -141,19 +191,22 @@ def crossval(args) -> None:
     from kvrl.envs.rollout import RolloutData
 
     torch.manual_seed(args.seed)
-    parts = [RolloutData.load([path]) for path in args.data]
+    _, _, env = _env(args.task, args.overrides, copyable=False)
+    base = _constant(env, args.base)
+    parts = [RolloutData.load([path], base=base) for path in args.data]
     x = np.concatenate([np.asarray(d.observations, dtype=np.float32) for d in parts])
     y = np.clip(np.concatenate([d.advantages_pct() for d in parts]), -args.clip_pct, args.clip_pct).astype(np.float32)
+    base_actions = np.concatenate([np.asarray(d.base_actions, dtype=np.int64) for d in parts])
     group = np.repeat(np.arange(len(parts)), [len(d.scores) for d in parts])
-    _, _, env = _env(args.task, args.overrides, copyable=False)
-    base = _base_index(env, args.base)
+    others = np.arange(y.shape[1])[None, :] != base_actions[:, None]     # the margin favours the base's action
     gains: dict[float, list[float]] = {m: [] for m in args.margins}
-    for k in range(len(parts)):
-        train, held = group != k, group == k
+    deviations: dict[float, list[float]] = {m: [] for m in args.margins}
+
+    def predict(train, held, target):
         net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                   torch.nn.ReLU(), torch.nn.Linear(64, y.shape[1]))
         opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        xt, yt = torch.as_tensor(x[train]), torch.as_tensor(y[train])
+        xt, yt = torch.as_tensor(x[train]), torch.as_tensor(target[train])
         for _ in range(args.epochs):
             perm = torch.randperm(len(xt))
             for i in range(0, len(xt), args.batch):
@@ -162,14 +215,26 @@ def crossval(args) -> None:
                 torch.nn.functional.huber_loss(net(xt[b]), yt[b]).backward()
                 opt.step()
         with torch.no_grad():
-            pred = net(torch.as_tensor(x[held])).numpy()
+            return net(torch.as_tensor(x[held])).numpy()
+
+    for k in range(len(parts)):
+        train, held = group != k, group == k
+        pred = None if args.fold_margin else predict(train, held, y)
         for margin in args.margins:
-            q = pred - margin * (np.arange(pred.shape[1]) != base)
-            gains[margin].append(float(y[held][np.arange(held.sum()), q.argmax(axis=1)].mean()))
-    out = {"decisions": len(x), "folds": len(parts), "clairvoyant_gain_pct": round(float(y.max(axis=1).mean()), 3)}
+            if args.fold_margin:              # fitted to margin-lowered targets, as fit does for an agent base
+                q = predict(train, held, (y - margin * others).astype(np.float32))
+            else:                             # the margin applied to the fitted gains
+                q = pred - margin * others[held]
+            chosen = q.argmax(axis=1)
+            gains[margin].append(float(y[held][np.arange(held.sum()), chosen].mean()))
+            deviations[margin].append(100.0 * float((chosen != base_actions[held]).mean()))
+    out = {"decisions": len(x), "folds": len(parts), "clairvoyant_gain_pct": round(float(y.max(axis=1).mean()), 3),
+           "clairvoyant_gain_pct_per_fold": [round(float(y[group == k].max(axis=1).mean()), 3)
+                                             for k in range(len(parts))]}
     for margin, values in gains.items():
         mean, half = mean_ci(values)
         out[f"realised_gain_pct_margin_{margin}"] = [round(mean, 3), round(half, 3)]
+        out[f"deviation_pct_margin_{margin}"] = round(float(np.mean(deviations[margin])), 1)
     print(json.dumps(out))
 
 
@@ -183,6 +248,7 @@ def main() -> None:
     c.add_argument("--explore", type=float, default=0.3)
     c.add_argument("--record", type=float, default=0.35, help="share of decisions scored")
     c.add_argument("--skip_s", type=float, default=4.0, help="no scoring in a window's first seconds")
+    c.add_argument("--max_wall_s", type=float, default=None, help="no new episode after this many seconds")
     c.add_argument("--out", required=True)
     c.set_defaults(func=collect)
     f = sub.add_parser("fit")
@@ -204,10 +270,13 @@ def main() -> None:
     x.add_argument("--lr", type=float, default=1e-3)
     x.add_argument("--weight_decay", type=float, default=1e-3)
     x.add_argument("--clip_pct", type=float, default=20.0)
+    x.add_argument("--fold_margin", action="store_true",
+                   help="fit one network per margin to margin-lowered targets (fit's way with an agent base)")
     x.set_defaults(func=crossval)
     for s in (c, f, x):
         s.add_argument("--task", required=True)
-        s.add_argument("--base", type=float, required=True, help="the base constant (one of the task's bins)")
+        s.add_argument("--base", required=True,
+                       help="the base: a constant (one of the task's bins) or a saved DQN agent's directory")
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("overrides", nargs="*")
     args = p.parse_args()
