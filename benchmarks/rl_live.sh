@@ -10,8 +10,9 @@
 #   1. sim:  kvrl-eval on the sim backend (the shipped H200 profile) with exactly the policies and
 #            seeds of the live stage: the prediction, and the live wall-time estimate (live serves
 #            in real time, so a run costs about its engine time).
-#   2. live: kvrl-eval backend=live, the val-picked fixed watermark taken from the sim
-#            (val_pick=sim: no GPU time spent sweeping val), no val tuning and no oracle sweep.
+#   2. live: kvrl-eval backend=live, the val-picked fixed watermark taken from the sim stage
+#            (its val sweep over all seeds, passed on as fixed_best, so every GPU share serves the
+#            same constant; no GPU time spent sweeping val), no val tuning and no oracle sweep.
 #   3. compare.md (scripts/rl_live_compare.py): per policy, sim and live goodput (mean ± 95% CI over
 #            seeds) side by side, and the paired per-seed difference to fixed 0.01 in both with its
 #            verdict, and whether the signs agree where the sim's difference is significant.
@@ -74,9 +75,19 @@ engine_s = sum(float(r["duration_s"]) for r in rows)
 print(f"estimate: {len(rows)} live test runs, {engine_s:.0f} s of engine time in the sim; "
       f"live wall about {engine_s * 1.1 + 60:.0f} s (+10% host overhead, ~60 s model load, graph capture, warm-up)")
 PY
+  # the val-best constant is picked once, by the sim stage over all seeds: every live share serves that one
+  # (each share's own val_pick=sim sweep would run on its share of the seeds and could pick another)
+  PICK=()
+  if [[ " ${EXTRA:-} " != *" fixed_best="* && " ${EXTRA:-} " != *" sweep=[] "* ]]; then
+    best=$(python3 -c 'import csv, re, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["kind"] == "val-best" and r["split"] == "test"]
+m = re.match(r"fixed\(fraction=([^)]+)\)", rows[0]["policy"]) if rows else None
+print(m.group(1) if m else "")' "$dir/sim/results.csv")
+    [ -n "$best" ] && PICK=("fixed_best=$best") && echo "val-best constant (sim, all seeds): $best"
+  fi
   echo "=== $sc: live ($(date +%T)) on $GPUS GPU(s)"
   if [ "$GPUS" -le 1 ]; then
-    timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=1 ${LIVE_EXTRA:-} \
+    timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" backend=live val_pick=sim workers=1 "${PICK[@]}" ${LIVE_EXTRA:-} \
       "hydra.run.dir=$dir/live" > "$dir/live.log" 2>&1
     rc=$?; tail -n 20 "$dir/live.log"; [ $rc -eq 0 ] || { echo "$sc: live stage rc=$rc"; status=$rc; }
     live_csvs="$dir/live/results.csv"
@@ -89,7 +100,7 @@ print(' '.join('[' + ','.join(map(str, s[i::n])) + ']' for i in range(min(n, len
     i=0; pids=(); live_csvs=""
     for share in "${shares[@]}"; do
       CUDA_VISIBLE_DEVICES=${ids[$i]} timeout "$LIVE_LIMIT_S" python3 -m kvrl.apps.eval "${COMMON[@]}" "seeds=$share" backend=live \
-        val_pick=sim workers=1 ${LIVE_EXTRA:-} "hydra.run.dir=$dir/live_g$i" > "$dir/live_g$i.log" 2>&1 &
+        val_pick=sim workers=1 "${PICK[@]}" ${LIVE_EXTRA:-} "hydra.run.dir=$dir/live_g$i" > "$dir/live_g$i.log" 2>&1 &
       pids+=($!); live_csvs="$live_csvs${live_csvs:+,}$dir/live_g$i/results.csv"; i=$((i + 1))
     done
     for k in "${!pids[@]}"; do
