@@ -1,5 +1,8 @@
 """Rollouts from a copied environment (kvrl.envs.rollout): a deep copy serves exactly as the
-original would, and the rollout scores are the finished episode's goodput."""
+original would, and the rollout scores are the finished episode's goodput. A base may be a policy:
+a constant policy scores exactly as the constant does, a state-dependent one differs from the
+constants and is recorded per decision, and the per-decision base action survives save/load (old
+files without it load too)."""
 from __future__ import annotations
 
 import copy
@@ -23,10 +26,12 @@ def env():
 
 
 def _start(env, seed=0):
+    """``env`` reset to ``seed``'s episode and stepped three decisions at action 2; the observation."""
     requests, _ = env.session.episode(np.random.default_rng(seed), None)
-    env.reset(seed=seed, options={"workload": list(requests)})
+    obs, _ = env.reset(seed=seed, options={"workload": list(requests)})
     for _ in range(3):
-        env.step(2)
+        obs, *_ = env.step(2)
+    return obs
 
 
 def test_copy_serves_like_the_original(env):
@@ -90,3 +95,109 @@ def test_victim_deviations_start_from_the_heuristic_they_deviate_from(tmp_path):
     assert len(rows) == 2 and all(r["base_goodput"] == job["goodput_tok_s"] for r in rows)
     assert all(r["goodput"] and "1" not in r["goodput"] for r in rows)      # the base action is not a deviation
     assert "best deviation per decision" in proc.stdout
+
+
+# --- a policy as the base -------------------------------------------------------------------
+
+def _switching(obs) -> int:
+    """A state-dependent base: the top watermark (action 6) while under a fifth of the pool is free
+    (the first feature), none (action 0) otherwise; it switches back and forth in an episode."""
+    return 6 if float(obs[0]) < 0.2 else 0
+
+
+def test_a_constant_policy_scores_exactly_as_the_constant(env):
+    _start(env, seed=1)
+    assert np.array_equal(action_scores(env, base=lambda obs: 2), action_scores(env, base=2))
+    assert np.array_equal(action_scores(env, base=lambda obs: 5, hold=2), action_scores(env, base=5, hold=2))
+    a = collect(env, base=3, episodes=1, rng=np.random.default_rng(4), record=0.2)
+    b = collect(env, base=lambda obs: 3, episodes=1, rng=np.random.default_rng(4), record=0.2)
+    assert a.scores and np.array_equal(np.asarray(a.scores), np.asarray(b.scores))
+    assert np.array_equal(np.asarray(a.observations), np.asarray(b.observations))
+    assert a.base_actions == b.base_actions == [3] * len(a.scores)
+    assert a.base_scores == b.base_scores
+
+
+def test_a_state_dependent_policy_is_followed_and_recorded(env):
+    obs = _start(env, seed=0)
+    scores = action_scores(env, base=_switching)
+    for action in (0, 3):                     # the reference: the action once, then the policy's
+        trial = copy.deepcopy(env)
+        after, *_ = trial.step(action)
+        assert scores[action] == finish(trial, _switching, after)
+    constants = [finish(copy.deepcopy(env), k) for k in (0, 6)]
+    assert finish(copy.deepcopy(env), _switching, obs) not in constants
+    assert scores[_switching(obs)] == finish(copy.deepcopy(env), _switching, obs)
+    with pytest.raises(ValueError):
+        finish(copy.deepcopy(env), _switching)    # a policy needs the current observation
+
+    data = collect(env, base=_switching, episodes=1, rng=np.random.default_rng(0), explore=0.0, record=0.25)
+    assert data.base_actions == [_switching(o) for o in data.observations]
+    assert set(data.base_actions) == {0, 6}   # the base switched within the episode
+    rows = np.arange(len(data.scores))
+    assert np.array_equal(np.asarray(data.base_scores), np.asarray(data.scores)[rows, data.base_actions])
+    assert np.allclose(data.advantages_pct()[rows, data.base_actions], 0.0)
+
+
+def test_base_actions_round_trip_and_old_files(tmp_path):
+    data = RolloutData()
+    rng = np.random.default_rng(0)
+    for base in (0, 6, 2):
+        data.add(rng.normal(size=4), rng.uniform(100, 200, size=7), base)
+    data.save(str(tmp_path / "new.npz"))
+    again = RolloutData.load([str(tmp_path / "new.npz")])
+    assert again.base_actions == [0, 6, 2] and again.base_scores == data.base_scores
+    assert np.array_equal(np.asarray(again.scores), np.asarray(data.scores))
+
+    # a file written before base_actions existed (a constant base, action 2)
+    scores = rng.uniform(100, 200, size=(3, 7))
+    np.savez_compressed(tmp_path / "old.npz", observations=rng.normal(size=(3, 4)).astype(np.float32),
+                        scores=scores, base_scores=scores[:, 2])
+    assert RolloutData.load([str(tmp_path / "old.npz")], base=2).base_actions == [2, 2, 2]
+    assert RolloutData.load([str(tmp_path / "old.npz")]).base_actions == [2, 2, 2]   # inferred from the scores
+    both = RolloutData.load([str(tmp_path / "new.npz"), str(tmp_path / "old.npz")], base=2)
+    assert both.base_actions == [0, 6, 2, 2, 2, 2] and len(both.scores) == 6
+
+
+def test_rcpi_script_takes_an_agent_as_its_base(env, tmp_path, capsys):
+    """scripts/rl_rcpi.py: ``--base`` an agent directory acts as the agent's greedy policy, and
+    crossval's margin favours each decision's recorded base action."""
+    import argparse
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from stable_baselines3 import DQN
+
+    from kvrl.envs.agent_io import write_meta
+
+    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
+    rcpi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rcpi)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    model = DQN("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": []})
+    model.save(str(agent / "best_model.zip"))
+    write_meta(agent, "dqn", "kvrl/Watermark-v0", env.config)
+    policy = rcpi._base(env, str(agent))
+    rng = np.random.default_rng(0)
+    observations = rng.uniform(0, 1, size=(40, env.observation_space.shape[0])).astype(np.float32)
+    assert [policy(o) for o in observations] == [int(model.predict(o, deterministic=True)[0]) for o in observations]
+    assert rcpi._base(env, "0.03") == rcpi._constant(env, "0.03") == 2 and rcpi._constant(env, str(agent)) is None
+
+    files = []
+    for k in range(2):
+        data = RolloutData()
+        for obs in observations[20 * k:20 * (k + 1)]:
+            data.add(obs, rng.uniform(100, 110, size=7), int(rng.integers(7)))
+        files.append(str(tmp_path / f"d{k}.npz"))
+        data.save(files[-1])
+    common = dict(task="pool512", overrides=OVERRIDES[1:], base=str(agent), seed=0, data=files, epochs=2, batch=16,
+                  lr=1e-3, clip_pct=20.0)
+    rcpi.crossval(argparse.Namespace(**common, margins=[0.0, 1e6], weight_decay=1e-3, fold_margin=False))
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["folds"] == 2 and out["decisions"] == 40
+    assert out["deviation_pct_margin_1000000.0"] == 0.0 and out["realised_gain_pct_margin_1000000.0"] == [0.0, 0.0]
+    rcpi.fit(argparse.Namespace(**common, out=str(tmp_path / "fitted"), weight_decay=1e-4, val_fraction=0.2,
+                                margin_pct=0.5))
+    summary = json.loads((tmp_path / "fitted" / "rcpi.json").read_text())
+    assert summary["margin"] == "targets" and (tmp_path / "fitted" / "best_model.zip").is_file()
