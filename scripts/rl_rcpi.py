@@ -59,10 +59,9 @@ def _base_index(env, base: float) -> int:
 def _base(env, spec: str):
     """``--base``: a bin's action index, or the greedy policy (obs -> action index) of the DQN
     agent saved in the directory ``spec``."""
-    try:
-        return _base_index(env, float(spec))
-    except ValueError:
-        pass
+    constant = _constant(env, spec)
+    if constant is not None:
+        return constant
     from stable_baselines3 import DQN
 
     from kvrl.envs.agent_io import INFERENCE_ONLY
