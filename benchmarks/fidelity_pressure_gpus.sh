@@ -12,8 +12,10 @@
 # Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (auto: the shipped profile),
 #   LIMIT_S (each share's cap from the start, its profile included, 480 s; a share cut short keeps the
 #   pairs it finished), PRE_PROFILE (0),
-#   PRESSURE_WORKLOADS (calibrate.sh's eight), MAX_LIVE_WALL_S (40).
-# Llama-3-8B (docs/fidelity.md run 35 ran this split by hand): MODEL=llama-3-8b, and max_requests=200.
+#   PRESSURE_WORKLOADS (calibrate.sh's eight; their order sets the shares), MAX_LIVE_WALL_S (40),
+#   PROF_ARGS (more kvrl-profile overrides for PRE_PROFILE).
+# Llama-3-8B (docs/fidelity.md runs 35 and 39): MODEL=llama-3-8b MAX_LIVE_WALL_S=60, max_requests=200, and
+#   PROF_ARGS="grid.prefix_cached=[1024,4096] grid.holdout=30" as calibrate.sh's profile_llama.
 # A CPU smoke test: GPU_IDS="0 1" MODEL=tiny DTYPE=float32 DEV=cpu PRESSURE_WORKLOADS=[poisson,preempt_heavy] \
 #   bash benchmarks/fidelity_pressure_gpus.sh max_requests=8 warmup_requests=0 live_repeats=1
 set -uo pipefail
@@ -36,8 +38,8 @@ for ((i = 0; i < n; i++)); do
     export CUDA_VISIBLE_DEVICES=${GPUS[i]}
     if [ "$PRE_PROFILE" = 1 ] && [ "$i" = $((n - 1)) ]; then
       echo "=== GPU ${GPUS[i]}: profile ($(date +%T))"
-      timeout 240 python3 -m kvrl.apps.profile_app "model=$MODEL" "backend.dtype=$DTYPE" "backend.device=$DEV" \
-        "hydra.run.dir=$OUT/profile" > "$OUT/profile.log" 2>&1
+      timeout 300 python3 -m kvrl.apps.profile_app "model=$MODEL" "backend.dtype=$DTYPE" "backend.device=$DEV" \
+        "hydra.run.dir=$OUT/profile" ${PROF_ARGS:-} > "$OUT/profile.log" 2>&1
       echo "=== GPU ${GPUS[i]}: profile rc=$?"
     fi
     left=$((deadline - SECONDS)); [ "$left" -gt 0 ] || left=1   # timeout 0 would mean no limit
