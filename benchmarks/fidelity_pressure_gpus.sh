@@ -4,9 +4,11 @@
 # in the order of PRESSURE_WORKLOADS), then the shares' fidelity.json merged into one run and the per-pair
 # comparison against the live mean (scripts/fidelity_compare.py). Output under $OUT:
 #   pressure_<i>/          GPU share i's kvrl-fidelity directory (fidelity.md/json, runs/ for resim=)
-#   pressure/fidelity.json the shares merged; pressure_compare.{md,csv} the per-pair errors and targets
-#   profile/               with PRE_PROFILE=1, the last GPU first re-profiles the shape on this host
-#                          (its profile.json re-prices the same live runs offline: kvrl-fidelity resim=)
+#   pressure/fidelity.json the shares merged; pressure_compare.{md,csv} the per-pair errors, targets and
+#                          policy rankings against the live means (scripts/fidelity_compare.py)
+#   profile/               with PRE_PROFILE=1, the last GPU first re-profiles the shape on this host;
+#   same_host_pressure*/   then the same live runs re-priced with that profile (scripts/fidelity_resim_shares.py),
+#                          the comparison's second column (docs/fidelity.md, "A profile of the host at hand")
 #   <name>.log             every process's output
 # Usage: GPU_IDS="0 1 2 3" bash benchmarks/fidelity_pressure_gpus.sh [more kvrl-fidelity overrides]
 # Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (auto: the shipped profile),
@@ -51,15 +53,12 @@ for ((i = 0; i < n; i++)); do
   ) &
 done
 wait
-python3 - "$OUT" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-merged = {}
-for share in sorted(out.glob("pressure_*/fidelity.json")):
-    merged.update(json.loads(share.read_text()))
-(out / "pressure").mkdir(exist_ok=True)
-(out / "pressure" / "fidelity.json").write_text(json.dumps(merged, indent=1))
-print(f"merged {len(merged)} pairs")
-EOF
-python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" --out "$OUT/pressure_compare" && cat "$OUT/pressure_compare.md"
+# the shares merged (and, with PRE_PROFILE=1, re-priced offline with this host's profile: CPU, seconds)
+if [ "$PRE_PROFILE" = 1 ] && [ -f "$OUT/profile/profile.json" ]; then
+  python3 scripts/fidelity_resim_shares.py "$OUT" "same_host=$OUT/profile/profile.json"
+  python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" "same_host=$OUT/same_host_pressure" --out "$OUT/pressure_compare"
+else
+  python3 scripts/fidelity_resim_shares.py "$OUT"
+  python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" --out "$OUT/pressure_compare"
+fi
+cat "$OUT/pressure_compare.md"

@@ -8,7 +8,9 @@ Each run directory needs ``fidelity.json``. Writes ``<out>.md`` and ``<out>.csv`
 Markdown): per pair and metric (throughput, goodput, TTFT p50 and p99, TPOT p50) the relative error
 of the sim against the mean of the live runs (the live spread in brackets), then per set (fit /
 held out) the mean absolute error and how many pairs meet each target of kvrl-fidelity, and how
-many meet every target at once (with the pairs that miss one).
+many meet every target at once (with the pairs that miss one); last, the policy ranking of each
+workload against the live means, counted only where the policies differ live by more than the
+live spread (issue 16's rule).
 """
 from __future__ import annotations
 
@@ -62,6 +64,52 @@ def all_targets(runs: dict, names: list[str], pairs: list[str], fit_w: set[str])
     return lines
 
 
+def rankings(runs: dict, names: list[str], pairs: list[str]) -> list[str]:
+    """Markdown: per workload and ranked metric (kvrl-fidelity's ``RANK_METRICS``), the two best
+    policies by their live means and by each run's sim. The live order counts as *resolved* when the
+    means differ by more than the larger live spread of the two (each spread: the largest deviation of
+    one live run from its mean; the gap is relative to the larger mean); only a resolved order that the
+    sim reverses is a ranking error."""
+    from kvrl.fidelity.compare import METRICS as FID_METRICS, RANK_METRICS
+    from kvrl.fidelity.report import live_mean_and_spread
+
+    better = {k: b for k, _, b in FID_METRICS}
+    by_w: dict[str, list[str]] = {}
+    for pair in pairs:
+        by_w.setdefault(pair.split("/")[0], []).append(pair)
+    lines = ["", "Policy ranking against the live means: `a > b` is the better first; resolved = the live means "
+                 "differ by more than the larger live spread.", "",
+             "| workload | metric | live | live gap [spread] | resolved | " +
+             " | ".join(f"sim {n}" for n in names) + " |", "|---|---|---|---:|---|" + "---|" * len(names)]
+    flips = {n: [] for n in names}
+    resolved_n = 0
+    for w, ps in by_w.items():
+        if len(ps) < 2:
+            continue
+        for key in RANK_METRICS:
+            live = {p: live_mean_and_spread(runs[names[0]][p], key) for p in ps}
+            order = sorted(ps, key=lambda p: -better[key] * live[p][0])
+            a, b = order[0], order[1]
+            gap = abs(live[a][0] - live[b][0]) / max(abs(live[a][0]), abs(live[b][0]), 1e-300)
+            spread = max(live[a][1], live[b][1])
+            resolved = gap > spread
+            resolved_n += resolved
+            cells = []
+            for n in names:
+                sa, sb = (runs[n][p]["sim"].get(key, float("nan")) for p in (a, b))
+                same = better[key] * (sa - sb) >= 0
+                cells.append("same" if same else "REVERSED" if resolved else "reversed (within spread)")
+                if resolved and not same:
+                    flips[n].append(f"{w} {key}")
+            short = lambda p: p.split("/", 1)[1]
+            lines.append(f"| {w} | {key} | {short(a)} > {short(b)} | {gap:.1%} [{spread:.1%}] | "
+                         f"{'yes' if resolved else 'no'} | " + " | ".join(cells) + " |")
+    lines += ["", f"Resolved live orders: {resolved_n}."] + \
+             [f"- sim {n} reverses {len(flips[n])} of them{': ' + '; '.join(flips[n]) if flips[n] else ''}"
+              for n in names]
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="name=<run dir>, in the order of the columns")
@@ -107,6 +155,7 @@ def main(argv=None) -> int:
             md.append(f"| {group} | {label} | {len(v[names[0]])} | " + " | ".join(f"{np.mean(v[n]):.1%}" for n in names)
                       + " | " + " | ".join(within) + " |")
     md += all_targets(runs, names, pairs, fit_w)
+    md += rankings(runs, names, pairs)
     write_report("\n".join(md) + "\n", rows, args.out)
     return 0
 

@@ -180,3 +180,25 @@ def test_fidelity_compare_counts_the_pairs_within_every_target(tmp_path):
     text = (tmp_path / "cmp_0.6b.md").read_text()
     assert "| held out | 2 | 2 of 2 (2) | 1 of 2 (1) |" in text
     assert "- misses, b: w2/p (TTFT p50)" in text and "- misses, a: none" in text
+
+
+def test_fidelity_compare_counts_a_ranking_error_only_beyond_the_live_spread(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fidelity_compare
+
+    def m(tput):
+        return {"throughput_tok_s": tput, "goodput_tok_s": tput, "ttft_p50_s": 0.1, "ttft_p99_s": 1.0,
+                "tpot_p50_s": 0.01, "tpot_mean_s": 0.01}
+    # w1: p1 beats p2 live by 10% with 1% spreads (resolved); w2: 1% apart with 5% spreads (not resolved)
+    live = {"w1/p1": [1100, 1111, 1089], "w1/p2": [1000, 1010, 990], "w2/p1": [1010, 1060, 960],
+            "w2/p2": [1000, 1050, 950]}
+    res = {pair: {"live": m(v[0]), "live_repeats": [m(x) for x in v[1:]], "sim": m(1000.0 if "p1" in pair else 1050.0)}
+           for pair, v in live.items()}          # the sim ranks p2 first on both workloads
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "fidelity.json").write_text(json.dumps(res))
+    assert fidelity_compare.main([f"s={d}", "--out", str(tmp_path / "cmp")]) == 0
+    text = (tmp_path / "cmp.md").read_text()
+    assert "| w1 | throughput_tok_s | p1 > p2 | 9.1% [1.0%] | yes | REVERSED |" in text
+    assert "| w2 | throughput_tok_s | p1 > p2 | 1.0% [5.0%] | no | reversed (within spread) |" in text
+    assert "- sim s reverses 2 of them: w1 goodput_tok_s; w1 throughput_tok_s" in text
