@@ -569,16 +569,16 @@ def run34() -> dict[str, str]:
 RUN35 = "docs/results/fidelity_llama_h200_run35.json"
 
 
-@source("run35", "cheap", RUN35)
-def run35() -> dict[str, str]:
-    """Run 35 (Llama-3-8B, the pressure set, whole-step graphs): per target metric of
-    kvrl.fidelity.compare.TARGETS, the mean absolute error of the sim against the mean of each pair's
-    live runs and how many pairs are within the target; how many meet every target at once."""
+def _target_facts(path: str) -> dict[str, str]:
+    """Per target metric of kvrl.fidelity.compare.TARGETS, over the pairs of the kvrl-fidelity
+    ``fidelity.json`` at ``path``: the mean absolute error of the sim against the mean of each pair's
+    live runs (``<metric>_mean``) and how many pairs are within the target (``<metric>_within``); how
+    many meet every target at once (``every_target``)."""
     from kvrl.fidelity.compare import TARGETS
 
     out, within = {}, []
     for metric, bound in TARGETS.items():
-        errors = _errors_vs_live_mean(RUN35, metric)
+        errors = _errors_vs_live_mean(path, metric)
         within.append([e < bound for e in errors])
         name = metric.removesuffix("_s").removesuffix("_tok")
         out[f"{name}_mean"] = f"{100 * sum(errors) / len(errors):.1f}%"
@@ -587,6 +587,77 @@ def run35() -> dict[str, str]:
     out["every_target"] = f"{sum(every)} of {len(every)}"
     return out
 
+
+@source("run35", "cheap", RUN35)
+def run35() -> dict[str, str]:
+    """Run 35 (Llama-3-8B, the pressure set, whole-step graphs): :func:`_target_facts`."""
+    return _target_facts(RUN35)
+
+
+SAME_HOST = "docs/results/fidelity_same_host"
+#: run -> (its directory, {profile: the merged fidelity.json's directory}); the first profile's live runs
+#: are every profile's (the others re-price the same live runs offline)
+SAME_HOST_RUNS = {
+    "run37": ("run37_qwen", {"shipped": "pressure", "same_host": "fresh_pressure"}),
+    "run38": ("run38_qwen", {"shipped": "pressure", "same_host": "fresh_pressure", "same_host_b": "fresh3_pressure"}),
+    "run39": ("run39_llama", {"shipped": "pressure", "same_host": "fresh_pressure"}),
+    "run40": ("run40_llama", {"shipped": "pressure", "same_host": "fresh_pressure"}),
+}
+#: slo_shift's traffic: host -> profile -> the kvrl-fidelity directory of the sim with that profile
+SAME_HOST_SLO = {
+    "run37": {"shipped": "run37_qwen/fidelity_slo_shift", "same_host": "run37_qwen/slo_shift_fresh"},
+    "run38": {"shipped": "run38_qwen/slo_shift_shipped", "same_host": "run38_qwen/slo_shift_fresh",
+              "same_host_b": "run38_qwen/fidelity_slo_shift"},
+}
+
+
+@source("same_host", "cheap",
+        *(f"{SAME_HOST}/{d}/{sub}/fidelity.json" for d, subs in SAME_HOST_RUNS.values() for sub in subs.values()),
+        *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()))
+def same_host() -> dict[str, str]:
+    """Runs 37-40 (docs/fidelity.md, "A profile of the host at hand"): per run and profile,
+    :func:`_target_facts` and the resolved live orders that profile's sim reverses
+    (kvrl.fidelity.report.resolved_rankings), keys ``<run>_<profile>_<fact>``; on slo_shift's traffic,
+    per host and profile, the sim's p50 TTFT error against the live mean (slo_mix / fixed 0.2) and how
+    many pairs meet every target at once."""
+    from kvrl.fidelity.compare import rel_err
+    from kvrl.fidelity.report import live_mean_and_spread, resolved_rankings
+
+    out = {}
+    for run, (d, subs) in SAME_HOST_RUNS.items():
+        files = {prof: f"{SAME_HOST}/{d}/{sub}/fidelity.json" for prof, sub in subs.items()}
+        live = _json(files["shipped"])
+        rows = resolved_rankings(live, {prof: _json(f) for prof, f in files.items()})
+        resolved = [r for r in rows if r["resolved"]]
+        for prof, f in files.items():
+            out.update({f"{run}_{prof}_{k}": v for k, v in _target_facts(f).items()})
+            out[f"{run}_{prof}_reversed"] = f"{sum(not r['same'][prof] for r in resolved)} of {len(resolved)}"
+    for run, subs in SAME_HOST_SLO.items():
+        for prof, sub in subs.items():
+            path = f"{SAME_HOST}/{sub}/fidelity.json"
+            res = _json(path)
+            out[f"slo_{run}_{prof}_ttft"] = " / ".join(
+                f"{100 * rel_err(live_mean_and_spread(res[p], 'ttft_p50_s')[0], res[p]['sim']['ttft_p50_s']):+.1f}%"
+                for p in ("slo_shift_mix/slo_mix", "slo_shift_mix/fixed_0_2"))
+            out[f"slo_{run}_{prof}_every"] = _target_facts(path)["every_target"]
+    # run 37's replay as served (the shipped profile): decode and host-time totals per pair
+    by_kind = [r["replay"]["by_kind"] for r in _json(f"{SAME_HOST}/run37_qwen/pressure/fidelity.json").values()]
+    dec = [k["decode"]["sim_s"] / k["decode"]["live_s"] - 1 for k in by_kind]
+    host = [k["host"]["sim_s"] / k["host"]["live_s"] - 1 for k in by_kind]
+    out["replay37_decode_above"] = f"{sum(e > 0 for e in dec)} of {len(dec)}"
+    out["replay37_decode_max"] = f"{100 * max(dec):.1f}%"
+    out["replay37_host_max"] = f"{100 * max(host):.0f}%"
+    # run 38's live steps re-priced by its same-host profile (the replay kept): all steps, and the steps
+    # taken while the host was fast (kvrl.fidelity.replay's host_slow_share / fast_host)
+    replays = {p: r["replay"] for p, r in _json(f"{SAME_HOST}/run38_qwen/fresh_pressure/fidelity.json").items()}
+    fast = {p: rp["fast_host"]["all"]["sim_s"] / rp["fast_host"]["all"]["live_s"] - 1 for p, rp in replays.items()}
+    out["replay38_all"] = f"{100 * sum(abs(rp['total_rel_err']) for rp in replays.values()) / len(replays):.1f}%"
+    out["replay38_fast"] = f"{100 * sum(map(abs, fast.values())) / len(fast):.1f}%"
+    worst = max(replays, key=lambda p: abs(replays[p]["total_rel_err"]))
+    out["replay38_worst"] = (f"{worst} ({100 * replays[worst]['host_slow_share']:.0f}% of its live time on a slow "
+                               f"host): {100 * replays[worst]['total_rel_err']:+.1f}% over all steps, "
+                               f"{100 * fast[worst]:+.1f}% over the fast-host ones")
+    return out
 
 
 RUN36 = "docs/results/fidelity_slo_shift_run36"

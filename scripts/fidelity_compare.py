@@ -65,48 +65,24 @@ def all_targets(runs: dict, names: list[str], pairs: list[str], fit_w: set[str])
 
 
 def rankings(runs: dict, names: list[str], pairs: list[str]) -> list[str]:
-    """Markdown: per workload and ranked metric (kvrl-fidelity's ``RANK_METRICS``), the two best
-    policies by their live means and by each run's sim. The live order counts as *resolved* when the
-    means differ by more than the larger live spread of the two (each spread: the largest deviation of
-    one live run from its mean; the gap is relative to the larger mean); only a resolved order that the
-    sim reverses is a ranking error."""
-    from kvrl.fidelity.compare import METRICS as FID_METRICS, RANK_METRICS
-    from kvrl.fidelity.report import live_mean_and_spread
+    """Markdown: kvrl.fidelity.report.resolved_rankings over the runs (the live side of the first run;
+    each run's sim), with the resolved orders each sim reverses."""
+    from kvrl.fidelity.report import resolved_rankings
 
-    better = {k: b for k, _, b in FID_METRICS}
-    by_w: dict[str, list[str]] = {}
-    for pair in pairs:
-        by_w.setdefault(pair.split("/")[0], []).append(pair)
+    rows = resolved_rankings({p: runs[names[0]][p] for p in pairs}, {n: runs[n] for n in names})
     lines = ["", "Policy ranking against the live means: `a > b` is the better first; resolved = the live means "
                  "differ by more than the larger live spread.", "",
              "| workload | metric | live | live gap [spread] | resolved | " +
              " | ".join(f"sim {n}" for n in names) + " |", "|---|---|---|---:|---|" + "---|" * len(names)]
-    flips = {n: [] for n in names}
-    resolved_n = 0
-    for w, ps in by_w.items():
-        if len(ps) < 2:
-            continue
-        for key in RANK_METRICS:
-            live = {p: live_mean_and_spread(runs[names[0]][p], key) for p in ps}
-            order = sorted(ps, key=lambda p: -better[key] * live[p][0])
-            a, b = order[0], order[1]
-            gap = abs(live[a][0] - live[b][0]) / max(abs(live[a][0]), abs(live[b][0]), 1e-300)
-            spread = max(live[a][1], live[b][1])
-            resolved = gap > spread
-            resolved_n += resolved
-            cells = []
-            for n in names:
-                sa, sb = (runs[n][p]["sim"].get(key, float("nan")) for p in (a, b))
-                same = better[key] * (sa - sb) >= 0
-                cells.append("same" if same else "REVERSED" if resolved else "reversed (within spread)")
-                if resolved and not same:
-                    flips[n].append(f"{w} {key}")
-            short = lambda p: p.split("/", 1)[1]
-            lines.append(f"| {w} | {key} | {short(a)} > {short(b)} | {gap:.1%} [{spread:.1%}] | "
-                         f"{'yes' if resolved else 'no'} | " + " | ".join(cells) + " |")
-    lines += ["", f"Resolved live orders: {resolved_n}."] + \
-             [f"- sim {n} reverses {len(flips[n])} of them{': ' + '; '.join(flips[n]) if flips[n] else ''}"
-              for n in names]
+    for r in rows:
+        cells = ["same" if r["same"][n] else "REVERSED" if r["resolved"] else "reversed (within spread)" for n in names]
+        lines.append(f"| {r['workload']} | {r['metric']} | {r['first']} > {r['second']} | {r['gap']:.1%} "
+                     f"[{r['spread']:.1%}] | {'yes' if r['resolved'] else 'no'} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Resolved live orders: {sum(r['resolved'] for r in rows)}.")
+    for n in names:
+        flips = [f"{r['workload']} {r['metric']}" for r in rows if r["resolved"] and not r["same"][n]]
+        lines.append(f"- sim {n} reverses {len(flips)} of them{': ' + '; '.join(flips) if flips else ''}")
     return lines
 
 

@@ -233,6 +233,34 @@ def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
     return mean, spread
 
 
+def resolved_rankings(live: dict[str, dict], sims: dict[str, dict[str, dict]]) -> list[dict]:
+    """Per workload and ranked metric (:data:`RANK_METRICS`), the two best policies by their live
+    means (``live``: ``"workload/policy"`` -> a pair's result with ``live`` and ``live_repeats``) and
+    whether each sim of ``sims`` (name -> pair -> ``{"sim": metrics}``) orders them the same way.
+    The live order is *resolved* when the two means differ by more than the larger of the two live
+    spreads (:func:`live_mean_and_spread`; the gap relative to the larger mean): issue 16's rule
+    counts only a resolved order that a sim reverses. Rows: ``workload, metric, first, second, gap,
+    spread, resolved, same`` (name -> bool)."""
+    better = {k: b for k, _, b in METRICS}
+    by_w: dict[str, list[str]] = {}
+    for pair in live:
+        by_w.setdefault(pair.split("/")[0], []).append(pair)
+    rows = []
+    for w, pairs in by_w.items():
+        if len(pairs) < 2:
+            continue
+        for key in RANK_METRICS:
+            stats = {p: live_mean_and_spread(live[p], key) for p in pairs}
+            a, b = sorted(pairs, key=lambda p: -better[key] * stats[p][0])[:2]
+            gap = abs(stats[a][0] - stats[b][0]) / max(abs(stats[a][0]), abs(stats[b][0]), 1e-300)
+            spread = max(stats[a][1], stats[b][1])
+            same = {n: better[key] * (sim[a]["sim"].get(key, float("nan")) - sim[b]["sim"].get(key, float("nan"))) >= 0
+                    for n, sim in sims.items()}
+            rows.append({"workload": w, "metric": key, "first": a.split("/", 1)[1], "second": b.split("/", 1)[1],
+                         "gap": gap, "spread": spread, "resolved": gap > spread, "same": same})
+    return rows
+
+
 def mean_section(results: dict) -> list[str]:
     """With repeated live runs: the target metrics of the sim against the mean of the live runs,
     next to how far single live runs are from that mean."""
