@@ -527,6 +527,37 @@ def slo_shift_cemrule_live() -> dict[str, str]:
     return out
 
 
+#: the same 21 sim jobs re-priced with a profile of a four-GPU host (docs/fidelity.md, runs 37 and 38)
+CEMRULE_PROFILES = {"shipped": f"{SLO_SHIFT_CEMRULE}/sim_results.csv",
+                    "run37": f"{SLO_SHIFT_CEMRULE}/sim_profile_run37/results.csv",
+                    "run38": f"{SLO_SHIFT_CEMRULE}/sim_profile_run38/results.csv"}
+
+
+@source("slo_shift_cemrule_profiles", "cheap", f"{SLO_SHIFT_CEMRULE}/live_results.csv", *CEMRULE_PROFILES.values())
+def slo_shift_cemrule_profiles() -> dict[str, str]:
+    """The rule-started agents' live check priced by each sim profile: ``<profile>_mix_err``, the sim's
+    mean goodput of ``slo_mix`` over the live seeds against the live mean; ``<profile>_agents``, each agent's
+    paired difference to ``slo_mix`` in that sim over all its seeds (by training seed); ``<profile>_significant``, how many of
+    them a paired t-test finds significant (p < 0.05)."""
+    from scipy import stats
+
+    live = _by_policy(f"{SLO_SHIFT_CEMRULE}/live_results.csv", "goodput_tok_s")
+    mix = next(p for p in live if p.startswith("slo_mix"))
+    out = {}
+    for prof, path in CEMRULE_PROFILES.items():
+        sim = _by_policy(path, "goodput_tok_s")
+        seeds = sorted(set(live[mix]) & set(sim[mix]))
+        sim_mean = sum(sim[mix][s] for s in seeds) / len(seeds)
+        live_mean = sum(live[mix][s] for s in seeds) / len(seeds)
+        out[f"{prof}_mix_err"] = f"{100 * (sim_mean / live_mean - 1):+.1f}%"
+        agents = sorted(p for p in sim if p.startswith("agent"))
+        out[f"{prof}_agents"] = "; ".join(_paired(sim[a], sim[mix], 1) for a in agents)
+        out[f"{prof}_significant"] = str(sum(
+            stats.ttest_rel([sim[a][s] for s in sorted(sim[a])], [sim[mix][s] for s in sorted(sim[a])]).pvalue < 0.05
+            for a in agents))
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
@@ -720,14 +751,15 @@ def session4() -> dict[str, str]:
     return out
 
 
-def _paired(a: dict[int, float], b: dict[int, float]) -> str:
-    """``+212 ± 315``: mean per-seed difference a - b with its 95% t half-width (scipy)."""
+def _paired(a: dict[int, float], b: dict[int, float], digits: int = 0) -> str:
+    """``+212 ± 315``: mean per-seed difference a - b with its 95% t half-width (scipy), ``digits``
+    decimals."""
     from scipy import stats
 
     diffs = [a[s] - b[s] for s in sorted(a) if s in b]
     mean = sum(diffs) / len(diffs)
     half = stats.t.ppf(0.975, len(diffs) - 1) * stats.sem(diffs)
-    return f"{mean:+.0f} ± {half:.0f}".replace("-", "−")
+    return f"{mean:+.{digits}f} ± {half:.{digits}f}".replace("-", "−")
 
 
 # --- docs/results.md: the watermark agent live on an H200 beside the sim ---------------------------
