@@ -558,6 +558,38 @@ def slo_shift_cemrule_profiles() -> dict[str, str]:
     return out
 
 
+#: env=slo_shift's committed leaderboard (the shipped profile) and the same evaluation priced by run 38's
+#: four-GPU-host profile (KVRL_PROFILE_PATH)
+SLO_SHIFT_BOARDS = {"shipped": "docs/results/rl_slo_shift/leaderboard.csv",
+                    "run38": "docs/results/rl_slo_shift/profile_run38/leaderboard.csv"}
+
+
+@source("slo_shift_profiles", "cheap", *SLO_SHIFT_BOARDS.values())
+def slo_shift_profiles() -> dict[str, str]:
+    """Per profile (``<profile>_<fact>``): the val-tuned ``slo_mix`` (``mix``) and the hindsight-best constant
+    (``oracle``); the rule against that constant (``mix_vs_oracle``); the best agent against the rule
+    (``best_vs_mix``); how many agents are better / not significantly different / worse than the rule."""
+    out = {}
+    for prof, path in SLO_SHIFT_BOARDS.items():
+        rows = _csv(path)
+        refs = [k[3:-len("_verdict")] for k in rows[0] if k.startswith("vs ") and k.endswith("_verdict")]
+        mix = next(r for r in refs if r.startswith("slo_mix") and "[val-tuned]" in r)
+        oracle = next(r for r in refs if "[oracle" in r)
+        rule = next(r for r in rows if r["policy"] == mix)
+        agents = [r for r in rows if r["kind"] == "agent"]
+        best = max(agents, key=lambda r: float(r["goodput_tok_s_mean"]))
+        out[f"{prof}_mix"] = mix.removesuffix(" [val-tuned]")
+        out[f"{prof}_oracle"] = oracle.split(" [")[0]
+        out[f"{prof}_mix_vs_oracle"] = f"{float(rule[f'vs {oracle}_pct_change']):+.1f}%"
+        d = f"Δgoodput_tok_s vs {mix}"
+        out[f"{prof}_best_vs_mix"] = (f"{float(best[d + '_mean']):+.0f} ± {float(best[d + '_ci95']):.0f} tok/s "
+                                      f"({float(best[f'vs {mix}_pct_change']):+.1f}%, p {float(best[f'vs {mix}_p']):.2g})")
+        verdicts = [r[f"vs {mix}_verdict"] for r in agents]
+        out[f"{prof}_agents_vs_mix"] = " / ".join(str(sum(v == want for v in verdicts))
+                                                  for want in ("better", "no significant difference", "worse"))
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
