@@ -660,11 +660,13 @@ def run35() -> dict[str, str]:
 SAME_HOST = "docs/results/fidelity_same_host"
 #: run -> (its directory, {profile: the merged fidelity.json's directory}); the first profile's live runs
 #: are every profile's (the others re-price the same live runs offline)
+#: (``other_host``: re-priced with the other run's host profile of the same shape, 37 <-> 38 and 39 <-> 40)
 SAME_HOST_RUNS = {
-    "run37": ("run37_qwen", {"shipped": "pressure", "same_host": "fresh_pressure"}),
-    "run38": ("run38_qwen", {"shipped": "pressure", "same_host": "fresh_pressure", "same_host_b": "fresh3_pressure"}),
-    "run39": ("run39_llama", {"shipped": "pressure", "same_host": "fresh_pressure"}),
-    "run40": ("run40_llama", {"shipped": "pressure", "same_host": "fresh_pressure"}),
+    "run37": ("run37_qwen", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure"}),
+    "run38": ("run38_qwen", {"shipped": "pressure", "same_host": "fresh_pressure", "same_host_b": "fresh3_pressure",
+                             "other_host": "other_host_pressure"}),
+    "run39": ("run39_llama", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure"}),
+    "run40": ("run40_llama", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure"}),
 }
 #: slo_shift's traffic: host -> profile -> the kvrl-fidelity directory of the sim with that profile
 SAME_HOST_SLO = {
