@@ -34,6 +34,9 @@
 # With GPUS > 1 the GPU shares are also merged into $OUT/<scenario>/live_leaderboard.{csv,md} and
 # live_results.csv; seeds served over several calls join the same way with scripts/merge_eval.py
 # (docs/rl.md, "slo_shift live on an H200").
+# On a host of four H200s, KVRL_PROFILE_PATH=kvrl/executors/profiles/h200x4 prices both stages' sim (and the sim
+# beside every live run) with that host class's profile (docs/fidelity.md, "Runs 37-40"; the default profiles
+# were measured on a single-GPU VM and price those hosts several percent slow).
 # A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
 #     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure
