@@ -453,6 +453,12 @@ def live_suite() -> dict[str, str]:
     return out
 
 
+def _references(rows: list[dict]) -> list[str]:
+    """The policies a kvrl-eval or merge_eval leaderboard compares every row against, in column order
+    (its ``vs <reference>_verdict`` columns)."""
+    return [k[3:-len("_verdict")] for k in rows[0] if k.startswith("vs ") and k.endswith("_verdict")]
+
+
 def _sim_beside_errors(runs: list[dict], metric: str) -> list[float]:
     """Per live run of a kvrl-eval results.csv: the relative error of the sim's prediction of that run
     (its ``sim_<metric>`` column) against the live ``metric``."""
@@ -471,8 +477,8 @@ def slo_shift_live() -> dict[str, str]:
     out = {}
     for side, suffix in (("live", ""), ("sim", "_sim")):
         rows = _csv(f"{SLO_SHIFT_LIVE}/{side}_leaderboard.csv")
-        const = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "fixed(fraction=0.2)" in k)
-        mix = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "slo_mix" in k)
+        const = next(r for r in _references(rows) if "fixed(fraction=0.2)" in r)
+        mix = next(r for r in _references(rows) if "slo_mix" in r)
         rule = next(r for r in rows if r["policy"] == mix)
         d = f"Δgoodput_tok_s vs {const}"
         pct = float(rule[f"vs {const}_pct_change"])
@@ -512,7 +518,7 @@ def slo_shift_cemrule_live() -> dict[str, str]:
     out = {}
     for side in ("live", "sim"):
         rows = _csv(f"{SLO_SHIFT_CEMRULE}/{side}_leaderboard.csv")
-        mix = next(k[3:-len("_verdict")] for k in rows[0] if k.endswith("_verdict") and "slo_mix" in k)
+        mix = next(r for r in _references(rows) if "slo_mix" in r)
         d = f"Δgoodput_tok_s vs {mix}"
         agents = sorted((r for r in rows if r["kind"] == "agent"), key=lambda r: r["policy"])   # by training seed
         out[f"agents_vs_mix_{side}"] = "; ".join(
@@ -572,7 +578,7 @@ def slo_shift_profiles() -> dict[str, str]:
     out = {}
     for prof, path in SLO_SHIFT_BOARDS.items():
         rows = _csv(path)
-        refs = [k[3:-len("_verdict")] for k in rows[0] if k.startswith("vs ") and k.endswith("_verdict")]
+        refs = _references(rows)
         mix = next(r for r in refs if r.startswith("slo_mix") and "[val-tuned]" in r)
         oracle = next(r for r in refs if "[oracle" in r)
         rule = next(r for r in rows if r["policy"] == mix)
