@@ -616,14 +616,16 @@ def host_speed_gpu() -> dict[str, str]:
             "better_worse": f"{sum(b > a for b, a in pairs)} / {sum(a > b for b, a in pairs)}"}
 
 
-def _errors_vs_live_mean(path: str, metric: str) -> list[float]:
-    """Per pair of a kvrl-fidelity ``fidelity.json`` with both sides, in file order: the sim's absolute
-    relative error in ``metric`` against the mean of the pair's live runs (kvrl.fidelity.report)."""
+def _errors_vs_live_mean(run: str | dict, metric: str) -> list[float]:
+    """Per pair of a kvrl-fidelity ``fidelity.json`` (its path, or its pairs as loaded) with both sides,
+    in file order: the sim's absolute relative error in ``metric`` against the mean of the pair's live
+    runs (kvrl.fidelity.report)."""
     from kvrl.fidelity.compare import rel_err
     from kvrl.fidelity.report import live_mean_and_spread
 
+    pairs = _json(run) if isinstance(run, str) else run
     return [abs(rel_err(live_mean_and_spread(p, metric)[0], p["sim"][metric]))
-            for p in _json(path).values() if p.get("live") and p.get("sim")]
+            for p in pairs.values() if p.get("live") and p.get("sim")]
 
 
 @source("run34", "cheap", RUN34)
@@ -638,9 +640,9 @@ def run34() -> dict[str, str]:
 RUN35 = "docs/results/fidelity_llama_h200_run35.json"
 
 
-def _target_facts(path: str) -> dict[str, str]:
+def _target_facts(path: str | dict) -> dict[str, str]:
     """Per target metric of kvrl.fidelity.compare.TARGETS, over the pairs of the kvrl-fidelity
-    ``fidelity.json`` at ``path``: the mean absolute error of the sim against the mean of each pair's
+    ``fidelity.json`` at ``path`` (or its pairs as loaded): the mean absolute error of the sim against the mean of each pair's
     live runs (``<metric>_mean``) and how many pairs are within the target (``<metric>_within``); how
     many meet every target at once (``every_target``)."""
     from kvrl.fidelity.compare import TARGETS
@@ -673,7 +675,17 @@ SAME_HOST_RUNS = {
                              "other_host": "other_host_pressure"}),
     "run39": ("run39_llama", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure"}),
     "run40": ("run40_llama", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure"}),
+    # runs 41-43: single-H200 VMs, the shipped profiles' own host class (other_host: 41 <-> 42; h200x4: the
+    # four-GPU-host profile of the shape, kvrl/executors/profiles/h200x4/); run 43 served 7 of the 16 pairs
+    "run41": ("run41_qwen_1gpu", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure",
+                                  "h200x4": "h200x4_pressure"}),
+    "run42": ("run42_qwen_1gpu", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure",
+                                  "h200x4": "h200x4_pressure"}),
+    "run43": ("run43_llama_1gpu", {"shipped": "pressure", "h200x4": "h200x4_pressure"}),
 }
+#: two calls of one host class and shape: the first call's live means are the truth and the second's the
+#: prediction, so what a perfect copy of one call's engine would score against another's (runs 41-43)
+SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"))
 #: slo_shift's traffic: host -> profile -> the kvrl-fidelity directory of the sim with that profile
 SAME_HOST_SLO = {
     "run37": {"shipped": "run37_qwen/fidelity_slo_shift", "same_host": "run37_qwen/slo_shift_fresh"},
@@ -686,15 +698,35 @@ SAME_HOST_SLO = {
         *(f"{SAME_HOST}/{d}/{sub}/fidelity.json" for d, subs in SAME_HOST_RUNS.values() for sub in subs.values()),
         *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()))
 def same_host() -> dict[str, str]:
-    """Runs 37-40 (docs/fidelity.md, "A profile of the host at hand"): per run and profile,
-    :func:`_target_facts` and the resolved live orders that profile's sim reverses
-    (kvrl.fidelity.report.resolved_rankings), keys ``<run>_<profile>_<fact>``; on slo_shift's traffic,
+    """Runs 37-43 (docs/fidelity.md, "A profile of the host at hand" and "The shipped profiles on their
+    own host class"): per run and profile, :func:`_target_facts` and the resolved live orders that
+    profile's sim reverses (kvrl.fidelity.report.resolved_rankings), keys ``<run>_<profile>_<fact>``;
+    per pair of calls of :data:`SAME_HOST_CALLS`, :func:`_target_facts` of the second call's live means
+    taken as the first's sim, and the pairs whose live throughput differs by more than 3%
+    (``calls_<first>_<second>_<fact>``); runs 39-40's profiles on run 43's seven pairs
+    (``llama7_<run>_<profile>_<fact>``); run 41's replay by the shipped profile (``replay41_*``); on slo_shift's traffic,
     per host and profile, the sim's p50 TTFT error against the live mean (slo_mix / fixed 0.2) and how
     many pairs meet every target at once."""
-    from kvrl.fidelity.compare import rel_err
+    from kvrl.fidelity.compare import TARGETS, rel_err
     from kvrl.fidelity.report import live_mean_and_spread, resolved_rankings
 
     out = {}
+    for first, second in SAME_HOST_CALLS:
+        truth, other = (_json(f"{SAME_HOST}/{SAME_HOST_RUNS[r][0]}/pressure/fidelity.json") for r in (first, second))
+        as_sim = {k: {**p, "sim": {m: live_mean_and_spread(other[k], m)[0] for m in TARGETS}}
+                  for k, p in truth.items() if k in other}
+        out.update({f"calls_{first}_{second}_{k}": v for k, v in _target_facts(as_sim).items()})
+        tput = _errors_vs_live_mean(as_sim, "throughput_tok_s")
+        out[f"calls_{first}_{second}_throughput_over"] = f"{sum(e > 0.03 for e in tput)} of {len(tput)}"
+    # run 43's seven Llama-3-8B pairs: how runs 39-40's profiles price the same pairs on the four-GPU hosts
+    llama7 = list(_json(f"{SAME_HOST}/{SAME_HOST_RUNS['run43'][0]}/pressure/fidelity.json"))
+    for run in ("run39", "run40"):
+        d, subs = SAME_HOST_RUNS[run]
+        for prof, sub in subs.items():
+            pairs = _json(f"{SAME_HOST}/{d}/{sub}/fidelity.json")
+            facts = _target_facts({k: pairs[k] for k in llama7})
+            out[f"llama7_{run}_{prof}_throughput_mean"] = facts["throughput_mean"]
+            out[f"llama7_{run}_{prof}_every_target"] = facts["every_target"]
     for run, (d, subs) in SAME_HOST_RUNS.items():
         files = {prof: f"{SAME_HOST}/{d}/{sub}/fidelity.json" for prof, sub in subs.items()}
         live = _json(files["shipped"])
@@ -728,6 +760,12 @@ def same_host() -> dict[str, str]:
     out["replay38_worst"] = (f"{worst} ({100 * replays[worst]['host_slow_share']:.0f}% of its live time on a slow "
                                f"host): {100 * replays[worst]['total_rel_err']:+.1f}% over all steps, "
                                f"{100 * fast[worst]:+.1f}% over the fast-host ones")
+    # run 41's live steps priced by the shipped profile, as served: the steps taken while the host was fast
+    replays = [r["replay"] for r in _json(f"{SAME_HOST}/run41_qwen_1gpu/pressure/fidelity.json").values()]
+    fast = [rp["fast_host"]["all"]["sim_s"] / rp["fast_host"]["all"]["live_s"] - 1 for rp in replays]
+    out["replay41_fast_above"] = f"{sum(e > 0 for e in fast)} of {len(fast)}"
+    out["replay41_fast_mean"] = f"{100 * sum(fast) / len(fast):+.1f}%"
+    out["replay41_all_mean"] = f"{100 * sum(rp['total_rel_err'] for rp in replays) / len(replays):+.1f}%"
     return out
 
 
