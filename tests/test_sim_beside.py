@@ -60,3 +60,36 @@ def test_the_sim_beside_a_live_run_models_its_executor_mode():
                                config=SimpleNamespace(num_blocks=64, num_cpu_blocks=8, max_model_len=512))
         sim = sim_config(cfg, live)
         assert sim.backend.step_graphs is steps and sim.backend.cuda_graphs and sim.engine.num_blocks == 64
+
+
+def test_the_sim_beside_a_live_run_is_given_the_live_hosts_cpu_count(monkeypatch):
+    """``predict`` builds its sim with ``host_cpus`` = this host's CPU count, so ``profile: auto``
+    prefers a profile of the live host's class (kvrl.executors.profile.resolve_profile)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    built = {}
+
+    class Sim:
+        def __init__(self, model, device, **kw):
+            built.update(kw, model=model, device=device)
+            self.cost_source, self.profile_staleness, self.profile = "roofline", None, None
+
+    class Engine:
+        def __init__(self, executor):
+            self.executor = executor
+
+        def run(self, requests):
+            return {"requests": len(requests)}
+
+    monkeypatch.setattr("kvrl.executors.sim.SimExecutor", Sim)
+    monkeypatch.setattr("kvrl.builder.build_engine", lambda cfg, executor, record_steps: Engine(executor))
+    monkeypatch.setattr(sim_beside.os, "cpu_count", lambda: 64)
+    cfg = OmegaConf.create({"backend": {"name": "live"}, "engine": {"num_blocks": 0}, "seed": 0})
+    live = SimpleNamespace(executor=SimpleNamespace(use_cuda_graphs=True, use_step_graphs=True,
+                                                    cost_model=SimpleNamespace(model="shape", device="gpu")),
+                           config=SimpleNamespace(num_blocks=64, num_cpu_blocks=8, max_model_len=512))
+    summary = sim_beside.predict(cfg, live, [object()])
+    assert built["host_cpus"] == 64 and built["profile"] == "auto" and built["step_graphs"] is True
+    assert (built["model"], built["device"]) == ("shape", "gpu") and summary["requests"] == 1

@@ -3,7 +3,8 @@
 After a live run, :func:`predict` serves the same requests through a fresh engine on the sim
 executor: the same engine limits as resolved live (pool sizes, ``max_model_len``), fresh policies
 from the same config, and the step-time profile that matches the live GPU and model shape (the
-live executor's own ``cost_model`` names both). :func:`compare` gives the sim's relative error
+live executor's own ``cost_model`` names both), preferring one measured on a host of this one's
+class (its CPU count: the shipped ``h200x4/`` profiles on a host of four H200s). :func:`compare` gives the sim's relative error
 per metric, and :func:`describe` one line for the terminal. ``kvrl-run backend=live`` writes it
 to ``sim_prediction.json``; ``kvrl-eval backend=live`` adds ``sim_<metric>`` columns per run.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
@@ -47,7 +49,8 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     scfg = sim_config(cfg, live_engine)
     if reference is not None:
         sim = SimExecutor(reference.model, reference.device, seed=int(scfg.seed), profile="auto",
-                          cuda_graphs=bool(scfg.backend.cuda_graphs), step_graphs=bool(scfg.backend.step_graphs))
+                          cuda_graphs=bool(scfg.backend.cuda_graphs), step_graphs=bool(scfg.backend.step_graphs),
+                          host_cpus=os.cpu_count())
     else:
         sim = None
     engine = build_engine(scfg, executor=sim, record_steps=False)

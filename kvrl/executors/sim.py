@@ -81,13 +81,16 @@ class SimExecutor(Executor):
         host_speed: with a profile, the factor on its host terms (the engine's own time between
             steps): how much slower the modelled live host runs Python than the profiling one
             (:func:`~kvrl.executors.host_speed.host_speed_ratio`; 1.0: the profile's host as is).
+        host_cpus: the CPU count of the live host this sim stands beside (sim-beside-live), for
+            ``profile="auto"``'s preference of a profile of that host class
+            (:func:`~kvrl.executors.profile.resolve_profile`); None for a sim of its own.
     """
 
     name = "sim"
 
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
                  profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
-                 step_graphs: bool = True, host_speed: float = 1.0) -> None:
+                 step_graphs: bool = True, host_speed: float = 1.0, host_cpus: Optional[int] = None) -> None:
         if not (host_speed > 0 and host_speed < float("inf")):
             raise ValueError(f"host_speed={host_speed}: give a positive factor on the profile's host terms")
         self.model = model
@@ -112,7 +115,7 @@ class SimExecutor(Executor):
         if profile is not None and not (isinstance(profile, str) and profile.lower() in ("none", "roofline", "off", "")):
             from kvrl.executors.profile import resolve_profile
             from kvrl.executors.profile.registry import profiled_step_graphs
-            prof, why = resolve_profile(profile, model, device, step_graphs=self.step_graphs)
+            prof, why = resolve_profile(profile, model, device, step_graphs=self.step_graphs, host_cpus=host_cpus)
             if prof is not None and profiled_step_graphs(prof.meta) != self.step_graphs:
                 log.warning("sim profile %s measured the live executor with step_graphs=%s, this sim models "
                             "step_graphs=%s", prof.path or "<in memory>", profiled_step_graphs(prof.meta),

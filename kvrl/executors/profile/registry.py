@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 from kvrl.executors.hardware import DeviceSpec, ModelShape
 from kvrl.executors.profile.format import (FORMAT, LOADABLE_FIT_VERSIONS, VERSION, ProfileError, ProfileKey,
@@ -136,16 +136,26 @@ PACKAGED_DIR = Path(__file__).resolve().parents[1] / "profiles"
 ENV_PATH = "KVRL_PROFILE_PATH"
 
 
-_INDEX: Optional[list[tuple[str, ProfileKey, float, int, bool]]] = None
+class IndexedProfile(NamedTuple):
+    """What profile lookup needs of a profile file, read once per directory scan."""
+    path: str
+    key: ProfileKey
+    created: float           #: meta.created (seconds since the epoch)
+    block_size: int
+    step_graphs: bool        #: :func:`profiled_step_graphs`
+    cpu_count: Optional[int]  #: meta.cpu_count: the profiling host's ``os.cpu_count()`` (None if not recorded)
 
 
+#: scanned directories -> their profiles (:func:`_scan`)
+_INDEX: dict[tuple[Path, ...], list[IndexedProfile]] = {}
 _LOADED: dict[str, StepProfile] = {}
+#: shipped subdirectories that hold no host-class profiles
+_NOT_HOST_CLASS = ("archive",)
 
 
 def clear_cache() -> None:
     """Forget the scanned profile directories and loaded profiles (tests; new files)."""
-    global _INDEX
-    _INDEX = None
+    _INDEX.clear()
     _LOADED.clear()
 
 
@@ -157,12 +167,19 @@ def search_paths() -> list[Path]:
     return paths
 
 
-def _index() -> list[tuple[str, ProfileKey, float, int, bool]]:
-    """(path, key, created, block_size, step_graphs) of every readable profile on the search paths."""
-    global _INDEX
-    if _INDEX is None:
+def host_class_dirs() -> list[Path]:
+    """The shipped profile directories of other host classes than the defaults' (``h200x4/``: hosts of
+    four H200s), each profile with its host's ``meta.cpu_count``: ``profile=auto`` considers them
+    only for a live host of that many CPUs (:func:`resolve_profile`'s ``host_cpus``)."""
+    return sorted(d for d in PACKAGED_DIR.iterdir() if d.is_dir() and d.name not in _NOT_HOST_CLASS)
+
+
+def _scan(roots: Sequence[Path]) -> list[IndexedProfile]:
+    """Every readable profile in ``roots`` (directories: their ``*.json``; files: themselves), cached."""
+    key = tuple(roots)
+    if key not in _INDEX:
         found = []
-        for root in search_paths():
+        for root in roots:
             files = sorted(root.glob("*.json")) if root.is_dir() else ([root] if root.is_file() else [])
             for f in files:
                 try:
@@ -171,12 +188,14 @@ def _index() -> list[tuple[str, ProfileKey, float, int, bool]]:
                     if d.get("format") != FORMAT:
                         continue
                     meta = d.get("meta", {})
-                    found.append((str(f), ProfileKey.from_dict(d["key"]), float(meta.get("created", 0.0)),
-                                  int(meta.get("block_size", 16)), profiled_step_graphs(meta)))
+                    cpus = meta.get("cpu_count")
+                    found.append(IndexedProfile(str(f), ProfileKey.from_dict(d["key"]), float(meta.get("created", 0.0)),
+                                                int(meta.get("block_size", 16)), profiled_step_graphs(meta),
+                                                int(cpus) if cpus else None))
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     log.warning("ignoring unreadable profile %s: %s", f, exc)
-        _INDEX = found
-    return _INDEX
+        _INDEX[key] = found
+    return _INDEX[key]
 
 
 def load_cached(path: str) -> StepProfile:
@@ -201,7 +220,8 @@ def profiled_step_graphs(meta: dict) -> bool:
 
 
 def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, device: DeviceSpec,
-                    block_size: Optional[int] = None, step_graphs: bool = True) -> tuple[Optional[StepProfile], str]:
+                    block_size: Optional[int] = None, step_graphs: bool = True,
+                    host_cpus: Optional[int] = None) -> tuple[Optional[StepProfile], str]:
     """The profile to use for ``shape`` on ``device`` and why, from ``spec``: ``"auto"`` (the
     newest matching profile on :func:`search_paths`, preferring one that measured the executor mode
     ``step_graphs`` (whole-step graphs on or off), then ``block_size``; a profile of the other mode
@@ -209,18 +229,31 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
     which the reason says), ``"none"``/None
     (roofline), a file path (absolute, relative to the working directory, or relative to the
     shipped profiles directory, e.g. ``archive/<name>.json``), or a :class:`StepProfile`. A profile
-    for another device or shape is never used: the reason names the mismatching fields."""
+    for another device or shape is never used: the reason names the mismatching fields.
+
+    ``host_cpus``: the CPU count of the live host the sim stands beside (sim-beside-live), or None
+    (a sim of its own). With it, ``"auto"`` also considers the shipped host-class profiles
+    (:func:`host_class_dirs`) measured on a host of exactly that many CPUs, and prefers, after the
+    executor mode, a profile whose ``meta.cpu_count`` is ``host_cpus`` (docs/fidelity.md, "Runs
+    37-40" and "Runs 41-43": each host class is priced best by its own class's profile). Without
+    one of that class the choice is as without ``host_cpus``."""
     want = ProfileKey.of(shape, device)
     if spec is None or (isinstance(spec, str) and spec.lower() in ("none", "roofline", "off", "")):
         return None, "profile disabled (profile=none)"
     if isinstance(spec, str) and spec.lower() == "auto":
-        hits = [row for row in _index() if row[1] == want]
+        hits = [row for row in _scan(search_paths()) if row.key == want]
+        if host_cpus:
+            hits += [row for row in _scan(host_class_dirs()) if row.key == want and row.cpu_count == host_cpus]
         if not hits:
             return None, f"no profile matches {want.describe()} on {[str(p) for p in search_paths()]}"
-        hits.sort(key=lambda r: (r[4] == bool(step_graphs), r[3] == (block_size or 16), r[2]))
-        if hits[-1][4] != bool(step_graphs):
-            return load_cached(hits[-1][0]), f"auto (no profile of step_graphs={bool(step_graphs)} matches)"
-        return load_cached(hits[-1][0]), "auto"
+        hits.sort(key=lambda r: (r.step_graphs == bool(step_graphs), bool(host_cpus) and r.cpu_count == host_cpus,
+                                 r.block_size == (block_size or 16), r.created))
+        best = hits[-1]
+        if best.step_graphs != bool(step_graphs):
+            return load_cached(best.path), f"auto (no profile of step_graphs={bool(step_graphs)} matches)"
+        if host_cpus and best.cpu_count == host_cpus:
+            return load_cached(best.path), f"auto (a profile of this host's class: {host_cpus} CPUs)"
+        return load_cached(best.path), "auto"
     prof = spec if isinstance(spec, StepProfile) else load_cached(profile_file(spec))
     if prof.key != want:
         return None, f"profile {prof.path or '<in memory>'} is for another device/shape ({'; '.join(want.mismatch(prof.key))})"
