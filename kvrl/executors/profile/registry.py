@@ -171,7 +171,8 @@ def host_class_dirs() -> list[Path]:
     """The shipped profile directories of other host classes than the defaults' (``h200x4/``: hosts of
     four H200s), each profile with its host's ``meta.cpu_count``: ``profile=auto`` considers them
     only for a live host of that many CPUs (:func:`resolve_profile`'s ``host_cpus``)."""
-    return sorted(d for d in PACKAGED_DIR.iterdir() if d.is_dir() and d.name not in _NOT_HOST_CLASS)
+    return sorted(d for d in PACKAGED_DIR.iterdir()
+                  if d.is_dir() and d.name not in _NOT_HOST_CLASS and not d.name.startswith(("_", ".")))
 
 
 def _scan(roots: Sequence[Path]) -> list[IndexedProfile]:
