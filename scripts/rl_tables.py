@@ -278,6 +278,7 @@ def verdict(entries: list[str]) -> str:
     out = ["| task | test seeds | agents | best agent | strongest other policy | best agent − strongest, paired "
            "| best agent − hindsight-best constant | agents better / n.s. / worse than the strongest |",
            "|---|---:|---:|---|---|---|---|---|"]
+    best_verdicts, all_verdicts = [], []
     for entry in entries:
         label, _, paths = entry.partition("=")
         board_path, _, results = paths.partition(":")
@@ -304,9 +305,17 @@ def verdict(entries: list[str]) -> str:
         cell = lambda t: f"{t[0]:+.0f} ± {t[1]:.0f} tok/s ({t[2]:+.1f}%, p {t[3]:.2g}, {VERDICTS.get(t[4], t[4])})"
         to_oracle = cell(delta(best, oracle)) if oracle else "- (no constant oracle in this leaderboard)"
         verdicts = [delta(a, strongest)[4] for a in agents]
+        best_verdicts.append(d[4])
+        all_verdicts += verdicts
         tally = f"{verdicts.count('better')} / {verdicts.count('no significant difference')} / {verdicts.count('worse')}"
         out.append(f"| {label} | {best['runs']} | {len(agents)} | {best['policy']} ({_num(mean(best))}) "
                    f"| {strongest['policy']} ({_num(mean(strongest))}) | {cell(d)} | {to_oracle} | {tally} |")
+    count = lambda vs, v: vs.count(v)
+    out += ["", f"{len(entries)} leaderboard{'s' if len(entries) != 1 else ''}. The best agent against the strongest other policy: better on "
+            f"{count(best_verdicts, 'better')}, tied (n.s.) on {count(best_verdicts, 'no significant difference')}, "
+            f"worse on {count(best_verdicts, 'worse')}. All {len(all_verdicts)} agent evaluations: "
+            f"{count(all_verdicts, 'better')} better, {count(all_verdicts, 'no significant difference')} tied, "
+            f"{count(all_verdicts, 'worse')} worse."]
     return "\n".join(out)
 
 

@@ -169,6 +169,8 @@ def test_verdict_compares_the_best_agent_with_the_strongest_other_policy(tmp_pat
     out = rl_tables.verdict([f"t={board}:{results}"]).splitlines()
     assert out[2] == ("| t | 3 | 2 | agent a (103) | pi [val-tuned] (104) | -0 ± 1 tok/s (-0.2%, p 0.64, n.s.) "
                       "| -7 ± 2 tok/s (-6.2%, p 0.00022, worse) | 0 / 1 / 1 |")
+    assert out[-1] == ("1 leaderboard. The best agent against the strongest other policy: better on 0, tied (n.s.) "
+                       "on 1, worse on 0. All 2 agent evaluations: 0 better, 1 tied, 1 worse.")
     with pytest.raises(KeyError, match=re.escape("'pi [val-tuned]' is not a reference of this leaderboard")):
         rl_tables.verdict([f"t={board}"])
     with pytest.raises(ValueError, match="label=leaderboard.csv"):

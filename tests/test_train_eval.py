@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -489,3 +491,30 @@ def test_train_settings_for_a_warm_start_are_checked_by_name():
     with pytest.raises(ConfigError, match="train.max_wall_s"):
         validate_train(OmegaConf.create({"train": OmegaConf.structured(TrainSettings(max_wall_s=0.0))}))
     validate_train(OmegaConf.create({"train": OmegaConf.structured(TrainSettings(init_agent="a", max_wall_s=60.0))}))
+
+
+def test_an_optuna_study_tunes_dqn_on_the_val_return(tmp_path):
+    """``hydra/sweeper=tune_dqn``: each trial is a kvrl-train run whose value is its best mean return on
+    split=val (summary.json); scripts/optuna_trials.py lists the study's trials best first."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    optuna = pytest.importorskip("optuna")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.train", "-m", "agent=dqn", "hydra/sweeper=tune_dqn",
+                           "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1", f"hydra.sweep.dir={sweep}",
+                           *TINY, "progress=false", "train.total_timesteps=96", "train.n_envs=1", "train.vec_env=dummy",
+                           "train.eval_every=48", "train.checkpoint_every=48", "agent.kwargs.learning_starts=32"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "KVRL_OPTUNA_STORAGE": url})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    trials = optuna.load_study(study_name="kvrl-dqn", storage=url).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    values = sorted(json.loads((d / "summary.json").read_text())["best_val_reward"] for d in sweep.iterdir()
+                    if (d / "summary.json").is_file())
+    assert sorted(t.value for t in trials) == pytest.approx(values)
+    assert all(1e-4 <= t.params["agent.kwargs.learning_rate"] <= 3e-3 for t in trials)
+    out = tmp_path / "trials.csv"
+    subprocess.run([sys.executable, "scripts/optuna_trials.py", url, "kvrl-dqn", "--out", str(out)], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert [float(r["value"]) for r in rows] == pytest.approx(sorted(values, reverse=True))
+    assert rows[0]["state"] == "COMPLETE" and "agent.kwargs.gamma" in rows[0]
