@@ -596,6 +596,51 @@ def slo_shift_profiles() -> dict[str, str]:
     return out
 
 
+SLO_SHIFT_OPTUNA = "docs/results/rl_slo_shift/optuna"
+
+
+@source("slo_shift_optuna", "cheap", f"{SLO_SHIFT_OPTUNA}/trials.csv", f"{SLO_SHIFT_OPTUNA}/leaderboard.csv",
+        f"{SLO_SHIFT_OPTUNA}/results.csv")
+def slo_shift_optuna() -> dict[str, str]:
+    """Session 23's Optuna study of DQN on ``env=slo_shift`` and its evaluation (docs/rl.md, "Tuning DQN with
+    Optuna"): the study's trials (``trials``, ``best_value``, ``distinct``: distinct values among them,
+    ``constant_value``: the most frequent value and how often); per agent of the tuned
+    (``dqnopt``) and the default recipe (``dqn``), the paired difference to the rule (``<agent>_vs_mix``);
+    how many of each recipe's agents are better / not significantly different / worse than the rule
+    (``<recipe>_vs_mix``); and the tuned recipe's agents against the default's, each seed the mean of a
+    recipe's three agents, paired over the test seeds (``tuned_vs_default``)."""
+    from collections import Counter
+
+    from kvrl.analysis.stats import paired_compare
+
+    trials = [r for r in _csv(f"{SLO_SHIFT_OPTUNA}/trials.csv") if r["state"] == "COMPLETE"]
+    values = Counter(r["value"] for r in trials)
+    common, times = values.most_common(1)[0]
+    out = {"trials": str(len(trials)), "best_value": trials[0]["value"], "distinct": str(len(values)),
+           "constant_value": f"{common} ({times} of {len(trials)} trials)"}
+    rows = _csv(f"{SLO_SHIFT_OPTUNA}/leaderboard.csv")
+    mix = next(r["policy"] for r in rows if r["policy"].startswith("slo_mix"))
+    agents = [r for r in rows if r["kind"] == "agent"]
+    recipe = lambda r: "dqnopt" if "dqnopt" in r["policy"] else "dqn"
+    for r in agents:
+        name = re.search(r"slo_shift-(dqn\w*-seed\d)", r["policy"]).group(1)
+        d = f"Δgoodput_tok_s vs {mix}"
+        out[f"{name}_vs_mix"] = (f"{float(r[d + '_mean']):+.0f} ± {float(r[d + '_ci95']):.0f} tok/s "
+                                 f"({float(r[f'vs {mix}_pct_change']):+.1f}%, p {float(r[f'vs {mix}_p']):.2g})")
+    for rec in ("dqnopt", "dqn"):
+        verdicts = [r[f"vs {mix}_verdict"] for r in agents if recipe(r) == rec]
+        out[f"{rec}_vs_mix"] = " / ".join(str(sum(v == want for v in verdicts))
+                                          for want in ("better", "no significant difference", "worse"))
+    per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
+    for row in _csv(f"{SLO_SHIFT_OPTUNA}/results.csv"):
+        if row["kind"] == "agent" and row["split"] == "test":
+            per_seed[recipe(row)].setdefault(int(row["seed"]), []).append(float(row["goodput_tok_s"]))
+    mean = lambda rec: {seed: sum(v) / len(v) for seed, v in per_seed[rec].items()}
+    c = paired_compare(mean("dqnopt"), mean("dqn"), "goodput_tok_s")
+    out["tuned_vs_default"] = f"{c.delta:+.0f} ± {c.delta_ci:.0f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
