@@ -453,6 +453,20 @@ def live_suite() -> dict[str, str]:
     return out
 
 
+def _paired_cell(row: dict, ref: str) -> str:
+    """A kvrl-eval leaderboard row's paired goodput difference to the reference policy ``ref``:
+    ``+X ± Y tok/s (+P%, p Q)`` from its ``Δgoodput_tok_s vs <ref>`` and ``vs <ref>`` columns."""
+    d = f"Δgoodput_tok_s vs {ref}"
+    return (f"{float(row[d + '_mean']):+.0f} ± {float(row[d + '_ci95']):.0f} tok/s "
+            f"({float(row[f'vs {ref}_pct_change']):+.1f}%, p {float(row[f'vs {ref}_p']):.2g})")
+
+
+def _tally(verdicts: Sequence[str]) -> str:
+    """How many of ``verdicts`` (kvrl.analysis.stats verdicts) are better / not significantly different /
+    worse: ``"b / n / w"``."""
+    return " / ".join(str(sum(v == want for v in verdicts)) for want in ("better", "no significant difference", "worse"))
+
+
 def _references(rows: list[dict]) -> list[str]:
     """The policies a kvrl-eval or merge_eval leaderboard compares every row against, in column order
     (its ``vs <reference>_verdict`` columns)."""
@@ -587,12 +601,8 @@ def slo_shift_profiles() -> dict[str, str]:
         out[f"{prof}_mix"] = mix.removesuffix(" [val-tuned]")
         out[f"{prof}_oracle"] = oracle.split(" [")[0]
         out[f"{prof}_mix_vs_oracle"] = f"{float(rule[f'vs {oracle}_pct_change']):+.1f}%"
-        d = f"Δgoodput_tok_s vs {mix}"
-        out[f"{prof}_best_vs_mix"] = (f"{float(best[d + '_mean']):+.0f} ± {float(best[d + '_ci95']):.0f} tok/s "
-                                      f"({float(best[f'vs {mix}_pct_change']):+.1f}%, p {float(best[f'vs {mix}_p']):.2g})")
-        verdicts = [r[f"vs {mix}_verdict"] for r in agents]
-        out[f"{prof}_agents_vs_mix"] = " / ".join(str(sum(v == want for v in verdicts))
-                                                  for want in ("better", "no significant difference", "worse"))
+        out[f"{prof}_best_vs_mix"] = _paired_cell(best, mix)
+        out[f"{prof}_agents_vs_mix"] = _tally([r[f"vs {mix}_verdict"] for r in agents])
     return out
 
 
@@ -624,13 +634,9 @@ def slo_shift_optuna() -> dict[str, str]:
     recipe = lambda r: "dqnopt" if "dqnopt" in r["policy"] else "dqn"
     for r in agents:
         name = re.search(r"slo_shift-(dqn\w*-seed\d)", r["policy"]).group(1)
-        d = f"Δgoodput_tok_s vs {mix}"
-        out[f"{name}_vs_mix"] = (f"{float(r[d + '_mean']):+.0f} ± {float(r[d + '_ci95']):.0f} tok/s "
-                                 f"({float(r[f'vs {mix}_pct_change']):+.1f}%, p {float(r[f'vs {mix}_p']):.2g})")
+        out[f"{name}_vs_mix"] = _paired_cell(r, mix)
     for rec in ("dqnopt", "dqn"):
-        verdicts = [r[f"vs {mix}_verdict"] for r in agents if recipe(r) == rec]
-        out[f"{rec}_vs_mix"] = " / ".join(str(sum(v == want for v in verdicts))
-                                          for want in ("better", "no significant difference", "worse"))
+        out[f"{rec}_vs_mix"] = _tally([r[f"vs {mix}_verdict"] for r in agents if recipe(r) == rec])
     per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
     for row in _csv(f"{SLO_SHIFT_OPTUNA}/results.csv"):
         if row["kind"] == "agent" and row["split"] == "test":

@@ -307,16 +307,19 @@ def verdict(entries: list[str]) -> str:
         verdicts = [delta(a, strongest)[4] for a in agents]
         best_verdicts.append(d[4])
         all_verdicts += verdicts
-        tally = f"{verdicts.count('better')} / {verdicts.count('no significant difference')} / {verdicts.count('worse')}"
+        tally = " / ".join(map(str, _tally(verdicts)))
         out.append(f"| {label} | {best['runs']} | {len(agents)} | {best['policy']} ({_num(mean(best))}) "
                    f"| {strongest['policy']} ({_num(mean(strongest))}) | {cell(d)} | {to_oracle} | {tally} |")
-    count = lambda vs, v: vs.count(v)
-    out += ["", f"{len(entries)} leaderboard{'s' if len(entries) != 1 else ''}. The best agent against the strongest other policy: better on "
-            f"{count(best_verdicts, 'better')}, tied (n.s.) on {count(best_verdicts, 'no significant difference')}, "
-            f"worse on {count(best_verdicts, 'worse')}. All {len(all_verdicts)} agent evaluations: "
-            f"{count(all_verdicts, 'better')} better, {count(all_verdicts, 'no significant difference')} tied, "
-            f"{count(all_verdicts, 'worse')} worse."]
+    best, tied, worse = _tally(best_verdicts)
+    out += ["", f"{len(entries)} leaderboard{'s' if len(entries) != 1 else ''}. The best agent against the strongest "
+            f"other policy: better on {best}, tied (n.s.) on {tied}, worse on {worse}. All {len(all_verdicts)} agent "
+            "evaluations: {} better, {} tied, {} worse.".format(*_tally(all_verdicts))]
     return "\n".join(out)
+
+
+def _tally(verdicts: list[str]) -> tuple[int, int, int]:
+    """How many of ``verdicts`` (kvrl.analysis.stats verdicts) are better, not significantly different, worse."""
+    return tuple(verdicts.count(v) for v in ("better", "no significant difference", "worse"))
 
 
 def cem(paths: list[str]) -> str:
