@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -566,6 +567,42 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "need the output directory of a kvrl-fidelity run" in bad.stderr
+
+
+def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_live_run(cpu_profile, tmp_path):
+    """profile=select: of the matching profiles (here on $KVRL_PROFILE_PATH: the measured one and a newer
+    copy whose forward passes cost three times as much, which auto would pick), the one whose prices of
+    the first pair's first live run sum closest to its live time prices every pair; fidelity.json and the
+    report say which, on which pair, and every candidate's total replay error. With resim it is refused."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    d = json.loads(cpu_profile.read_text())
+    (profiles / "measured.json").write_text(json.dumps(d))
+    d["meta"]["created"] += 1000.0
+    d["model"]["engine_factor"] = {k: 3.0 * v for k, v in d["model"]["engine_factor"].items()}
+    (profiles / "slow_newer.json").write_text(json.dumps(d))
+    out = tmp_path / "fid"
+    wl = ("{doc:tiny,engine:{num_blocks:32},workload:{name:synthetic,num_requests:8,seed:5,arrival:{rate:40.0},"
+          "prompt_len:{dist:uniform,low:8,high:160},output_len:{dist:uniform,low:4,high:32}}}")
+    env = {**os.environ, P.ENV_PATH: str(profiles)}
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", "model=tiny", "live.device=cpu",
+                           f"hydra.run.dir={out}", "profile=select", f"+workloads.tiny={wl}", "only_workloads=[tiny]",
+                           "warmup_requests=3", "live_repeats=1", "plots=false", "engine.max_num_batched_tokens=256"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((out / "fidelity.json").read_text())
+    assert set(results) == {"tiny/vllm", "tiny/sjf_swap"}
+    for r in results.values():
+        sel = r["profile_select"]
+        assert sel["profile"] == str(profiles / "measured.json") and sel["chosen_on"] == "tiny/vllm"
+        errors = sel["replay_errors"]
+        assert set(errors) == {str(profiles / "measured.json"), str(profiles / "slow_newer.json")}
+        assert abs(errors[str(profiles / "measured.json")]) < abs(errors[str(profiles / "slow_newer.json")])
+    table = (out / "fidelity.md").read_text()
+    assert f"profile=select: {profiles / 'measured.json'}" in table and "tiny/vllm's first live run" in table
+    bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={out}", "profile=select",
+                          f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert bad.returncode != 0 and "profile=select chooses by a live run's own steps" in bad.stderr
 
 
 # ------------------------------------------------------------------------------ pressure-aware terms

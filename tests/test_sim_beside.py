@@ -93,3 +93,71 @@ def test_the_sim_beside_a_live_run_is_given_the_live_hosts_cpu_count(monkeypatch
     summary = sim_beside.predict(cfg, live, [object()])
     assert built["host_cpus"] == 64 and built["profile"] == "auto" and built["step_graphs"] is True
     assert (built["model"], built["device"]) == ("shape", "gpu") and summary["requests"] == 1
+
+
+def _served_by(profile_path: str, steps) -> tuple:
+    """A sim run of Qwen3-0.6B on an H200 priced by ``profile_path``, standing in for a live run:
+    its executed steps (``steps``, a StepLog) took exactly what that profile prices them."""
+    from hydra import compose, initialize_config_module
+
+    from omegaconf import OmegaConf
+
+    import kvrl.apps.run  # noqa: F401  (stores run_schema and the plugin options)
+    from kvrl.builder import build_engine
+    from kvrl.workloads.config import build_workload
+
+    overrides = ["backend=sim", f"backend.profile={profile_path}", "model=qwen3-0.6b", "device=h200",
+                 "engine.num_blocks=256", "engine.num_cpu_blocks=256", "workload=synthetic",
+                 "workload.num_requests=60", "workload.arrival.rate=200", "progress=false"]
+    with initialize_config_module("kvrl.conf", version_base="1.3"):
+        cfg = compose("run", overrides=overrides)
+    engine = build_engine(cfg)
+    requests = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), vocab_size=engine.executor.vocab_size,
+                              max_model_len=engine.config.max_model_len)
+    engine.run(list(requests), callbacks=[steps])
+    live = engine.executor        # stands in for a live executor: its graph modes, its cost model's shape and device
+    live.cost_model, live.use_cuda_graphs, live.use_step_graphs = live, True, True
+    return cfg, engine, requests
+
+
+@pytest.mark.parametrize("host_class", [False, True])
+def test_select_profile_picks_the_profile_that_prices_the_runs_own_steps(host_class):
+    """Of the matching profiles (shipped defaults and host-class ones), select_profile picks the one
+    whose prices of the run's executed steps sum closest to their live time: here the profile that
+    produced the steps (error 0), and every other candidate's error is recorded (non-zero)."""
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+    from kvrl.executors.profile import PACKAGED_DIR, matching_profiles
+
+    shape, dev = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
+    candidates = [p.path for p in matching_profiles(shape, dev)]
+    want = str(PACKAGED_DIR / ("h200x4/" if host_class else "") / "h200_qwen3-0.6b_bfloat16_step_graphs.json")
+    assert want in candidates and len(candidates) >= 2            # both host classes' step-graph profiles
+    assert not any("/archive/" in p for p in candidates)
+    steps = sim_beside.StepLog()
+    _, engine, _ = _served_by(want, steps)
+    assert steps.batches and len(steps.batches) == len(steps.elapsed)
+    best, errors = sim_beside.select_profile(engine.executor, steps, engine.config, True, True)
+    assert best.path == want and set(errors) == set(candidates)
+    # re-priced after the run (the batches' sequences have moved on by then): within 0.1%, not exact
+    assert abs(errors[want]) < 1e-3
+    assert all(abs(e) > abs(errors[want]) + 0.01 for p, e in errors.items() if p != want), errors
+
+
+def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given():
+    """``predict`` with the run's StepLog reports ``profile_choice: replay`` and prices the run with
+    the chosen profile (so a run served by that profile is predicted exactly); with ``profile=`` given
+    it uses that one ("given": kvrl-eval keeps its first run's choice for every later run)."""
+    from kvrl.executors.profile import PACKAGED_DIR
+
+    x4 = str(PACKAGED_DIR / "h200x4" / "h200_qwen3-0.6b_bfloat16_step_graphs.json")
+    shipped = str(PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16_step_graphs.json")
+    steps = sim_beside.StepLog()
+    cfg, engine, requests = _served_by(x4, steps)
+    served = engine.metrics.summary()
+    chosen = sim_beside.predict(cfg, engine, requests, steps=steps)
+    assert chosen["profile_choice"] == "replay" and chosen["cost_source"] == f"profile:{x4}"
+    assert abs(chosen["profile_replay_errors"][x4]) < 1e-3
+    given = sim_beside.predict(cfg, engine, requests, profile=shipped)
+    assert given["profile_choice"] == "given" and given["cost_source"] == f"profile:{shipped}"
+    assert given["profile_replay_errors"] == {} and given["throughput_tok_s"] != chosen["throughput_tok_s"]
+    assert chosen["throughput_tok_s"] == pytest.approx(served["throughput_tok_s"])

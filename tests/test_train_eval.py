@@ -114,6 +114,8 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     # every live run has the sim's prediction of the same requests beside it (issue 16)
     assert all(r["sim_throughput_tok_s"] and float(r["sim_throughput_tok_s"]) > 0 for r in test)
     assert all(not r.get("sim_throughput_tok_s") for r in val)
+    # ... every one priced by the cost model the first live run chose (no profile of tiny on CPU: roofline)
+    assert {r["sim_cost_source"] for r in test} == {"roofline"}
     markdown = (tmp_path / "live" / "leaderboard.md").read_text()
     assert "[val-best in sim]" in markdown
     assert "trained on the sim backend and runs here on the live backend" in markdown

@@ -146,13 +146,19 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     if executor is not None and not _LIVE.get("num_blocks"):
         _LIVE["num_blocks"] = engine.config.num_blocks
     requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
-    probes = HostProbes() if cfg["backend"]["name"] == "live" else None   # the live host's speed (#16)
-    metrics = engine.run(requests, callbacks=[probes] if probes else ())
+    live = cfg["backend"]["name"] == "live"
+    probes = HostProbes() if live else None   # the live host's speed (#16)
+    # the first live job's steps choose the sim's profile, kept for every later job of the process (#16)
+    steps = sim_beside.StepLog() if live and "sim_profile" not in _LIVE else None
+    metrics = engine.run(requests, callbacks=[c for c in (probes, steps) if c is not None])
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
-    if cfg["backend"]["name"] == "live":      # the sim's prediction of the same run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats())
+    if live:      # the sim's prediction of the same run, beside it (#16)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=steps,
+                                       profile=_LIVE.get("sim_profile"))
+        _LIVE.setdefault("sim_profile", predicted["cost_source"].removeprefix("profile:"))   # "roofline": none
         out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
+        out["sim_cost_source"] = predicted["cost_source"]
         out["host_probe_ratio"] = predicted["host_probe_ratio"]
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)

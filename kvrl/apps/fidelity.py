@@ -28,6 +28,7 @@ import hydra
 from omegaconf import DictConfig
 
 from kvrl.apps.live_schema import register_live_schemas, validate_fidelity
+from kvrl.apps.sim_beside import select_profile
 from kvrl.fidelity.compare import rel_err
 from kvrl.fidelity.pairs import run_pair, shared_engine, workload_engine, workload_requests
 from kvrl.fidelity.report import pct, write_report
@@ -52,11 +53,27 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     configure_cpu(live.device.type, cfg["cpu_threads"], cfg["flush_denormal"])
     shape, dev = live.cost_model.model, live.cost_model.device
     graphs, steps = bool(live.use_cuda_graphs), bool(live.use_step_graphs)
-    first = SimExecutor(shape, dev, seed, profile=cfg["profile"], cuda_graphs=graphs, step_graphs=steps)
-    spec = first.profile if first.profile is not None else "none"
-    make_sim = lambda host_speed=1.0: SimExecutor(shape, dev, seed, profile=spec, cuda_graphs=graphs,
+    select = cfg["profile"] == "select"
+    first = SimExecutor(shape, dev, seed, profile="auto" if select else cfg["profile"], cuda_graphs=graphs,
+                        step_graphs=steps)
+    #: the sim's profile; with profile=select, replaced once by the first live run's choice (select_once)
+    chosen: dict = {"spec": first.profile if first.profile is not None else "none"}
+    make_sim = lambda host_speed=1.0: SimExecutor(shape, dev, seed, profile=chosen["spec"], cuda_graphs=graphs,
                                                   step_graphs=steps, host_speed=host_speed)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
+
+    def select_once(recorder, engine, pair: str) -> None:
+        """profile=select: after the first pair's first live run, the matching profile that prices
+        that run's own steps closest to their live time (sim_beside.select_profile) prices every
+        pair from then on (that first pair included), and the policies' cost model with it."""
+        if not select or "pair" in chosen:
+            return
+        best, errors = select_profile(live.cost_model, recorder, engine.config, graphs, steps)
+        chosen.update(spec=best if best is not None else "none", pair=pair, errors=errors)
+        live.cost_model = make_sim()
+        log.info("profile=select on %s's steps: %s (total replay error per candidate: %s)", pair,
+                 best.path if best is not None else "roofline",
+                 ", ".join(f"{k}: {v:+.1%}" for k, v in errors.items()))
     slo = dict(cfg["slo"])
 
     base = shared_engine(cfg, live)
@@ -80,13 +97,21 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
         import platform
         return [f"# kvrl-fidelity: sim vs live on {gpu}", "",
                 f"model {cfg['model']['name']} ({shape.num_layers} layers, hidden {shape.hidden_size}, {live.dtype}); "
-                f"CUDA graphs {graphs}; sim cost model: {first.cost_source}"
-                + (f" ({first.profile.describe()})" if first.profile is not None else "") + ".",
+                f"CUDA graphs {graphs}; sim cost model: " + (selected_line() if select else first.cost_source
+                + (f" ({first.profile.describe()})" if first.profile is not None else "")) + ".",
                 f"torch {torch.__version__}, triton {tv}; host {platform.node()}; {time.perf_counter() - t_all:.0f} s so far.",
                 f"sim host speed: {cfg['host_speed']} (factor on the profile's host terms; 'probe' = the live run's "
                 "host probe over the profile's; per pair in the replay table).",
                 f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
+    def selected_line() -> str:
+        if "pair" not in chosen:
+            return "profile=select (not chosen yet)"
+        name = getattr(chosen["spec"], "path", None) or "roofline"
+        return (f"profile=select: {name}, the candidate whose prices of {chosen['pair']}'s first live run summed "
+                "closest to its live time (total replay error: " +
+                ", ".join(f"{k} {v:+.1%}" for k, v in chosen["errors"].items()) + ")")
+
     for wname, w in workloads.items():
         ecfg = workload_engine(base, w)
         requests = workload_requests(w, cfg["max_requests"], live.vocab_size,
@@ -101,7 +126,11 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             log.info("running %s", title)
             out = out_dir / "runs" / wname / pname
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg["max_live_wall_s"],
-                           cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"])
+                           cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"],
+                           on_first_live=lambda rec, eng, pair=f"{wname}/{pname}": select_once(rec, eng, pair))
+            if select:
+                res["profile_select"] = {"profile": getattr(chosen["spec"], "path", None) or "roofline",
+                                         "chosen_on": chosen.get("pair"), "replay_errors": chosen.get("errors", {})}
             results[(wname, pname)] = res
             write_report(results, out_dir, header_lines(), final=False)   # partial results survive a timeout
             if "error" not in res:

@@ -342,6 +342,9 @@ def _fidelity_checks(cfg: dict) -> None:
     plugins.check_range("live_repeats", cfg["live_repeats"], 1)
     if cfg["refit"] and not cfg["resim"]:
         raise ValueError("refit=true applies only with resim=<run dir> (nothing would be refitted)")
+    if cfg["profile"] == "select" and cfg["resim"]:
+        raise ValueError("profile=select chooses by a live run's own steps; with resim=<run dir> give a profile "
+                         "(auto, none or a profile.json)")
     hs = cfg["host_speed"]
     if hs != "probe" and not (isinstance(hs, (int, float)) and not isinstance(hs, bool) and 0 < hs < float("inf")):
         raise ValueError(f"host_speed={hs!r}: give 'probe' (the live run's host probe over the profile's) or a "

@@ -60,12 +60,13 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
 
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
-             plots: bool, title: str, live_repeats: int = 1, host_speed=1.0) -> dict:
+             plots: bool, title: str, live_repeats: int = 1, host_speed=1.0, on_first_live=None) -> dict:
     """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
     builds one; ``make_sim()`` one at the profile's host speed), replay the first live run's
     batches through the sim's cost model, and write the pair's files into ``out``; ``host_speed``
     as :func:`pair_host_speed` takes it, the live side's host probes pooled over every live run of
-    the pair (the sim is compared with their mean)."""
+    the pair (the sim is compared with their mean). ``on_first_live(recorder, engine)``, if given, runs
+    after the first live run, before anything is priced (kvrl-fidelity's ``profile=select``)."""
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -79,6 +80,8 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
         res["error"] = error
     res["live_wall_s"] = time.perf_counter() - wall
     res["live_gc"] = pauses.summary()
+    if on_first_live is not None and not error:
+        on_first_live(recorder, eng)
     resolved = dict(ecfg, num_blocks=eng.config.num_blocks, num_cpu_blocks=eng.config.num_cpu_blocks,
                     max_model_len=eng.config.max_model_len)
     live_m = summarize(eng)

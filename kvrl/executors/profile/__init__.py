@@ -75,11 +75,12 @@ from kvrl.executors.profile.fit import (FLOOR_TERMS, HOST_TERMS, choose_knots, e
 from kvrl.executors.profile.format import (FIT_VERSION, FORMAT, LOADABLE_FIT_VERSIONS, SHAPE_FIELDS, VERSION,
                                            ProfileError, ProfileKey, device_key)
 from kvrl.executors.profile.model import Linear1D, StepModel, fit_engine_factor, fit_errors, fit_model, refit_report
-from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile, clear_cache, load_cached, now_stamp,
-                                             profile_file, resolve_profile, search_paths)
+from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile, clear_cache, load_cached,
+                                             matching_profiles, now_stamp, profile_file, resolve_profile,
+                                             search_paths)
 
 __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORWARD_FEATURES", "HOST_WORK",
            "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
            "device_key", "error_stats", "fit_engine_factor", "fit_errors", "fit_host", "fit_model", "hat_basis", "host_work",
-           "load_cached", "nnls", "now_stamp", "prefill_tokens", "profile_file", "refit_report", "resolve_profile", "search_paths", "unidentified_host_terms"]
+           "load_cached", "matching_profiles", "nnls", "now_stamp", "prefill_tokens", "profile_file", "refit_report", "resolve_profile", "search_paths", "unidentified_host_terms"]

@@ -261,5 +261,17 @@ def resolve_profile(spec: Union[str, StepProfile, None], shape: ModelShape, devi
     return prof, "explicit"
 
 
+def matching_profiles(shape: ModelShape, device: DeviceSpec, step_graphs: bool = True) -> list[StepProfile]:
+    """Every profile that can price ``shape`` on ``device``, newest first: the matching ones on
+    :func:`search_paths` and in every host-class directory (:func:`host_class_dirs`), of the executor
+    mode ``step_graphs`` (those of the other mode only where none of this mode matches). The
+    candidates a sim beside a live run chooses from by pricing the run's own steps
+    (:func:`kvrl.apps.sim_beside.select_profile`)."""
+    want = ProfileKey.of(shape, device)
+    hits = [row for row in _scan([*search_paths(), *host_class_dirs()]) if row.key == want]
+    same_mode = [row for row in hits if row.step_graphs == bool(step_graphs)]
+    return [load_cached(row.path) for row in sorted(same_mode or hits, key=lambda r: r.created, reverse=True)]
+
+
 def now_stamp() -> float:
     return time.time()
