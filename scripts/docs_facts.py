@@ -733,10 +733,18 @@ SAME_HOST_RUNS = {
     "run42": ("run42_qwen_1gpu", {"shipped": "pressure", "same_host": "fresh_pressure", "other_host": "other_host_pressure",
                                   "h200x4": "h200x4_pressure"}),
     "run43": ("run43_llama_1gpu", {"shipped": "pressure", "h200x4": "h200x4_pressure"}),
+    # runs 44-45: one more single-H200 VM, Llama-3-8B: the whole pressure set over three calls (44), then six of
+    # its pairs again (45); same_host: the VM's own profile, measured between the calls
+    "run44": ("run44_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
+    "run45": ("run45_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
 }
+#: runs whose every candidate profile kept the replay: profile=select's rule, applied offline (the candidates
+#: of a single-H200 VM: the shipped default and the h200x4/ profile)
+SELECT_RUNS = ("run41", "run42", "run43", "run44", "run45")
+SELECT_CANDIDATES = ("shipped", "h200x4")
 #: two calls of one host class and shape: the first call's live means are the truth and the second's the
 #: prediction, so what a perfect copy of one call's engine would score against another's (runs 41-43)
-SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"))
+SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"), ("run43", "run44"), ("run44", "run45"))
 #: slo_shift's traffic: host -> profile -> the kvrl-fidelity directory of the sim with that profile
 SAME_HOST_SLO = {
     "run37": {"shipped": "run37_qwen/fidelity_slo_shift", "same_host": "run37_qwen/slo_shift_fresh"},
@@ -749,13 +757,14 @@ SAME_HOST_SLO = {
         *(f"{SAME_HOST}/{d}/{sub}/fidelity.json" for d, subs in SAME_HOST_RUNS.values() for sub in subs.values()),
         *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()))
 def same_host() -> dict[str, str]:
-    """Runs 37-43 (docs/fidelity.md, "A profile of the host at hand" and "The shipped profiles on their
-    own host class"): per run and profile, :func:`_target_facts` and the resolved live orders that
+    """Runs 37-45 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
+    own host class" and "Runs 44-45"): per run and profile, :func:`_target_facts` and the resolved live orders that
     profile's sim reverses (kvrl.fidelity.report.resolved_rankings), keys ``<run>_<profile>_<fact>``;
     per pair of calls of :data:`SAME_HOST_CALLS`, :func:`_target_facts` of the second call's live means
     taken as the first's sim, and the pairs whose live throughput differs by more than 3%
     (``calls_<first>_<second>_<fact>``); runs 39-40's profiles on run 43's seven pairs
-    (``llama7_<run>_<profile>_<fact>``); run 41's replay by the shipped profile (``replay41_*``); on slo_shift's traffic,
+    (``llama7_<run>_<profile>_<fact>``); run 41's replay by the shipped profile (``replay41_*``);
+    profile=select's rule offline (:func:`_select_facts`, ``select_*``); on slo_shift's traffic,
     per host and profile, the sim's p50 TTFT error against the live mean (slo_mix / fixed 0.2) and how
     many pairs meet every target at once."""
     from kvrl.fidelity.compare import TARGETS, rel_err
@@ -817,6 +826,42 @@ def same_host() -> dict[str, str]:
     out["replay41_fast_above"] = f"{sum(e > 0 for e in fast)} of {len(fast)}"
     out["replay41_fast_mean"] = f"{100 * sum(fast) / len(fast):+.1f}%"
     out["replay41_all_mean"] = f"{100 * sum(rp['total_rel_err'] for rp in replays) / len(replays):+.1f}%"
+    out.update(_select_facts())
+    return out
+
+
+def _select_facts() -> dict[str, str]:
+    """profile=select's rule applied offline to :data:`SELECT_RUNS`: on each call's first pair (the first of
+    its merged fidelity.json), the candidate of :data:`SELECT_CANDIDATES` whose replay total is closest to
+    the live time; then how many of the call's other pairs meet every target at once under each candidate
+    and under the one chosen (``select_<run>_*``; pooled over the runs: ``select_all_*``)."""
+    from kvrl.fidelity.compare import TARGETS, rel_err
+    from kvrl.fidelity.report import live_mean_and_spread
+
+    out, pooled = {}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}
+    n_pooled = 0
+    for run in SELECT_RUNS:
+        d, subs = SAME_HOST_RUNS[run]
+        res = {c: _json(f"{SAME_HOST}/{d}/{subs[c]}/fidelity.json") for c in SELECT_CANDIDATES}
+        first = next(iter(res["shipped"]))
+        err = {c: res[c][first]["replay"]["total_rel_err"] for c in SELECT_CANDIDATES}
+        chosen = min(SELECT_CANDIDATES, key=lambda c: abs(err[c]))
+        rest = [p for p in res["shipped"] if p != first]
+
+        def every(c: str, pair: str) -> bool:
+            live = {k: live_mean_and_spread(res["shipped"][pair], k)[0] for k in TARGETS}
+            return all(abs(rel_err(live[k], res[c][pair]["sim"].get(k, float("nan")))) < b for k, b in TARGETS.items())
+
+        met = {c: sum(every(c, p) for p in rest) for c in SELECT_CANDIDATES}
+        met["chosen"] = met[chosen]
+        out[f"select_{run}_pair"] = first
+        out[f"select_{run}_errors"] = " / ".join(f"{100 * err[c]:+.1f}%" for c in SELECT_CANDIDATES)
+        out[f"select_{run}_chosen"] = chosen
+        for c, m in met.items():
+            out[f"select_{run}_{c}"] = f"{m} of {len(rest)}"
+            pooled[c] += m
+        n_pooled += len(rest)
+    out.update({f"select_all_{c}": f"{m} of {n_pooled}" for c, m in pooled.items()})
     return out
 
 
