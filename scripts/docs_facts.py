@@ -647,6 +647,52 @@ def slo_shift_optuna() -> dict[str, str]:
     return out
 
 
+PRESSURE_OPTUNA = "docs/results/rl_sim_suite/optuna"
+
+
+@source("pressure_optuna", "cheap", f"{PRESSURE_OPTUNA}/pressure_trials.csv",
+        f"{PRESSURE_OPTUNA}/pressure_leaderboard.csv", f"{PRESSURE_OPTUNA}/pressure_results.csv")
+def pressure_optuna() -> dict[str, str]:
+    """Session 24's Optuna study of DQN on ``env=pressure`` and its evaluation (docs/rl.md, "Tuning DQN with
+    Optuna on pressure"): the study (``trials``, ``distinct`` values, ``spread``: best over worst value);
+    per tuned agent, the constant whose test runs it equals on every seed (``<agent>_copies``, "none" if
+    no constant's); the tuned agents against the val-best constant (``dqnopt_vs_valbest``, better / n.s. /
+    worse) and against the strongest other policy (``dqnopt_vs_best``); and the tuned recipe against the
+    default, each seed the mean of a recipe's three agents (``tuned_vs_default``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    trials = [r for r in _csv(f"{PRESSURE_OPTUNA}/pressure_trials.csv") if r["state"] == "COMPLETE"]
+    values = [float(r["value"]) for r in trials]
+    out = {"trials": str(len(trials)), "distinct": str(len(set(values))),
+           "spread": f"{100 * (max(values) / min(values) - 1):.1f}%"}
+    rows = _csv(f"{PRESSURE_OPTUNA}/pressure_leaderboard.csv")
+    valbest = next(r["policy"] for r in rows if r["kind"] == "val-best")
+    others = [r for r in rows if r["kind"] not in ("agent", "oracle")]
+    best = max(others, key=lambda r: float(r["goodput_tok_s_mean"]))["policy"]
+    out["best_other"] = best
+    tuned = [r for r in rows if r["kind"] == "agent" and "dqnopt" in r["policy"]]
+    out["dqnopt_vs_valbest"] = _tally([r[f"vs {valbest}_verdict"] for r in tuned])
+    out["dqnopt_vs_best"] = _tally([r[f"vs {best}_verdict"] for r in tuned])
+    test = [r for r in _csv(f"{PRESSURE_OPTUNA}/pressure_results.csv") if r["split"] == "test"]
+    by_policy: dict[str, dict[int, float]] = {}
+    for r in test:
+        by_policy.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
+    constants = {p: v for p, v in by_policy.items() if p.startswith("fixed(") and "[" not in p}
+    for r in tuned:
+        name = re.search(r"pressure-(dqnopt-seed\d)", r["policy"]).group(1)
+        same = [p for p, v in constants.items() if v == by_policy[r["policy"]]]
+        out[f"{name}_copies"] = same[0] if same else "none"
+    recipe = lambda p: "dqnopt" if "dqnopt" in p else "dqn"
+    per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
+    for r in test:
+        if r["kind"] == "agent":
+            per_seed[recipe(r["policy"])].setdefault(int(r["seed"]), []).append(float(r["goodput_tok_s"]))
+    mean = lambda rec: {seed: sum(v) / len(v) for seed, v in per_seed[rec].items()}
+    c = paired_compare(mean("dqnopt"), mean("dqn"), "goodput_tok_s")
+    out["tuned_vs_default"] = f"{c.delta:+.0f} ± {c.delta_ci:.0f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
