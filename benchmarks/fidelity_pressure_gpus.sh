@@ -11,7 +11,8 @@
 #                          the comparison's second column (docs/fidelity.md, "A profile of the host at hand")
 #   <name>.log             every process's output
 # Usage: GPU_IDS="0 1 2 3" bash benchmarks/fidelity_pressure_gpus.sh [more kvrl-fidelity overrides]
-# Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (auto: the shipped profile),
+# Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (auto: the shipped profile; select: each GPU
+#   share's kvrl-fidelity chooses, among every matching profile, the one closest on its first pair's first live run),
 #   LIMIT_S (each share's cap from the start, its profile included, 480 s; a share cut short keeps the
 #   pairs it finished), PRE_PROFILE (0),
 #   PRESSURE_WORKLOADS (calibrate.sh's eight; their order sets the shares), MAX_LIVE_WALL_S (40),

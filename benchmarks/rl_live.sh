@@ -34,9 +34,9 @@
 # With GPUS > 1 the GPU shares are also merged into $OUT/<scenario>/live_leaderboard.{csv,md} and
 # live_results.csv; seeds served over several calls join the same way with scripts/merge_eval.py
 # (docs/rl.md, "slo_shift live on an H200").
-# On a host of four H200s, KVRL_PROFILE_PATH=kvrl/executors/profiles/h200x4 prices both stages' sim (and the sim
-# beside every live run) with that host class's profile (docs/fidelity.md, "Runs 37-40"; the default profiles
-# were measured on a single-GPU VM and price those hosts several percent slow).
+# On a host of four H200s, KVRL_PROFILE_PATH=kvrl/executors/profiles/h200x4 prices the sim stage with that host class's
+# profile (docs/fidelity.md, "Runs 37-40"). The sim beside every live run chooses its own profile: of every matching
+# one (h200x4/ included), the one that prices the process's first live run's steps closest (docs/fidelity.md, "Runs 44-45").
 # A CPU smoke test with the tiny model:
 #   SEEDS=[0] EXTRA="workload.max_requests=12 sweep=[0.0,0.2]" \
 #     LIVE_EXTRA="model=tiny backend.device=cpu live_warmup=2" bash benchmarks/rl_live.sh pressure

@@ -161,3 +161,20 @@ def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given(
     assert given["profile_choice"] == "given" and given["cost_source"] == f"profile:{shipped}"
     assert given["profile_replay_errors"] == {} and given["throughput_tok_s"] != chosen["throughput_tok_s"]
     assert chosen["throughput_tok_s"] == pytest.approx(served["throughput_tok_s"])
+
+
+def test_matching_profiles_counts_a_directory_on_the_path_and_shipped_once(monkeypatch):
+    """$KVRL_PROFILE_PATH naming the shipped h200x4/ directory adds no second copy of its profiles."""
+    from kvrl.executors import profile as P
+    from kvrl.executors.hardware import DEVICES, MODEL_SHAPES
+
+    shape, dev = MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]
+    P.clear_cache()
+    plain = [p.path for p in P.matching_profiles(shape, dev)]
+    monkeypatch.setenv(P.ENV_PATH, str(P.PACKAGED_DIR / "h200x4"))
+    P.clear_cache()
+    try:
+        again = [p.path for p in P.matching_profiles(shape, dev)]
+    finally:
+        P.clear_cache()
+    assert len(again) == len(plain) == len(set(plain))

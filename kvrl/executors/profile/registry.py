@@ -268,7 +268,8 @@ def matching_profiles(shape: ModelShape, device: DeviceSpec, step_graphs: bool =
     candidates a sim beside a live run chooses from by pricing the run's own steps
     (:func:`kvrl.apps.sim_beside.select_profile`)."""
     want = ProfileKey.of(shape, device)
-    hits = [row for row in _scan([*search_paths(), *host_class_dirs()]) if row.key == want]
+    found = {os.path.realpath(row.path): row for row in _scan([*search_paths(), *host_class_dirs()]) if row.key == want}
+    hits = list(found.values())          # a directory both on the path and shipped counts once
     same_mode = [row for row in hits if row.step_graphs == bool(step_graphs)]
     return [load_cached(row.path) for row in sorted(same_mode or hits, key=lambda r: r.created, reverse=True)]
 
