@@ -39,6 +39,8 @@ def test_live_kvrl_run_records_the_sims_prediction_of_the_same_run(tmp_path):
     assert predicted["num_blocks"] == metrics["num_blocks"] == 64 if "num_blocks" in predicted else True
     assert set(sim_beside.METRICS) <= set(predicted["error"]) and metrics["sim_error"] == predicted["error"]
     assert "host_probe_ratio" in predicted         # NaN here: no shipped profile of the tiny model on CPU
+    # no profile matches the tiny model on CPU, so the live steps choose nothing and auto (roofline) prices it
+    assert predicted["profile_choice"] == "auto" and predicted["profile_replay_errors"] == {}
     assert predicted["error"]["throughput_tok_s"] == pytest.approx(
         (predicted["throughput_tok_s"] - metrics["throughput_tok_s"]) / metrics["throughput_tok_s"])
     assert "sim vs live:" in proc.stdout and predicted["cost_source"] in ("roofline",) or \

@@ -149,12 +149,12 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     live = cfg["backend"]["name"] == "live"
     probes = HostProbes() if live else None   # the live host's speed (#16)
     # the first live job's steps choose the sim's profile, kept for every later job of the process (#16)
-    steps = sim_beside.StepLog() if live and "sim_profile" not in _LIVE else None
-    metrics = engine.run(requests, callbacks=[c for c in (probes, steps) if c is not None])
+    step_log = sim_beside.StepLog() if live and "sim_profile" not in _LIVE else None
+    metrics = engine.run(requests, callbacks=[c for c in (probes, step_log) if c is not None])
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
     if live:      # the sim's prediction of the same run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=steps,
+        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=step_log,
                                        profile=_LIVE.get("sim_profile"))
         _LIVE.setdefault("sim_profile", predicted["cost_source"].removeprefix("profile:"))   # "roofline": none
         out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})

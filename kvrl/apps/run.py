@@ -44,15 +44,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     wall = time.perf_counter()
     live = engine.executor.name == "live"
     probes = HostProbes() if live else None   # the live host's speed (#16)
-    steps = sim_beside.StepLog() if live else None   # the steps that choose the sim's profile (#16)
+    step_log = sim_beside.StepLog() if live else None   # the steps that choose the sim's profile (#16)
     metrics = engine.run(requests, progress=job_progress(cfg.progress), max_steps=cfg.max_steps,
-                         callbacks=[probes, steps] if live else ())
+                         callbacks=[probes, step_log] if live else ())
     metrics["wall_s"] = time.perf_counter() - wall
     metrics.update(engine.metrics.wall_clock())   # policy_time_s, host gaps (#15)
     metrics["num_blocks"] = engine.config.num_blocks
     out_dir.mkdir(parents=True, exist_ok=True)
     if live:    # the sim's prediction of this run, beside it (#16)
-        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=steps)
+        predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=step_log)
         predicted["error"] = sim_beside.compare(metrics, predicted)
         write_json(out_dir / "sim_prediction.json", predicted)
         metrics["sim_error"] = predicted["error"]
