@@ -65,7 +65,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
     def select_once(recorder, engine, pair: str) -> None:
         """profile=select: after the first pair's first live run, the matching profile that prices
         that run's own steps closest to their live time (sim_beside.select_profile) prices every
-        pair from then on (that first pair included), and the policies' cost model with it."""
+        pair from then on (that first pair included), and the policies' cost model with it: only that
+        first live run's cost-aware policies saw the estimates of ``auto``'s profile."""
         if not select or "pair" in chosen:
             return
         best, errors = select_profile(live.cost_model, recorder, engine.config, graphs, steps)
