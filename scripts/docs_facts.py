@@ -784,10 +784,12 @@ SAME_HOST_RUNS = {
     "run44": ("run44_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
     "run45": ("run45_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
 }
-#: runs whose every candidate profile kept the replay: profile=select's rule, applied offline (the candidates
-#: of a single-H200 VM: the shipped default and the h200x4/ profile)
-SELECT_RUNS = ("run41", "run42", "run43", "run44", "run45")
+#: runs whose every candidate profile kept the replay: profile=select's rule, applied offline to the candidates
+#: an H200 has (the shipped default and the h200x4/ profile), each as its SAME_HOST_RUNS profile key (run 38's
+#: same-host profile is the one shipped in h200x4/)
 SELECT_CANDIDATES = ("shipped", "h200x4")
+SELECT_RUNS = {"run38": {"shipped": "shipped", "h200x4": "same_host"},
+               **{run: {"shipped": "shipped", "h200x4": "h200x4"} for run in ("run41", "run42", "run43", "run44", "run45")}}
 #: two calls of one host class and shape: the first call's live means are the truth and the second's the
 #: prediction, so what a perfect copy of one call's engine would score against another's (runs 41-43)
 SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"), ("run43", "run44"), ("run44", "run45"))
@@ -886,9 +888,9 @@ def _select_facts() -> dict[str, str]:
 
     out, pooled = {}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}
     n_pooled = 0
-    for run in SELECT_RUNS:
+    for run, keys in SELECT_RUNS.items():
         d, subs = SAME_HOST_RUNS[run]
-        res = {c: _json(f"{SAME_HOST}/{d}/{subs[c]}/fidelity.json") for c in SELECT_CANDIDATES}
+        res = {c: _json(f"{SAME_HOST}/{d}/{subs[keys[c]]}/fidelity.json") for c in SELECT_CANDIDATES}
         first = next(iter(res["shipped"]))
         err = {c: res[c][first]["replay"]["total_rel_err"] for c in SELECT_CANDIDATES}
         chosen = min(SELECT_CANDIDATES, key=lambda c: abs(err[c]))
