@@ -10,6 +10,13 @@ job has the best goodput. The copies hold the future (arrivals, output lengths),
 reference, not a policy; with the rule among the candidates it is never worse than the rule on a
 deterministic sim job.
 
+With ``--forecast W`` the copies do not hold the future arrivals: each copy's requests still to arrive
+are replaced by a persistence forecast, the requests that arrived in the last ``W`` seconds arriving
+again every ``W`` seconds until the job's last arrival (prompt token ids shifted, so the copies hit no
+prefix the real ones cached). The planner then knows the present (the queue, and the admitted
+requests' output lengths, which the sim needs) but not the future: what part of the headroom a
+policy without foresight of arrivals could reach.
+
     python scripts/rl_rule_headroom.py --task slo_shift --seeds 0,1,2 --workers 2 workload.horizon_s=200
 
 The rule's own row is served by the same loop without overrides and must equal kvrl-eval's row for
@@ -80,14 +87,36 @@ def finish(loop) -> float:
     return float(loop.engine.metrics.summary()["goodput_tok_s"])
 
 
-def plan(loop, candidates: list, epoch_s: float, hold_s: float) -> tuple[float, list]:
-    """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision."""
+def forecast(loop, window_s: float) -> list:
+    """The requests that arrived in the last ``window_s`` seconds of ``loop``'s engine clock, arriving
+    again every ``window_s`` seconds from now until the job's last arrival (a persistence forecast),
+    with new ids and prompt token ids shifted by the repeat's index (mod the vocabulary)."""
+    import dataclasses
+
+    now, end = loop.engine.now, loop.pending[-1].arrival_s
+    vocab = loop.engine.executor.vocab_size
+    recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - window_s]
+    future, k = [], 1
+    while recent and now + (k - 1) * window_s <= end:
+        future += [dataclasses.replace(r, request_id=f"{r.request_id}~{k}", arrival_s=r.arrival_s + k * window_s,
+                                       prompt_token_ids=(r.prompt_token_ids + k) % vocab)
+                   for r in recent if now <= r.arrival_s + k * window_s <= end]
+        k += 1
+    return sorted(future, key=lambda r: r.arrival_s)
+
+
+def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0) -> tuple[float, list]:
+    """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
+    ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's."""
     chosen = []
     while not loop.done:
         now = loop.engine.now
         scores = {}
+        future = forecast(loop, forecast_s) if forecast_s > 0 else None
         for cand in candidates:
             trial = copy.deepcopy(loop)
+            if future is not None:
+                trial.pending = trial.pending[:trial.next_index] + copy.deepcopy(future)
             trial.engine.watermark.held = cand
             serve_until(trial, now + hold_s)
             scores[cand] = finish(trial)
@@ -102,14 +131,14 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float) -> tuple[float, 
 
 
 def _job(args: tuple) -> dict:
-    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s = args
+    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
-                           epoch_s, hold_s)
-    out.update(planner_goodput=goodput, chosen=chosen, cpu_s=time.process_time() - t)
+                           epoch_s, hold_s, forecast_s)
+    out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, cpu_s=time.process_time() - t)
     return out
 
 
@@ -168,6 +197,8 @@ def main() -> None:
     p.add_argument("--constants", default="0.0,0.1,0.2,0.3", help="the constants a decision may hold instead")
     p.add_argument("--epoch", type=float, default=2.0, help="engine seconds between decisions")
     p.add_argument("--hold", type=float, default=2.0, help="engine seconds a chosen constant is held")
+    p.add_argument("--forecast", type=float, default=0.0,
+                   help="seconds of persistence forecast in place of the copies' future arrivals (0: clairvoyant)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
@@ -180,7 +211,7 @@ def main() -> None:
         return
     rule = parse_rule(a.rule)
     consts = [float(c) for c in a.constants.split(",")]
-    jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold)
+    jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold, a.forecast)
             for s in a.seeds.split(",")]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

@@ -48,3 +48,25 @@ def test_table_renders_a_finished_run(tmp_path):
     assert text.splitlines()[2] == "| 0 | 100.0 | 102.0 | +2.0% | 4 | 50% | 0.2 x2 |"
     assert "rule 101.0, planner 103.1 goodput tok/s over 3 seeds; planner - rule = +2.1 ±" in text
     assert "a constant held at 50% of decisions." in text
+
+
+def test_forecast_replays_the_last_window_into_the_future_and_the_rule_alone_is_still_the_rule():
+    """--forecast: a copy's future is the last W seconds' arrivals again every W seconds, up to the job's
+    last arrival, with new ids and shifted prompts; the planner with only the rule is still the rule."""
+    import numpy as np
+
+    rule = R.parse_rule(RULE)
+    loop = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    R.serve_until(loop, loop.engine.now + 2.0)
+    now, end = loop.engine.now, loop.pending[-1].arrival_s
+    recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - 1.0]
+    future = R.forecast(loop, 1.0)
+    assert recent and future and all(now <= r.arrival_s <= end for r in future)
+    assert [r.arrival_s for r in future] == sorted(r.arrival_s for r in future)
+    assert len({r.request_id for r in future}) == len(future) and all("~" in r.request_id for r in future)
+    first = next(r for r in future if r.request_id == f"{recent[-1].request_id}~1")
+    assert first.arrival_s == pytest.approx(recent[-1].arrival_s + 1.0)
+    assert np.array_equal(first.prompt_token_ids, (recent[-1].prompt_token_ids + 1) % loop.engine.executor.vocab_size)
+    mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
+    alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, forecast_s=2.0)
+    assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
