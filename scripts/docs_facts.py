@@ -467,6 +467,26 @@ def _tally(verdicts: Sequence[str]) -> str:
     return " / ".join(str(sum(v == want for v in verdicts)) for want in ("better", "no significant difference", "worse"))
 
 
+def _compare_cell(c, digits: int = 0) -> str:
+    """A :func:`kvrl.analysis.stats.paired_compare` result as ``+X ± Y tok/s (+P%, p Q)``."""
+    return f"{c.delta:+.{digits}f} ± {c.delta_ci:.{digits}f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
+
+
+def _tuned_vs_default(results_csv: str) -> str:
+    """The Optuna-tuned DQN recipe (agents named ``*dqnopt*``) against the default one (the other agents)
+    in a kvrl-eval ``results.csv``: each test seed the mean goodput of a recipe's agents, paired over the
+    seeds (:func:`_compare_cell`)."""
+    from kvrl.analysis.stats import paired_compare
+
+    per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
+    for row in _csv(results_csv):
+        if row["kind"] == "agent" and row["split"] == "test":
+            recipe = "dqnopt" if "dqnopt" in row["policy"] else "dqn"
+            per_seed[recipe].setdefault(int(row["seed"]), []).append(float(row["goodput_tok_s"]))
+    mean = lambda rec: {seed: sum(v) / len(v) for seed, v in per_seed[rec].items()}
+    return _compare_cell(paired_compare(mean("dqnopt"), mean("dqn"), "goodput_tok_s"))
+
+
 def _references(rows: list[dict]) -> list[str]:
     """The policies a kvrl-eval or merge_eval leaderboard compares every row against, in column order
     (its ``vs <reference>_verdict`` columns)."""
@@ -621,8 +641,6 @@ def slo_shift_optuna() -> dict[str, str]:
     recipe's three agents, paired over the test seeds (``tuned_vs_default``)."""
     from collections import Counter
 
-    from kvrl.analysis.stats import paired_compare
-
     trials = [r for r in _csv(f"{SLO_SHIFT_OPTUNA}/trials.csv") if r["state"] == "COMPLETE"]
     values = Counter(r["value"] for r in trials)
     common, times = values.most_common(1)[0]
@@ -637,13 +655,7 @@ def slo_shift_optuna() -> dict[str, str]:
         out[f"{name}_vs_mix"] = _paired_cell(r, mix)
     for rec in ("dqnopt", "dqn"):
         out[f"{rec}_vs_mix"] = _tally([r[f"vs {mix}_verdict"] for r in agents if recipe(r) == rec])
-    per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
-    for row in _csv(f"{SLO_SHIFT_OPTUNA}/results.csv"):
-        if row["kind"] == "agent" and row["split"] == "test":
-            per_seed[recipe(row)].setdefault(int(row["seed"]), []).append(float(row["goodput_tok_s"]))
-    mean = lambda rec: {seed: sum(v) / len(v) for seed, v in per_seed[rec].items()}
-    c = paired_compare(mean("dqnopt"), mean("dqn"), "goodput_tok_s")
-    out["tuned_vs_default"] = f"{c.delta:+.0f} ± {c.delta_ci:.0f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
+    out["tuned_vs_default"] = _tuned_vs_default(f"{SLO_SHIFT_OPTUNA}/results.csv")
     return out
 
 
@@ -659,8 +671,6 @@ def pressure_optuna() -> dict[str, str]:
     no constant's); the tuned agents against the val-best constant (``dqnopt_vs_valbest``, better / n.s. /
     worse) and against the strongest other policy (``dqnopt_vs_best``); and the tuned recipe against the
     default, each seed the mean of a recipe's three agents (``tuned_vs_default``)."""
-    from kvrl.analysis.stats import paired_compare
-
     trials = [r for r in _csv(f"{PRESSURE_OPTUNA}/pressure_trials.csv") if r["state"] == "COMPLETE"]
     values = [float(r["value"]) for r in trials]
     out = {"trials": str(len(trials)), "distinct": str(len(set(values))),
@@ -682,14 +692,7 @@ def pressure_optuna() -> dict[str, str]:
         name = re.search(r"pressure-(dqnopt-seed\d)", r["policy"]).group(1)
         same = [p for p, v in constants.items() if v == by_policy[r["policy"]]]
         out[f"{name}_copies"] = same[0] if same else "none"
-    recipe = lambda p: "dqnopt" if "dqnopt" in p else "dqn"
-    per_seed: dict[str, dict[int, list[float]]] = {"dqnopt": {}, "dqn": {}}
-    for r in test:
-        if r["kind"] == "agent":
-            per_seed[recipe(r["policy"])].setdefault(int(r["seed"]), []).append(float(r["goodput_tok_s"]))
-    mean = lambda rec: {seed: sum(v) / len(v) for seed, v in per_seed[rec].items()}
-    c = paired_compare(mean("dqnopt"), mean("dqn"), "goodput_tok_s")
-    out["tuned_vs_default"] = f"{c.delta:+.0f} ± {c.delta_ci:.0f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
+    out["tuned_vs_default"] = _tuned_vs_default(f"{PRESSURE_OPTUNA}/pressure_results.csv")
     return out
 
 
@@ -712,16 +715,15 @@ def rule_forecast() -> dict[str, str]:
 
     runs = {"clairvoyant": load("rule_headroom_slo_shift.jsonl"), "forecast": load("rule_forecast5_slo_shift.jsonl")}
     out = {}
-    cell = lambda c: f"{c.delta:+.1f} ± {c.delta_ci:.1f} tok/s ({c.pct_change:+.1f}%, p {c.p_value:.2g})"
     for name, rows in runs.items():
         c = paired_compare({s: r["planner_goodput"] for s, r in rows.items()},
                            {s: r["rule_goodput"] for s, r in rows.items()}, "goodput_tok_s")
-        out[f"{name}_vs_rule"] = cell(c)
+        out[f"{name}_vs_rule"] = _compare_cell(c, 1)
         out[f"{name}_below"] = f"{sum(r['planner_goodput'] < r['rule_goodput'] for r in rows.values())} of {len(rows)}"
     seeds = sorted(set(runs["clairvoyant"]) & set(runs["forecast"]))
     c = paired_compare({s: runs["forecast"][s]["planner_goodput"] for s in seeds},
                        {s: runs["clairvoyant"][s]["planner_goodput"] for s in seeds}, "goodput_tok_s")
-    out["forecast_vs_clairvoyant"] = cell(c)
+    out["forecast_vs_clairvoyant"] = _compare_cell(c, 1)
     return out
 
 

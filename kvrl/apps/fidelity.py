@@ -105,6 +105,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                 "host probe over the profile's; per pair in the replay table).",
                 f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
+
     def selected_line() -> str:
         if "pair" not in chosen:
             return "profile=select (not chosen yet)"
