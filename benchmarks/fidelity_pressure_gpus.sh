@@ -60,6 +60,7 @@ if [ "$PRE_PROFILE" = 1 ] && [ -f "$OUT/profile/profile.json" ]; then
   python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" "same_host=$OUT/same_host_pressure" --out "$OUT/pressure_compare"
 else
   python3 scripts/fidelity_resim_shares.py "$OUT"
-  python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" --out "$OUT/pressure_compare"
+  label=shipped; [ "$PROFILE" = select ] && label=selected; [ "$PROFILE" = auto ] || [ "$PROFILE" = select ] || label=given
+  python3 scripts/fidelity_compare.py "$label=$OUT/pressure" --out "$OUT/pressure_compare"
 fi
 cat "$OUT/pressure_compare.md"
