@@ -817,16 +817,26 @@ SAME_HOST_RUNS = {
     # its pairs again (45); same_host: the VM's own profile, measured between the calls
     "run44": ("run44_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
     "run45": ("run45_llama_1gpu", {"shipped": "pressure", "same_host": "same_host_pressure", "h200x4": "h200x4_pressure"}),
+    # runs 46-47: one more single-H200 VM, kvrl-fidelity profile=select live (Qwen3-0.6B in one call, Llama-3-8B
+    # over three); selected: as served; shipped and h200x4: the same live runs re-priced by each candidate
+    "run46": ("run46_qwen_1gpu", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
+    "run47": ("run47_llama_1gpu", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
 }
+#: runs served with profile=select: run -> its shares (one device call each), whose first pair chose
+LIVE_SELECT_RUNS = {"run46": ("pressure_0",), "run47": ("pressure_0", "pressure_1", "pressure_2")}
 #: runs whose every candidate profile kept the replay: profile=select's rule, applied offline to the candidates
 #: an H200 has (the shipped default and the h200x4/ profile), each as its SAME_HOST_RUNS profile key (run 38's
 #: same-host profile is the one shipped in h200x4/)
 SELECT_CANDIDATES = ("shipped", "h200x4")
 SELECT_RUNS = {"run38": {"shipped": "shipped", "h200x4": "same_host"},
-               **{run: {"shipped": "shipped", "h200x4": "h200x4"} for run in ("run41", "run42", "run43", "run44", "run45")}}
+               **{run: {"shipped": "shipped", "h200x4": "h200x4"}
+                  for run in ("run41", "run42", "run43", "run44", "run45", "run46", "run47")}}
+#: the runs the rule was first applied to offline (session 24, docs/fidelity.md "Runs 44-45")
+SELECT_RUNS_S24 = ("run38", "run41", "run42", "run43", "run44", "run45")
 #: two calls of one host class and shape: the first call's live means are the truth and the second's the
 #: prediction, so what a perfect copy of one call's engine would score against another's (runs 41-43)
-SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"), ("run43", "run44"), ("run44", "run45"))
+SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"), ("run43", "run44"), ("run44", "run45"),
+                   ("run44", "run47"), ("run42", "run46"))
 #: slo_shift's traffic: host -> profile -> the kvrl-fidelity directory of the sim with that profile
 SAME_HOST_SLO = {
     "run37": {"shipped": "run37_qwen/fidelity_slo_shift", "same_host": "run37_qwen/slo_shift_fresh"},
@@ -837,7 +847,9 @@ SAME_HOST_SLO = {
 
 @source("same_host", "cheap",
         *(f"{SAME_HOST}/{d}/{sub}/fidelity.json" for d, subs in SAME_HOST_RUNS.values() for sub in subs.values()),
-        *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()))
+        *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()),
+        *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/{share}/fidelity.json"
+          for run, shares in LIVE_SELECT_RUNS.items() for share in shares))
 def same_host() -> dict[str, str]:
     """Runs 37-45 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
     own host class" and "Runs 44-45"): per run and profile, :func:`_target_facts` and the resolved live orders that
@@ -909,6 +921,25 @@ def same_host() -> dict[str, str]:
     out["replay41_fast_mean"] = f"{100 * sum(fast) / len(fast):+.1f}%"
     out["replay41_all_mean"] = f"{100 * sum(rp['total_rel_err'] for rp in replays) / len(replays):+.1f}%"
     out.update(_select_facts())
+    out.update(_live_select_facts())
+    return out
+
+
+def _live_select_facts() -> dict[str, str]:
+    """The choices profile=select made live (:data:`LIVE_SELECT_RUNS`): per run, each call's chosen profile
+    (``shipped`` or ``h200x4``) and every candidate's replay error on that call's first pair, as
+    ``live_select_<run>`` (calls joined by ``; ``)."""
+    out = {}
+    for run, shares in LIVE_SELECT_RUNS.items():
+        d = SAME_HOST_RUNS[run][0]
+        calls = []
+        for share in shares:
+            sel = next(iter(_json(f"{SAME_HOST}/{d}/{share}/fidelity.json").values()))["profile_select"]
+            name = {p: ("h200x4" if "/h200x4/" in p else "shipped") for p in sel["replay_errors"]}
+            errs = ", ".join(f"{name[p]} {100 * e:+.1f}%" for p, e in sorted(sel["replay_errors"].items(),
+                                                                              key=lambda kv: name[kv[0]] != "shipped"))
+            calls.append(f"{name[sel['profile']] if sel['profile'] in name else sel['profile']} ({errs})")
+        out[f"live_select_{run}"] = "; ".join(calls)
     return out
 
 
@@ -916,12 +947,13 @@ def _select_facts() -> dict[str, str]:
     """profile=select's rule applied offline to :data:`SELECT_RUNS`: on each call's first pair (the first of
     its merged fidelity.json), the candidate of :data:`SELECT_CANDIDATES` whose replay total is closest to
     the live time; then how many of the call's other pairs meet every target at once under each candidate
-    and under the one chosen (``select_<run>_*``; pooled over the runs: ``select_all_*``)."""
+    and under the one chosen (``select_<run>_*``; pooled over the runs: ``select_all_*``, over session 24's
+    runs :data:`SELECT_RUNS_S24` only: ``select_s24_*``)."""
     from kvrl.fidelity.compare import TARGETS, rel_err
     from kvrl.fidelity.report import live_mean_and_spread
 
-    out, pooled = {}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}
-    n_pooled = 0
+    out, pooled, pooled_s24 = {}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}
+    n_pooled = n_s24 = 0
     for run, keys in SELECT_RUNS.items():
         d, subs = SAME_HOST_RUNS[run]
         res = {c: _json(f"{SAME_HOST}/{d}/{subs[keys[c]]}/fidelity.json") for c in SELECT_CANDIDATES}
@@ -943,7 +975,12 @@ def _select_facts() -> dict[str, str]:
             out[f"select_{run}_{c}"] = f"{m} of {len(rest)}"
             pooled[c] += m
         n_pooled += len(rest)
+        if run in SELECT_RUNS_S24:
+            for c, m in met.items():
+                pooled_s24[c] += m
+            n_s24 += len(rest)
     out.update({f"select_all_{c}": f"{m} of {n_pooled}" for c, m in pooled.items()})
+    out.update({f"select_s24_{c}": f"{m} of {n_s24}" for c, m in pooled_s24.items()})
     return out
 
 
