@@ -700,30 +700,32 @@ RULE_HEADROOM = "docs/results/headroom"
 
 
 @source("rule_forecast", "cheap", f"{RULE_HEADROOM}/rule_headroom_slo_shift.jsonl",
-        f"{RULE_HEADROOM}/rule_forecast5_slo_shift.jsonl")
+        f"{RULE_HEADROOM}/rule_forecast5_slo_shift.jsonl", f"{RULE_HEADROOM}/rule_forecast40_slo_shift.jsonl")
 def rule_forecast() -> dict[str, str]:
-    """The rollout planner over ``slo_mix`` on slo_shift's live-check jobs, clairvoyant (session 20) and on a
-    5 s persistence forecast of arrivals (session 24; scripts/rl_rule_headroom.py ``--forecast 5``): per
-    planner the paired difference to the rule over the seeds (``<planner>_vs_rule``), the seeds where it
-    loses to the rule (``<planner>_below``), and the forecast planner against the clairvoyant one
-    (``forecast_vs_clairvoyant``)."""
+    """The rollout planner over ``slo_mix`` on slo_shift's live-check jobs, clairvoyant (session 20), on a
+    5 s persistence forecast of arrivals (session 24; scripts/rl_rule_headroom.py ``--forecast 5``) and on
+    a 40 s one, the traffic's period (session 25, ``--forecast 40``): per planner the paired difference to the
+    rule over the seeds (``<planner>_vs_rule``), the seeds where it loses to the rule (``<planner>_below``),
+    and each forecast planner against the clairvoyant one (``<planner>_vs_clairvoyant``)."""
     from kvrl.analysis.stats import paired_compare
 
     def load(name: str) -> dict[int, dict]:
         with open(f"{RULE_HEADROOM}/{name}") as f:
             return {r["seed"]: r for r in (json.loads(line) for line in f if line.strip())}
 
-    runs = {"clairvoyant": load("rule_headroom_slo_shift.jsonl"), "forecast": load("rule_forecast5_slo_shift.jsonl")}
+    runs = {"clairvoyant": load("rule_headroom_slo_shift.jsonl"), "forecast": load("rule_forecast5_slo_shift.jsonl"),
+            "forecast40": load("rule_forecast40_slo_shift.jsonl")}
     out = {}
     for name, rows in runs.items():
         c = paired_compare({s: r["planner_goodput"] for s, r in rows.items()},
                            {s: r["rule_goodput"] for s, r in rows.items()}, "goodput_tok_s")
         out[f"{name}_vs_rule"] = _compare_cell(c, 1)
         out[f"{name}_below"] = f"{sum(r['planner_goodput'] < r['rule_goodput'] for r in rows.values())} of {len(rows)}"
-    seeds = sorted(set(runs["clairvoyant"]) & set(runs["forecast"]))
-    c = paired_compare({s: runs["forecast"][s]["planner_goodput"] for s in seeds},
-                       {s: runs["clairvoyant"][s]["planner_goodput"] for s in seeds}, "goodput_tok_s")
-    out["forecast_vs_clairvoyant"] = _compare_cell(c, 1)
+    for name in ("forecast", "forecast40"):
+        seeds = sorted(set(runs["clairvoyant"]) & set(runs[name]))
+        c = paired_compare({s: runs[name][s]["planner_goodput"] for s in seeds},
+                           {s: runs["clairvoyant"][s]["planner_goodput"] for s in seeds}, "goodput_tok_s")
+        out[f"{name}_vs_clairvoyant"] = _compare_cell(c, 1)
     return out
 
 
