@@ -729,6 +729,29 @@ def rule_forecast() -> dict[str, str]:
     return out
 
 
+PRESSURE_HEADROOM = {"clairvoyant": "rule_headroom_pressure_fc0.jsonl", "forecast1": "rule_headroom_pressure_fc1.jsonl",
+                     "forecast2": "rule_headroom_pressure_fc2.jsonl"}
+
+
+@source("pressure_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in PRESSURE_HEADROOM.values()))
+def pressure_headroom() -> dict[str, str]:
+    """The rollout planner over the best constant in hindsight (fixed 0.01) on ``env=pressure``'s test jobs
+    (session 25; scripts/rl_rule_headroom.py ``--task pressure --rule fixed:fraction=0.01``), clairvoyant and
+    on a 1 s and a 2 s persistence forecast of arrivals: per planner the paired difference to the constant
+    over the seeds (``<planner>_vs_best``) and the seeds where it loses (``<planner>_below``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = {}
+    for name, f in PRESSURE_HEADROOM.items():
+        with open(f"{RULE_HEADROOM}/{f}") as fh:
+            rows = {r["seed"]: r for r in (json.loads(line) for line in fh if line.strip())}
+        c = paired_compare({s: r["planner_goodput"] for s, r in rows.items()},
+                           {s: r["rule_goodput"] for s, r in rows.items()}, "goodput_tok_s")
+        out[f"{name}_vs_best"] = _compare_cell(c, 1)
+        out[f"{name}_below"] = f"{sum(r['planner_goodput'] < r['rule_goodput'] for r in rows.values())} of {len(rows)}"
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"
