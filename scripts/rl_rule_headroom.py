@@ -21,7 +21,8 @@ policy without foresight of arrivals could reach.
 
 The rule's own row is served by the same loop without overrides and must equal kvrl-eval's row for
 the job (``--check`` names a kvrl-eval results.csv to compare with). Prints one JSON line per job
-and the paired summary (kvrl.analysis.stats); ``--table OUT.jsonl`` renders a finished run as Markdown.
+and the paired summary (kvrl.analysis.stats); ``--table OUT.jsonl`` renders a finished run as Markdown;
+``--sweep`` serves only the ``--constants`` on the jobs and names the best in hindsight (the base to plan over).
 """
 from __future__ import annotations
 
@@ -142,6 +143,14 @@ def _job(args: tuple) -> dict:
     return out
 
 
+def sweep(task: str, overrides: list[str], split: str, seeds: list[int], resample: float,
+          constants: list[float]) -> dict[float, dict[int, float]]:
+    """Each constant watermark served as the rule on the jobs (goodput tok/s per seed): which constant
+    is the best in hindsight on exactly these jobs, to be the planner's base."""
+    return {c: {s: finish(build_loop(task, overrides, {"name": "fixed", "fraction": c}, split, s, resample))
+                for s in seeds} for c in constants}
+
+
 def check_against(results: list[dict], path: str, label_prefix: str) -> None:
     """Each job's rule goodput against kvrl-eval's row for the same policy, split and seed."""
     with open(path) as f:
@@ -204,6 +213,9 @@ def main() -> None:
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
     p.add_argument("--check-label", default="slo_mix", help="the rule's policy label prefix in --check")
     p.add_argument("--table", default=None, help="render a finished --out file as Markdown and exit (no sim)")
+    p.add_argument("--sweep", action="store_true",
+                   help="serve only each of --constants as the rule on the jobs, print the mean goodput per "
+                        "constant (the hindsight-best base for the planner) and exit")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     if a.table:
@@ -211,6 +223,14 @@ def main() -> None:
         return
     rule = parse_rule(a.rule)
     consts = [float(c) for c in a.constants.split(",")]
+    if a.sweep:
+        seeds = [int(s) for s in a.seeds.split(",")]
+        means = {c: sum(g.values()) / len(g) for c, g in sweep(a.task, list(a.overrides), a.split, seeds,
+                                                                 a.resample, consts).items()}
+        for c, m in means.items():
+            print(json.dumps({"task": a.task, "split": a.split, "seeds": seeds, "constant": c, "goodput_mean": m}))
+        print(f"best constant in hindsight: {max(means, key=means.get)}")
+        return
     jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold, a.forecast)
             for s in a.seeds.split(",")]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script

@@ -70,3 +70,12 @@ def test_forecast_replays_the_last_window_into_the_future_and_the_rule_alone_is_
     mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
     alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, forecast_s=2.0)
     assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
+
+
+def test_sweep_serves_each_constant_as_the_rule():
+    """--sweep: a constant's goodput on a job is the planner's base row for that fixed rule."""
+    got = R.sweep("slo_shift", SHORT, "test", [1], 0.8, [0.0, 0.2])
+    for c in (0.0, 0.2):
+        assert got[c][1] == pytest.approx(R.finish(R.build_loop("slo_shift", SHORT, {"name": "fixed", "fraction": c},
+                                                                "test", 1, 0.8)), rel=1e-12)
+    assert got[0.0][1] != got[0.2][1]
