@@ -730,18 +730,26 @@ def rule_forecast() -> dict[str, str]:
 
 
 PRESSURE_HEADROOM = {"clairvoyant": "rule_headroom_pressure_fc0.jsonl", "forecast1": "rule_headroom_pressure_fc1.jsonl",
-                     "forecast2": "rule_headroom_pressure_fc2.jsonl"}
+                     "forecast2": "rule_headroom_pressure_fc2.jsonl",
+                     "tenants_clairvoyant": "rule_headroom_tenants_fc0.jsonl",
+                     "tenants_forecast1": "rule_headroom_tenants_fc1.jsonl"}
+TENANTS_CONSTANTS = f"{RULE_HEADROOM}/tenants_constants_test.jsonl"
 
 
-@source("pressure_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in PRESSURE_HEADROOM.values()))
+@source("pressure_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in PRESSURE_HEADROOM.values()), TENANTS_CONSTANTS)
 def pressure_headroom() -> dict[str, str]:
-    """The rollout planner over the best constant in hindsight (fixed 0.01) on ``env=pressure``'s test jobs
-    (session 25; scripts/rl_rule_headroom.py ``--task pressure --rule fixed:fraction=0.01``), clairvoyant and
-    on a 1 s and a 2 s persistence forecast of arrivals: per planner the paired difference to the constant
-    over the seeds (``<planner>_vs_best``) and the seeds where it loses (``<planner>_below``)."""
+    """The rollout planner over the best constant in hindsight (session 25; scripts/rl_rule_headroom.py
+    ``--rule fixed:fraction=0.01``) on the test jobs of ``env=pressure`` (keys without prefix) and
+    ``env=tenants`` (``tenants_``), clairvoyant and on 1 s (and on pressure 2 s) persistence forecasts of
+    arrivals: per planner the paired difference to the constant over the seeds (``<planner>_vs_best``) and
+    the seeds where it loses (``<planner>_below``); tenants' constants on the same jobs (``--sweep``):
+    ``tenants_best`` and ``tenants_constants`` (mean goodput per constant)."""
     from kvrl.analysis.stats import paired_compare
 
-    out = {}
+    with open(TENANTS_CONSTANTS) as fh:
+        consts = [json.loads(line) for line in fh if line.strip()]
+    out = {"tenants_best": f"{max(consts, key=lambda r: r['goodput_mean'])['constant']:g}",
+           "tenants_constants": ", ".join(f"{r['constant']:g}: {r['goodput_mean']:,.0f}" for r in consts)}
     for name, f in PRESSURE_HEADROOM.items():
         with open(f"{RULE_HEADROOM}/{f}") as fh:
             rows = {r["seed"]: r for r in (json.loads(line) for line in fh if line.strip())}
