@@ -54,13 +54,14 @@ for ((i = 0; i < n; i++)); do
   ) &
 done
 wait
-# the shares merged (and, with PRE_PROFILE=1, re-priced offline with this host's profile: CPU, seconds)
+# the shares merged (and, with PRE_PROFILE=1, re-priced offline with this host's profile: CPU, seconds);
+# the served sim's column is named after PROFILE: shipped (auto), selected (select) or given (a path)
+label=given; [ "$PROFILE" = auto ] && label=shipped; [ "$PROFILE" = select ] && label=selected
 if [ "$PRE_PROFILE" = 1 ] && [ -f "$OUT/profile/profile.json" ]; then
   python3 scripts/fidelity_resim_shares.py "$OUT" "same_host=$OUT/profile/profile.json"
-  python3 scripts/fidelity_compare.py "shipped=$OUT/pressure" "same_host=$OUT/same_host_pressure" --out "$OUT/pressure_compare"
+  python3 scripts/fidelity_compare.py "$label=$OUT/pressure" "same_host=$OUT/same_host_pressure" --out "$OUT/pressure_compare"
 else
   python3 scripts/fidelity_resim_shares.py "$OUT"
-  label=shipped; [ "$PROFILE" = select ] && label=selected; [ "$PROFILE" = auto ] || [ "$PROFILE" = select ] || label=given
   python3 scripts/fidelity_compare.py "$label=$OUT/pressure" --out "$OUT/pressure_compare"
 fi
 cat "$OUT/pressure_compare.md"
