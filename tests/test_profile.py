@@ -553,7 +553,10 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         host = lambda res: res["replay"]["by_kind"]["host"]["sim_s"]
         assert host(double[pair]) == pytest.approx(2 * host(second[pair]), rel=1e-9)
         assert host(probe[pair]) == pytest.approx(probe[pair]["host_speed"] * host(second[pair]), rel=1e-9)
-        assert double[pair]["sim"]["throughput_tok_s"] < second[pair]["sim"]["throughput_tok_s"]
+        # the sim serves with the scaled host terms too, so its run changes; not necessarily towards a lower
+        # throughput: a slower host lets more requests queue per step (on CI's measured tiny profile a
+        # doubled host once finished the job 0.002% sooner)
+        assert host(second[pair]) > 0 and double[pair]["sim"] != second[pair]["sim"]
     # sim_step_scale=2 (a sensitivity check): every sim step's compute takes twice as long, so the
     # sim's run takes longer; the replay still prices the live steps as profiled
     _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "sim_step_scale=2",
