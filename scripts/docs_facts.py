@@ -78,6 +78,11 @@ def _csv(path: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(_text(path), newline="")))
 
 
+def _jsonl(path: str) -> list[dict]:
+    """The JSON objects of a JSON-lines file, blank lines skipped."""
+    return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
+
+
 def _span(values: Sequence[float], fmt: str, sep: str = "-") -> str:
     """``lo-hi`` of ``values`` in ``fmt`` (one value when they round alike; ``lo to hi`` with a
     minus sign when the range has a negative end)."""
@@ -699,6 +704,22 @@ def pressure_optuna() -> dict[str, str]:
 RULE_HEADROOM = "docs/results/headroom"
 
 
+def _planner_jobs(name: str) -> dict[int, dict]:
+    """A scripts/rl_rule_headroom.py ``--out`` file of :data:`RULE_HEADROOM`: its jobs by seed."""
+    return {r["seed"]: r for r in _jsonl(f"{RULE_HEADROOM}/{name}")}
+
+
+def _planner_vs_base(jobs: dict[int, dict]) -> tuple[str, str]:
+    """The planner against its base (the rule or constant it plans over) over :func:`_planner_jobs`' seeds:
+    the paired goodput difference as a cell, and ``k of n`` seeds where the planner is below the base."""
+    from kvrl.analysis.stats import paired_compare
+
+    c = paired_compare({s: r["planner_goodput"] for s, r in jobs.items()},
+                       {s: r["rule_goodput"] for s, r in jobs.items()}, "goodput_tok_s")
+    below = sum(r["planner_goodput"] < r["rule_goodput"] for r in jobs.values())
+    return _compare_cell(c, 1), f"{below} of {len(jobs)}"
+
+
 @source("rule_forecast", "cheap", f"{RULE_HEADROOM}/rule_headroom_slo_shift.jsonl",
         f"{RULE_HEADROOM}/rule_forecast5_slo_shift.jsonl", f"{RULE_HEADROOM}/rule_forecast40_slo_shift.jsonl")
 def rule_forecast() -> dict[str, str]:
@@ -709,18 +730,12 @@ def rule_forecast() -> dict[str, str]:
     and each forecast planner against the clairvoyant one (``<planner>_vs_clairvoyant``)."""
     from kvrl.analysis.stats import paired_compare
 
-    def load(name: str) -> dict[int, dict]:
-        with open(f"{RULE_HEADROOM}/{name}") as f:
-            return {r["seed"]: r for r in (json.loads(line) for line in f if line.strip())}
-
-    runs = {"clairvoyant": load("rule_headroom_slo_shift.jsonl"), "forecast": load("rule_forecast5_slo_shift.jsonl"),
-            "forecast40": load("rule_forecast40_slo_shift.jsonl")}
+    runs = {"clairvoyant": _planner_jobs("rule_headroom_slo_shift.jsonl"),
+            "forecast": _planner_jobs("rule_forecast5_slo_shift.jsonl"),
+            "forecast40": _planner_jobs("rule_forecast40_slo_shift.jsonl")}
     out = {}
     for name, rows in runs.items():
-        c = paired_compare({s: r["planner_goodput"] for s, r in rows.items()},
-                           {s: r["rule_goodput"] for s, r in rows.items()}, "goodput_tok_s")
-        out[f"{name}_vs_rule"] = _compare_cell(c, 1)
-        out[f"{name}_below"] = f"{sum(r['planner_goodput'] < r['rule_goodput'] for r in rows.values())} of {len(rows)}"
+        out[f"{name}_vs_rule"], out[f"{name}_below"] = _planner_vs_base(rows)
     for name in ("forecast", "forecast40"):
         seeds = sorted(set(runs["clairvoyant"]) & set(runs[name]))
         c = paired_compare({s: runs[name][s]["planner_goodput"] for s in seeds},
@@ -744,19 +759,11 @@ def pressure_headroom() -> dict[str, str]:
     arrivals: per planner the paired difference to the constant over the seeds (``<planner>_vs_best``) and
     the seeds where it loses (``<planner>_below``); tenants' constants on the same jobs (``--sweep``):
     ``tenants_best`` and ``tenants_constants`` (mean goodput per constant)."""
-    from kvrl.analysis.stats import paired_compare
-
-    with open(TENANTS_CONSTANTS) as fh:
-        consts = [json.loads(line) for line in fh if line.strip()]
+    consts = _jsonl(TENANTS_CONSTANTS)
     out = {"tenants_best": f"{max(consts, key=lambda r: r['goodput_mean'])['constant']:g}",
            "tenants_constants": ", ".join(f"{r['constant']:g}: {r['goodput_mean']:,.0f}" for r in consts)}
     for name, f in PRESSURE_HEADROOM.items():
-        with open(f"{RULE_HEADROOM}/{f}") as fh:
-            rows = {r["seed"]: r for r in (json.loads(line) for line in fh if line.strip())}
-        c = paired_compare({s: r["planner_goodput"] for s, r in rows.items()},
-                           {s: r["rule_goodput"] for s, r in rows.items()}, "goodput_tok_s")
-        out[f"{name}_vs_best"] = _compare_cell(c, 1)
-        out[f"{name}_below"] = f"{sum(r['planner_goodput'] < r['rule_goodput'] for r in rows.values())} of {len(rows)}"
+        out[f"{name}_vs_best"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
     return out
 
 

@@ -223,16 +223,16 @@ def main() -> None:
         return
     rule = parse_rule(a.rule)
     consts = [float(c) for c in a.constants.split(",")]
+    seeds = [int(s) for s in a.seeds.split(",")]
     if a.sweep:
-        seeds = [int(s) for s in a.seeds.split(",")]
         means = {c: sum(g.values()) / len(g) for c, g in sweep(a.task, list(a.overrides), a.split, seeds,
                                                                  a.resample, consts).items()}
         for c, m in means.items():
             print(json.dumps({"task": a.task, "split": a.split, "seeds": seeds, "constant": c, "goodput_mean": m}))
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
-    jobs = [(a.task, list(a.overrides), rule, a.split, int(s), a.resample, consts, a.epoch, a.hold, a.forecast)
-            for s in a.seeds.split(",")]
+    jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast)
+            for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 
     results = run_jobs(_job, jobs, a.workers, a.out)
