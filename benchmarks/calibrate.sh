@@ -47,19 +47,19 @@ for stage in "${STAGES[@]}"; do
     profile_qwen) run profile_qwen 200 python3 -m kvrl.apps.profile_app "model=$QWEN" "backend.dtype=$DTYPE" \
         "backend.device=$DEV" "hydra.run.dir=$OUT/profile_$QWEN" "install_dir=$OUT/profiles" ${PROF_ARGS:-} ;;
     fidelity_qwen)
-      prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
+      prof=select; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
       run fidelity_qwen 560 python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_$QWEN" ${FID_ARGS:-} ;;
     profile_llama) run profile_llama 200 python3 -m kvrl.apps.profile_app "model=$LLAMA" "backend.dtype=$DTYPE" \
         "backend.device=$DEV" "hydra.run.dir=$OUT/profile_$LLAMA" "install_dir=$OUT/profiles" \
         "grid.prefix_cached=[1024,4096]" "grid.holdout=30" ${PROF_ARGS:-} ;;
     fidelity_llama)
-      prof=auto; [ -f "$LLAMA_PROFILE" ] && prof="$LLAMA_PROFILE"
+      prof=select; [ -f "$LLAMA_PROFILE" ] && prof="$LLAMA_PROFILE"
       run fidelity_llama 400 python3 -m kvrl.apps.fidelity "model=$LLAMA" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_$LLAMA" max_requests=200 ${FID_ARGS:-} ;;
     fidelity_pressure)
-      prof=auto; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
-      echo "=== fidelity_pressure: sim profile $prof"   # auto = the shipped one (no fresh profile in this call)
+      prof=select; [ -f "$QWEN_PROFILE" ] && prof="$QWEN_PROFILE"
+      echo "=== fidelity_pressure: sim profile $prof"   # select = the matching profile closest on the first live run (no fresh profile in this call)
       run fidelity_pressure "${PRESSURE_LIMIT_S:-420}" python3 -m kvrl.apps.fidelity "model=$QWEN" "live.dtype=$DTYPE" "live.device=$DEV" \
         "profile=$prof" "hydra.run.dir=$OUT/fidelity_pressure_$QWEN" "only_workloads=$PRESSURE_WORKLOADS" \
         warmup_requests=64 max_live_wall_s=40 live_repeats=3 plots=false ${FID_ARGS:-} ;;

@@ -11,8 +11,9 @@
 #                          the comparison's second column (docs/fidelity.md, "A profile of the host at hand")
 #   <name>.log             every process's output
 # Usage: GPU_IDS="0 1 2 3" bash benchmarks/fidelity_pressure_gpus.sh [more kvrl-fidelity overrides]
-# Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (auto: the shipped profile; select: each GPU
-#   share's kvrl-fidelity chooses, among every matching profile, the one closest on its first pair's first live run),
+# Knobs: MODEL (qwen3-0.6b), DTYPE (bfloat16), DEV (auto), PROFILE (select, kvrl-fidelity's default: each GPU
+#   share's kvrl-fidelity chooses, among every matching profile, the one closest on its first pair's first live run;
+#   auto: the shipped profile; or a profile.json),
 #   LIMIT_S (each share's cap from the start, its profile included, 480 s; a share cut short keeps the
 #   pairs it finished), PRE_PROFILE (0),
 #   PRESSURE_WORKLOADS (calibrate.sh's eight; their order sets the shares), MAX_LIVE_WALL_S (40),
@@ -25,7 +26,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 . benchmarks/device_env.sh
-MODEL=${MODEL:-qwen3-0.6b}; DTYPE=${DTYPE:-bfloat16}; DEV=${DEV:-auto}; PROFILE=${PROFILE:-auto}
+MODEL=${MODEL:-qwen3-0.6b}; DTYPE=${DTYPE:-bfloat16}; DEV=${DEV:-auto}; PROFILE=${PROFILE:-select}
 LIMIT_S=${LIMIT_S:-480}; PRE_PROFILE=${PRE_PROFILE:-0}
 PRESSURE_WORKLOADS=${PRESSURE_WORKLOADS:-"[poisson,preempt_heavy,code_trace_tight,code_trace_offline,long_outputs_swap,prefix_evict,tenants_pressure,bursty_tight]"}
 read -r -a GPUS <<< "${GPU_IDS:-0}"

@@ -575,10 +575,11 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
 
 
 def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_live_run(cpu_profile, tmp_path):
-    """profile=select: of the matching profiles (here on $KVRL_PROFILE_PATH: the measured one and a newer
-    copy whose forward passes cost three times as much, which auto would pick), the one whose prices of
+    """profile=select, kvrl-fidelity's default: of the matching profiles (here on $KVRL_PROFILE_PATH: the
+    measured one and a newer copy whose forward passes cost three times as much, which auto would pick),
+    the one whose prices of
     the first pair's first live run sum closest to its live time prices every pair; fidelity.json and the
-    report say which, on which pair, and every candidate's total replay error. With resim it is refused."""
+    report say which, on which pair, and every candidate's total replay error. resim asks for one profile."""
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     d = json.loads(cpu_profile.read_text())
@@ -591,7 +592,7 @@ def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_li
           "prompt_len:{dist:uniform,low:8,high:160},output_len:{dist:uniform,low:4,high:32}}}")
     env = {**os.environ, P.ENV_PATH: str(profiles)}
     proc = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", "model=tiny", "live.device=cpu",
-                           f"hydra.run.dir={out}", "profile=select", f"+workloads.tiny={wl}", "only_workloads=[tiny]",
+                           f"hydra.run.dir={out}", f"+workloads.tiny={wl}", "only_workloads=[tiny]",
                            "warmup_requests=3", "live_repeats=1", "plots=false", "engine.max_num_batched_tokens=256"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -605,9 +606,12 @@ def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_li
         assert abs(errors[str(profiles / "measured.json")]) < abs(errors[str(profiles / "slow_newer.json")])
     table = (out / "fidelity.md").read_text()
     assert f"profile=select: {profiles / 'measured.json'}" in table and "tiny/vllm's first live run" in table
-    bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={out}", "profile=select",
-                          f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, cwd=tmp_path, env=env)
-    assert bad.returncode != 0 and "profile=select chooses by a live run's own steps" in bad.stderr
+    # resim re-prices with one given profile: the default (select) and auto name what to add
+    for extra in ([], ["profile=auto"]):
+        bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={out}", *extra,
+                              f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True, text=True, cwd=tmp_path,
+                             env=env)
+        assert bad.returncode != 0 and "add profile=<profile.json>" in bad.stderr, bad.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------ pressure-aware terms

@@ -116,7 +116,7 @@ class FidelitySchema:
     model: ModelConfig = field(default_factory=ModelConfig)
     live: LiveSettings = field(default_factory=LiveSettings)
     weights: str = "memory"
-    profile: str = "auto"
+    profile: str = "select"
     seed: int = 0
     cpu_threads: int = 1
     flush_denormal: bool = True
@@ -342,9 +342,10 @@ def _fidelity_checks(cfg: dict) -> None:
     plugins.check_range("live_repeats", cfg["live_repeats"], 1)
     if cfg["refit"] and not cfg["resim"]:
         raise ValueError("refit=true applies only with resim=<run dir> (nothing would be refitted)")
-    if cfg["profile"] == "select" and cfg["resim"]:
-        raise ValueError("profile=select chooses by a live run's own steps; with resim=<run dir> give a profile "
-                         "(auto, none or a profile.json)")
+    if cfg["resim"] and cfg["profile"] in ("select", "auto", "none"):
+        raise ValueError(f"resim=<run dir> re-prices recorded live runs with one given cost model: add "
+                         f"profile=<profile.json> (got profile={cfg['profile']}; the run's own choice is in its "
+                         "fidelity.json, profile_select.profile)")
     hs = cfg["host_speed"]
     if hs != "probe" and not (isinstance(hs, (int, float)) and not isinstance(hs, bool) and 0 < hs < float("inf")):
         raise ValueError(f"host_speed={hs!r}: give 'probe' (the live run's host probe over the profile's) or a "

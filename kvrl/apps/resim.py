@@ -105,7 +105,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     run_dir = Path(str(cfg["resim"])).expanduser()
     old_cfg, old = load_run(run_dir)
     spec = cfg.get("profile", "auto")
-    if spec in (None, "auto", "none"):
+    if spec in (None, "auto", "none", "select"):
         raise ResimError(f"resim needs profile=<profile.json> (the cost model to check); got profile={spec!r}")
     profile = load_cached(profile_file(spec))
     if cfg.get("refit"):
