@@ -861,18 +861,26 @@ SAME_HOST_RUNS = {
     # over three); selected: as served; shipped and h200x4: the same live runs re-priced by each candidate
     "run46": ("run46_qwen_1gpu", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
     "run47": ("run47_llama_1gpu", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
+    # runs 48-49: one more single-H200 VM, the blind set (conf/fidelity.yaml's blind_* workloads, never used to fit
+    # or tune), served with kvrl-fidelity's default profile=select (Qwen3-0.6B in one call, Llama-3-8B over two)
+    "run48": ("run48_qwen_blind", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
+    "run49": ("run49_llama_blind", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
 }
 #: runs served with profile=select: run -> its shares (one device call each), whose first pair chose
-LIVE_SELECT_RUNS = {"run46": ("pressure_0",), "run47": ("pressure_0", "pressure_1", "pressure_2")}
+LIVE_SELECT_RUNS = {"run46": ("pressure_0",), "run47": ("pressure_0", "pressure_1", "pressure_2"),
+                    "run48": ("pressure_0",), "run49": ("pressure_0", "pressure_1")}
 #: runs whose every candidate profile kept the replay: profile=select's rule, applied offline to the candidates
 #: an H200 has (the shipped default and the h200x4/ profile), each as its SAME_HOST_RUNS profile key (run 38's
 #: same-host profile is the one shipped in h200x4/)
 SELECT_CANDIDATES = ("shipped", "h200x4")
 SELECT_RUNS = {"run38": {"shipped": "shipped", "h200x4": "same_host"},
                **{run: {"shipped": "shipped", "h200x4": "h200x4"}
-                  for run in ("run41", "run42", "run43", "run44", "run45", "run46", "run47")}}
-#: the runs the rule was first applied to offline (session 24, docs/fidelity.md "Runs 44-45")
-SELECT_RUNS_S24 = ("run38", "run41", "run42", "run43", "run44", "run45")
+                  for run in ("run41", "run42", "run43", "run44", "run45", "run46", "run47", "run48", "run49")}}
+#: subsets of SELECT_RUNS pooled apart: the runs the rule was first applied to offline (session 24, docs/fidelity.md
+#: "Runs 44-45"), the calls on the pressure set, and those on the blind set (runs 48-49)
+SELECT_GROUPS = {"s24": ("run38", "run41", "run42", "run43", "run44", "run45"),
+                 "pressure": ("run38", "run41", "run42", "run43", "run44", "run45", "run46", "run47"),
+                 "blind": ("run48", "run49")}
 #: two calls of one host class and shape: the first call's live means are the truth and the second's the
 #: prediction, so what a perfect copy of one call's engine would score against another's (runs 41-43)
 SAME_HOST_CALLS = (("run41", "run42"), ("run37", "run38"), ("run39", "run40"), ("run43", "run44"), ("run44", "run45"),
@@ -891,14 +899,15 @@ SAME_HOST_SLO = {
         *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/{share}/fidelity.json"
           for run, shares in LIVE_SELECT_RUNS.items() for share in shares))
 def same_host() -> dict[str, str]:
-    """Runs 37-45 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
+    """Runs 37-49 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
     own host class" and "Runs 44-45"): per run and profile, :func:`_target_facts` and the resolved live orders that
     profile's sim reverses (kvrl.fidelity.report.resolved_rankings), keys ``<run>_<profile>_<fact>``;
     per pair of calls of :data:`SAME_HOST_CALLS`, :func:`_target_facts` of the second call's live means
     taken as the first's sim, and the pairs whose live throughput differs by more than 3%
     (``calls_<first>_<second>_<fact>``); runs 39-40's profiles on run 43's seven pairs
     (``llama7_<run>_<profile>_<fact>``); run 41's replay by the shipped profile (``replay41_*``);
-    profile=select's rule offline (:func:`_select_facts`, ``select_*``); on slo_shift's traffic,
+    profile=select's rule offline (:func:`_select_facts`, ``select_*``); runs 48-49's decode-step replay
+    span per candidate (``replay48_*``, ``replay49_*``); on slo_shift's traffic,
     per host and profile, the sim's p50 TTFT error against the live mean (slo_mix / fixed 0.2) and how
     many pairs meet every target at once."""
     from kvrl.fidelity.compare import TARGETS, rel_err
@@ -960,6 +969,17 @@ def same_host() -> dict[str, str]:
     out["replay41_fast_above"] = f"{sum(e > 0 for e in fast)} of {len(fast)}"
     out["replay41_fast_mean"] = f"{100 * sum(fast) / len(fast):+.1f}%"
     out["replay41_all_mean"] = f"{100 * sum(rp['total_rel_err'] for rp in replays) / len(replays):+.1f}%"
+    # runs 48-49 (the blind set): per shape and candidate, the span of the pairs' decode-step replay totals
+    for run in ("run48", "run49"):
+        d, subs = SAME_HOST_RUNS[run]
+        for prof in ("shipped", "h200x4"):
+            dec = [r["replay"]["by_kind"]["decode"] for r in _json(f"{SAME_HOST}/{d}/{subs[prof]}/fidelity.json").values()]
+            errs = sorted(100 * (k["sim_s"] / k["live_s"] - 1) for k in dec)
+            out[f"replay{run[3:]}_{prof}_decode_span"] = f"{errs[0]:+.0f}% to {errs[-1]:+.0f}%"
+    shipped48 = _json(f"{SAME_HOST}/{SAME_HOST_RUNS['run48'][0]}/shipped_pressure/fidelity.json")
+    out["replay48_shipped_decode_short_chat"] = ", ".join(
+        f"{pol} {100 * (k['sim_s'] / k['live_s'] - 1):+.0f}%" for pol in ("vllm", "sjf_swap")
+        for k in (shipped48[f"blind_short_chat/{pol}"]["replay"]["by_kind"]["decode"],))
     out.update(_select_facts())
     out.update(_live_select_facts())
     return out
@@ -987,13 +1007,14 @@ def _select_facts() -> dict[str, str]:
     """profile=select's rule applied offline to :data:`SELECT_RUNS`: on each call's first pair (the first of
     its merged fidelity.json), the candidate of :data:`SELECT_CANDIDATES` whose replay total is closest to
     the live time; then how many of the call's other pairs meet every target at once under each candidate
-    and under the one chosen (``select_<run>_*``; pooled over the runs: ``select_all_*``, over session 24's
-    runs :data:`SELECT_RUNS_S24` only: ``select_s24_*``)."""
+    and under the one chosen (``select_<run>_*``; pooled over every run: ``select_all_*``, and over each
+    group of :data:`SELECT_GROUPS`: ``select_<group>_*``)."""
     from kvrl.fidelity.compare import TARGETS, rel_err
     from kvrl.fidelity.report import live_mean_and_spread
 
-    out, pooled, pooled_s24 = {}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}, {c: 0 for c in (*SELECT_CANDIDATES, "chosen")}
-    n_pooled = n_s24 = 0
+    out = {}
+    met_by_run: dict[str, dict[str, int]] = {}
+    rest_by_run: dict[str, int] = {}
     for run, keys in SELECT_RUNS.items():
         d, subs = SAME_HOST_RUNS[run]
         res = {c: _json(f"{SAME_HOST}/{d}/{subs[keys[c]]}/fidelity.json") for c in SELECT_CANDIDATES}
@@ -1011,16 +1032,12 @@ def _select_facts() -> dict[str, str]:
         out[f"select_{run}_pair"] = first
         out[f"select_{run}_errors"] = " / ".join(f"{100 * err[c]:+.1f}%" for c in SELECT_CANDIDATES)
         out[f"select_{run}_chosen"] = chosen
-        for c, m in met.items():
-            out[f"select_{run}_{c}"] = f"{m} of {len(rest)}"
-            pooled[c] += m
-        n_pooled += len(rest)
-        if run in SELECT_RUNS_S24:
-            for c, m in met.items():
-                pooled_s24[c] += m
-            n_s24 += len(rest)
-    out.update({f"select_all_{c}": f"{m} of {n_pooled}" for c, m in pooled.items()})
-    out.update({f"select_s24_{c}": f"{m} of {n_s24}" for c, m in pooled_s24.items()})
+        out.update({f"select_{run}_{c}": f"{m} of {len(rest)}" for c, m in met.items()})
+        met_by_run[run], rest_by_run[run] = met, len(rest)
+    for group, runs in {"all": tuple(SELECT_RUNS), **SELECT_GROUPS}.items():
+        n = sum(rest_by_run[r] for r in runs)
+        out.update({f"select_{group}_{c}": f"{sum(met_by_run[r][c] for r in runs)} of {n}"
+                    for c in (*SELECT_CANDIDATES, "chosen")})
     return out
 
 
