@@ -342,10 +342,6 @@ def _fidelity_checks(cfg: dict) -> None:
     plugins.check_range("live_repeats", cfg["live_repeats"], 1)
     if cfg["refit"] and not cfg["resim"]:
         raise ValueError("refit=true applies only with resim=<run dir> (nothing would be refitted)")
-    if cfg["resim"] and cfg["profile"] in ("select", "auto", "none"):
-        raise ValueError(f"resim=<run dir> re-prices recorded live runs with one given cost model: add "
-                         f"profile=<profile.json> (got profile={cfg['profile']}; the run's own choice is in its "
-                         "fidelity.json, profile_select.profile)")
     hs = cfg["host_speed"]
     if hs != "probe" and not (isinstance(hs, (int, float)) and not isinstance(hs, bool) and 0 < hs < float("inf")):
         raise ValueError(f"host_speed={hs!r}: give 'probe' (the live run's host probe over the profile's) or a "
@@ -355,6 +351,10 @@ def _fidelity_checks(cfg: dict) -> None:
         raise ValueError(f"sim_step_scale={scale!r}: give a positive factor on the sim's step compute times")
     if scale != 1.0 and not cfg["resim"]:
         raise ValueError("sim_step_scale applies only with resim=<run dir> (a sensitivity check of recorded live runs)")
+    if cfg["resim"] and cfg["profile"] in ("select", "auto", "none"):
+        raise ValueError(f"resim=<run dir> re-prices recorded live runs with one given cost model: add "
+                         f"profile=<profile.json> (got profile={cfg['profile']}; the run's own choice is in its "
+                         "fidelity.json, profile_select.profile)")
 
 
 def _profile_checks(cfg: dict) -> None:
