@@ -893,12 +893,17 @@ SAME_HOST_SLO = {
 }
 
 
+#: runs with scripts/fidelity_small_decode.py's output (small_decode.json beside their replay.tar.xz)
+SMALL_DECODE_RUNS = ("run46", "run48", "run49")
+
+
 @source("same_host", "cheap",
         *(f"{SAME_HOST}/{d}/{sub}/fidelity.json" for d, subs in SAME_HOST_RUNS.values() for sub in subs.values()),
         *(f"{SAME_HOST}/{sub}/fidelity.json" for subs in SAME_HOST_SLO.values() for sub in subs.values()),
         *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/{share}/fidelity.json"
           for run, shares in LIVE_SELECT_RUNS.items() for share in shares),
-        f"{SAME_HOST}/step_scale_rule.jsonl")
+        f"{SAME_HOST}/step_scale_rule.jsonl",
+        *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/small_decode.json" for run in SMALL_DECODE_RUNS))
 def same_host() -> dict[str, str]:
     """Runs 37-49 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
     own host class" and "Runs 44-45"): per run and profile, :func:`_target_facts` and the resolved live orders that
@@ -908,7 +913,8 @@ def same_host() -> dict[str, str]:
     (``calls_<first>_<second>_<fact>``); runs 39-40's profiles on run 43's seven pairs
     (``llama7_<run>_<profile>_<fact>``); run 41's replay by the shipped profile (``replay41_*``);
     profile=select's rule offline (:func:`_select_facts`, ``select_*``); runs 48-49's decode-step replay
-    span per candidate (``replay48_*``, ``replay49_*``); scripts/fidelity_scale_rule.py's totals
+    span per candidate (``replay48_*``, ``replay49_*``); scripts/fidelity_small_decode.py's spans over the pairs
+    of :data:`SMALL_DECODE_RUNS` (``small_decode_*``); scripts/fidelity_scale_rule.py's totals
     (``scale_rule_*``); on slo_shift's traffic,
     per host and profile, the sim's p50 TTFT error against the live mean (slo_mix / fixed 0.2) and how
     many pairs meet every target at once."""
@@ -982,6 +988,12 @@ def same_host() -> dict[str, str]:
     out["replay48_shipped_decode_short_chat"] = ", ".join(
         f"{pol} {100 * (k['sim_s'] / k['live_s'] - 1):+.0f}%" for pol in ("vllm", "sjf_swap")
         for k in (shipped48[f"blind_short_chat/{pol}"]["replay"]["by_kind"]["decode"],))
+    # scripts/fidelity_small_decode.py: quiet decode steps of at most 4 sequences, per pair: live ms and priced error
+    for run in SMALL_DECODE_RUNS:
+        cells = [c for pols in _json(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/small_decode.json")["workloads"].values()
+                 for c in pols.values() if c["steps"]]
+        out[f"small_decode_{run}_live"] = _span([c["live_ms"] for c in cells], ".2f") + " ms"
+        out[f"small_decode_{run}_err"] = _span([100 * c["priced_err"] for c in cells], "+.0f") + "%"
     # scripts/fidelity_scale_rule.py: profile=select with and without a step scale calibrated on the first pair
     total = _jsonl(f"{SAME_HOST}/step_scale_rule.jsonl")[-1]["total"]
     for key in ("chosen_every", "chosen+scale_every", "shipped", "shipped+scale", "h200x4", "h200x4+scale"):

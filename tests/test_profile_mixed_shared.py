@@ -202,3 +202,32 @@ def test_fidelity_compare_counts_a_ranking_error_only_beyond_the_live_spread(tmp
     assert "| w1 | throughput_tok_s | p1 > p2 | 9.1% [1.0%] | yes | REVERSED |" in text
     assert "| w2 | throughput_tok_s | p1 > p2 | 1.0% [5.0%] | no | reversed (within spread) |" in text
     assert "- sim s reverses 2 of them: w1 goodput_tok_s; w1 throughput_tok_s" in text
+
+
+def test_small_decode_keeps_only_quiet_small_decode_steps_and_reads_a_tarball(tmp_path):
+    """fidelity_small_decode.py: decode steps of at most --max-batch sequences, with nothing waiting and no
+    swap in the --quiet-steps before; the priced compute is sim_s less its host term; a run directory and
+    its replay.tar.xz give the same numbers."""
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fidelity_small_decode as S
+
+    head = "step,kind,n_dec,n_wait,swap_out,swap_in,live_execute_s,sim_s,sim_host_s\n"
+    rows = ["1,decode,2,0,0,0,0.002,0.0025,0.0005",     # kept: priced 0.002
+            "2,decode,8,0,0,0,0.004,0.004,0.0",         # too large a batch
+            "3,decode,1,3,0,0,0.002,0.002,0.0",         # requests waiting
+            "4,mixed,1,0,0,0,0.003,0.003,0.0",          # not a decode step
+            "5,decode,1,0,2,0,0.002,0.002,0.0",         # swaps itself
+            "6,decode,1,0,0,0,0.002,0.002,0.0",         # right after a swap
+            "7,decode,1,0,0,0,0.001,0.0013,0.0001"]     # kept once far enough from step 5
+    replay = tmp_path / "pressure_0" / "runs" / "w" / "p" / "replay.csv"
+    replay.parent.mkdir(parents=True)
+    replay.write_text(head + "\n".join(rows) + "\n")
+    near = S.small_decode(replay.read_text(), max_batch=4, quiet_steps=1)
+    assert near["steps"] == 2 and near["live_ms"] == pytest.approx(1.5)
+    assert near["priced_err"] == pytest.approx((0.002 + 0.0012) / 0.003 - 1)
+    assert S.small_decode(replay.read_text(), max_batch=4, quiet_steps=5)["steps"] == 1
+    with tarfile.open(tmp_path / "replay.tar.xz", "w:xz") as tar:
+        tar.add(replay, arcname="pressure_0/runs/w/p/replay.csv")
+    assert S.replay_files(tmp_path) == S.replay_files(tmp_path / "replay.tar.xz") == {"w/p": replay.read_text()}
