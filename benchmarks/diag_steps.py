@@ -1,6 +1,7 @@
 """Why do some live steps take longer inside an engine run than the profile measured?
 
-Serves one kvrl-fidelity workload live (fcfs / fixed 0.01 / lifo / hash_lru) and, for a sample
+Serves one kvrl-fidelity workload live under one of its policies (``--policy``, default ``vllm``: fcfs /
+fixed 0.01 / lifo / hash_lru) and, for a sample
 of the mixed (decode + prefill) and decode steps, re-executes the very same batch three more times
 right after the engine applied it (an engine callback; idempotent: the same K/V is written to the same slots). The first execution is
 the step as the engine runs it; the repeats are the step back to back, as a profile times it.
@@ -15,7 +16,7 @@ features miss (the twin costs what the step costs) from what the batch's content
 placement, prefix-cache sharing, token ids, the K/V the engine wrote). Both are priced by the
 shipped profile.
 
-    python benchmarks/diag_steps.py [--workload poisson] [--model qwen3-0.6b] [--modes 3] [--twins]
+    python benchmarks/diag_steps.py [--workload poisson] [--policy vllm] [--model qwen3-0.6b] [--modes 3] [--twins]
 """
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ def time_twins(live, rows: list, model) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="poisson")
+    ap.add_argument("--policy", default="vllm", help="a policy of conf/fidelity.yaml (vllm, sjf_swap)")
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--max-requests", type=int, default=0)
     ap.add_argument("--modes", type=int, default=3, help="how many of the three GC modes to run, in order")
@@ -114,7 +116,7 @@ def main() -> None:
     ecfg = dict(workload_engine(shared_engine(cfg, live), w), pause_gc=False)
     reqs = workload_requests(w, args.max_requests, live.vocab_size, live.max_model_len)
     warm_up(live, ecfg, 256 if live.device.type == "cuda" else 4, seed=101)
-    pol = cfg["policies"]["vllm"]
+    pol = cfg["policies"][args.policy]
     model = None
     if args.twins:
         from kvrl.executors.sim import SimExecutor
@@ -129,7 +131,7 @@ def main() -> None:
             gc.unfreeze()
         probe = Probe(live)
         pair_engine(ecfg, live, pol, cfg["slo"]).run(reqs, callbacks=[probe])
-        print(f"\n{args.workload} / vllm, {mode}: {len(probe.rows)} steps")
+        print(f"\n{args.workload} / {args.policy}, {mode}: {len(probe.rows)} steps")
         for kind in ("decode", "mixed"):
             rows = [r for r in probe.rows if r[0] == kind]
             firsts = np.asarray([r[1] for r in rows])
@@ -142,7 +144,7 @@ def main() -> None:
             records = time_twins(live, probe.rows, model)
             if args.out:
                 with open(args.out, "w") as fh:
-                    json.dump({"workload": args.workload, "mode": mode, "twins": records}, fh)
+                    json.dump({"workload": args.workload, "policy": args.policy, "mode": mode, "twins": records}, fh)
 
 
 if __name__ == "__main__":
