@@ -25,6 +25,7 @@ import io
 import json
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -895,6 +896,8 @@ SAME_HOST_SLO = {
 
 #: runs with scripts/fidelity_small_decode.py's output (small_decode.json beside their replay.tar.xz)
 SMALL_DECODE_RUNS = ("run46", "run48", "run49")
+#: run 50: benchmarks/diag_steps.py --twins on blind_short_chat under each policy (Qwen3-0.6B, one H200)
+TWINS50 = {p: f"{SAME_HOST}/run50_twins/twins_short_chat_{p}.json" for p in ("vllm", "sjf_swap")}
 
 
 @source("same_host", "cheap",
@@ -903,7 +906,8 @@ SMALL_DECODE_RUNS = ("run46", "run48", "run49")
         *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/{share}/fidelity.json"
           for run, shares in LIVE_SELECT_RUNS.items() for share in shares),
         f"{SAME_HOST}/step_scale_rule.jsonl",
-        *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/small_decode.json" for run in SMALL_DECODE_RUNS))
+        *(f"{SAME_HOST}/{SAME_HOST_RUNS[run][0]}/small_decode.json" for run in SMALL_DECODE_RUNS),
+        *TWINS50.values())
 def same_host() -> dict[str, str]:
     """Runs 37-49 (docs/fidelity.md, "A profile of the host at hand", "The shipped profiles on their
     own host class" and "Runs 44-45"): per run and profile, :func:`_target_facts` and the resolved live orders that
@@ -994,6 +998,13 @@ def same_host() -> dict[str, str]:
                  for c in pols.values() if c["steps"]]
         out[f"small_decode_{run}_live"] = _span([c["live_ms"] for c in cells], ".2f") + " ms"
         out[f"small_decode_{run}_err"] = _span([100 * c["priced_err"] for c in cells], "+.0f") + "%"
+    # run 50: the sampled small decode steps (<= 4 sequences) in the engine, re-executed back to back, and their twins
+    for pol, path in TWINS50.items():
+        twins = [t for t in _json(path)["twins"] if t["kind"] == "decode" and len(t["items"]) <= 4]
+        out[f"twins50_{pol}_in_engine"] = f"{1e3 * statistics.fmean(t['in_engine_s'] for t in twins):.2f} ms"
+        out[f"twins50_{pol}_in_vs_repeated"] = f"{statistics.median(t['in_engine_s'] / t['repeated_s'] for t in twins):.3f}"
+        out[f"twins50_{pol}_repeated_vs_twin"] = f"{statistics.median(t['repeated_s'] / t['twin_s'] for t in twins):.3f}"
+        out[f"twins50_{pol}_steps"] = str(len(twins))
     # scripts/fidelity_scale_rule.py: profile=select with and without a step scale calibrated on the first pair
     total = _jsonl(f"{SAME_HOST}/step_scale_rule.jsonl")[-1]["total"]
     for key in ("chosen_every", "chosen+scale_every", "shipped", "shipped+scale", "h200x4", "h200x4+scale"):
