@@ -1038,8 +1038,7 @@ def _select_facts() -> dict[str, str]:
     the live time; then how many of the call's other pairs meet every target at once under each candidate
     and under the one chosen (``select_<run>_*``; pooled over every run: ``select_all_*``, and over each
     group of :data:`SELECT_GROUPS`: ``select_<group>_*``)."""
-    from kvrl.fidelity.compare import TARGETS, rel_err
-    from kvrl.fidelity.report import live_mean_and_spread
+    from kvrl.fidelity.report import meets_every_target
 
     out = {}
     met_by_run: dict[str, dict[str, int]] = {}
@@ -1051,12 +1050,7 @@ def _select_facts() -> dict[str, str]:
         err = {c: res[c][first]["replay"]["total_rel_err"] for c in SELECT_CANDIDATES}
         chosen = min(SELECT_CANDIDATES, key=lambda c: abs(err[c]))
         rest = [p for p in res["shipped"] if p != first]
-
-        def every(c: str, pair: str) -> bool:
-            live = {k: live_mean_and_spread(res["shipped"][pair], k)[0] for k in TARGETS}
-            return all(abs(rel_err(live[k], res[c][pair]["sim"].get(k, float("nan")))) < b for k, b in TARGETS.items())
-
-        met = {c: sum(every(c, p) for p in rest) for c in SELECT_CANDIDATES}
+        met = {c: sum(meets_every_target(res["shipped"][p], res[c][p]["sim"]) for p in rest) for c in SELECT_CANDIDATES}
         met["chosen"] = met[chosen]
         out[f"select_{run}_pair"] = first
         out[f"select_{run}_errors"] = " / ".join(f"{100 * err[c]:+.1f}%" for c in SELECT_CANDIDATES)

@@ -25,8 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docs_facts as F  # noqa: E402  (the run registry and the candidates)
 
-from kvrl.fidelity.compare import TARGETS, rel_err  # noqa: E402
-from kvrl.fidelity.report import live_mean_and_spread  # noqa: E402
+from kvrl.fidelity.report import meets_every_target  # noqa: E402
 
 PROFILES = "kvrl/executors/profiles"
 
@@ -78,11 +77,6 @@ def compute_ratio(replay: dict) -> float:
     return sum(v["live_s"] for v in kinds) / sum(v["sim_s"] for v in kinds)
 
 
-def every_target(live: dict, sim: dict, pair: str) -> bool:
-    truth = {k: live_mean_and_spread(live[pair], k)[0] for k in TARGETS}
-    return all(abs(rel_err(truth[k], sim[pair]["sim"].get(k, float("nan")))) < b for k, b in TARGETS.items())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="*", default=list(F.SELECT_RUNS))
@@ -113,8 +107,8 @@ def main() -> None:
             for share in shares:
                 scaled.update(resim(dst / share, profile_path(shape, c), scale, dst / f"{c}_x{scale}_{share}"))
             row[f"{c}_scale"] = scale
-            row[c] = sum(every_target(live, served[c], p) for p in rest)
-            row[f"{c}+scale"] = sum(every_target(live, scaled, p) for p in rest)
+            row[c] = sum(meets_every_target(live[p], served[c][p]["sim"]) for p in rest)
+            row[f"{c}+scale"] = sum(meets_every_target(live[p], scaled[p]["sim"]) for p in rest)
         row["chosen_every"], row["chosen+scale_every"] = row[chosen], row[f"{chosen}+scale"]
         print(json.dumps(row), flush=True)
         lines.append(row)

@@ -231,3 +231,22 @@ def test_small_decode_keeps_only_quiet_small_decode_steps_and_reads_a_tarball(tm
     with tarfile.open(tmp_path / "replay.tar.xz", "w:xz") as tar:
         tar.add(replay, arcname="pressure_0/runs/w/p/replay.csv")
     assert S.replay_files(tmp_path) == S.replay_files(tmp_path / "replay.tar.xz") == {"w/p": replay.read_text()}
+
+
+def test_meets_every_target_compares_the_sim_with_the_mean_of_the_live_runs():
+    """kvrl.fidelity.report.meets_every_target: every TARGETS bound against the live runs' mean; a bound
+    missed by one metric, or a metric the sim lacks, misses the pair."""
+    from kvrl.fidelity.compare import TARGETS
+    from kvrl.fidelity.report import meets_every_target
+
+    live = {k: 1.0 for k in TARGETS}
+    pair = {"live": live, "live_repeats": [{k: 1.2 for k in TARGETS}]}       # mean 1.1
+    assert meets_every_target(pair, {k: 1.1 for k in TARGETS})
+    assert not meets_every_target(pair, {k: 1.0 for k in TARGETS})            # -9% misses the 3% throughput bound
+    key, bound = next(iter(TARGETS.items()))
+    near = {k: 1.1 for k in TARGETS}
+    near[key] = 1.1 * (1 + 0.9 * bound)
+    assert meets_every_target(pair, near)
+    near[key] = 1.1 * (1 + 1.1 * bound)
+    assert not meets_every_target(pair, near)
+    assert not meets_every_target(pair, {k: 1.1 for k in list(TARGETS)[1:]})

@@ -233,6 +233,13 @@ def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
     return mean, spread
 
 
+def meets_every_target(live_pair: dict, sim: dict) -> bool:
+    """Whether ``sim`` (a pair's sim metrics) is within every bound of :data:`TARGETS` of the mean of
+    ``live_pair``'s live runs (:func:`live_mean_and_spread`); a missing sim metric misses."""
+    return all(abs(rel_err(live_mean_and_spread(live_pair, k)[0], sim.get(k, float("nan")))) < bound
+               for k, bound in TARGETS.items())
+
+
 def resolved_rankings(live: dict[str, dict], sims: dict[str, dict[str, dict]]) -> list[dict]:
     """Per workload and ranked metric (:data:`RANK_METRICS`), the two best policies by their live
     means (``live``: ``"workload/policy"`` -> a pair's result with ``live`` and ``live_repeats``) and
