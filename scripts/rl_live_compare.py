@@ -15,7 +15,7 @@ import csv
 import re
 from collections import defaultdict
 
-from kvrl.analysis.stats import SAME, mean_ci, paired_compare
+from kvrl.analysis.stats import BETTER, WORSE, mean_ci, paired_compare
 
 METRIC = "goodput_tok_s"
 
@@ -45,6 +45,15 @@ def resolve_reference(reference: str, labels) -> "str | None":
     return reference if reference in labels else next((p for p in labels if p.startswith(reference)), None)
 
 
+def sign_agreement(sim_cmp, live_cmp) -> str:
+    """The last column: ``(sim n.s.)`` unless the sim's paired difference is significant (better or
+    worse; a comparison of too few pairs is not), else ``yes`` when the live difference has the same
+    strict sign (a live difference of exactly 0 does not) and ``**no**`` otherwise."""
+    if sim_cmp.verdict not in (BETTER, WORSE):
+        return "(sim n.s.)"
+    return "yes" if sim_cmp.delta * live_cmp.delta > 0 else "**no**"
+
+
 def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.01)") -> str:
     """The Markdown table; ``reference``: the label (prefix) of the policy differences are taken to
     (:func:`resolve_reference` over the sim's policies)."""
@@ -63,7 +72,7 @@ def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.
         if ref and p != ref and seeds and ref in live:
             ds = paired_compare({k: sim[p][k] for k in seeds}, sim[ref], METRIC)
             dl = paired_compare({k: live[p][k] for k in seeds}, live[ref], METRIC)
-            agree = "(sim n.s.)" if ds.verdict == SAME else ("yes" if (ds.delta > 0) == (dl.delta > 0) else "**no**")
+            agree = sign_agreement(ds, dl)
             cells += [f"{ds.delta:+.1f} ± {ds.delta_ci:.1f} ({ds.verdict})",
                       f"{dl.delta:+.1f} ± {dl.delta_ci:.1f} ({dl.verdict})", agree]
         else:

@@ -333,6 +333,12 @@ def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
     assert "Live seeds per policy" not in out
     del live["slo"][3]                        # a live stage stopped before its last run (results.partial.csv)
     assert "lifo 4, slo 3." in cmp.render(cmp.load(str(sim)), live, "x", reference="lifo")
+    # the last column: only a significant sim difference is checked; one seed's pair is too few
+    assert "| slo | " in out and out.split("| slo | ")[1].split("\n")[0].endswith("| yes |")
+    one = {p: {0: v[0]} for p, v in cmp.load(str(sim)).items()}
+    assert "(sim n.s.) |" in cmp.render(one, {p: {0: v[0] - 5} for p, v in one.items()}, "x", reference="lifo")
+    flipped = {p: {s: -v for s, v in vs.items()} for p, vs in live.items()}
+    assert "| **no** |" in cmp.render(cmp.load(str(sim)), flipped, "x", reference="lifo")
 
 
 def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
