@@ -546,6 +546,45 @@ def slo_shift_live() -> dict[str, str]:
 
 
 
+TENANTS_LIVE = "docs/results/rl_live_h200/tenants"
+
+
+@source("tenants_live", "cheap", f"{TENANTS_LIVE}/sim_leaderboard.csv", f"{TENANTS_LIVE}/live_leaderboard.csv",
+        f"{TENANTS_LIVE}/sim_results.csv", f"{TENANTS_LIVE}/live_results.csv")
+def tenants_live() -> dict[str, str]:
+    """docs/rl.md's bullets on `tenants` (task (c)) live on an H200 beside the sim (session 27;
+    scripts/merge_eval.py's leaderboards, reference the constant 0.01): the agents' paired differences
+    live and in the sim, the significant sim differences whose sign live shares, and per live run the
+    error of the sim stage (the RL tasks' profile, ``backend.profile=auto``) and of the sim beside the
+    run (``profile=select``'s choice, its ``sim_*`` columns)."""
+    out = {}
+    for side in ("live", "sim"):
+        rows = _csv(f"{TENANTS_LIVE}/{side}_leaderboard.csv")
+        ref = next(r for r in _references(rows) if r == "fixed(fraction=0.01)")
+        agents = [r for r in rows if r["kind"] == "agent"]
+        out[f"agents_{side}"] = " to ".join(f"{v:+.1f}%" for v in sorted(
+            {min(float(r[f"vs {ref}_pct_change"]) for r in agents), max(float(r[f"vs {ref}_pct_change"]) for r in agents)}))
+        out[f"agents_worse_{side}"] = f"{sum(r[f'vs {ref}_verdict'] == 'worse' for r in agents)} of {len(agents)}"
+        if side == "live":
+            live = {r["policy"]: r for r in rows}
+        else:
+            sig = [r for r in rows if r[f"vs {ref}_verdict"] in ("better", "worse")]
+            same = [r for r in sig if float(r[f"Δgoodput_tok_s vs {ref}_mean"])
+                    * float(live[r["policy"]][f"Δgoodput_tok_s vs {ref}_mean"]) > 0]
+            out["same_sign"] = f"{len(same)} of {len(sig)}"
+    runs = _csv(f"{TENANTS_LIVE}/live_results.csv")
+    stage = {(r["policy"], r["seed"]): r for r in _csv(f"{TENANTS_LIVE}/sim_results.csv")}
+    sources = {r["sim_cost_source"].split("/")[-2] for r in runs}
+    out["beside_profile"] = ", ".join(sorted("the shipped default" if s == "profiles" else f"`{s}/`" for s in sources))
+    for key, metric in (("throughput", "throughput_tok_s"), ("goodput", "goodput_tok_s"), ("tpot", "tpot_p50_s"),
+                        ("ttft", "ttft_p50_s")):
+        beside = _sim_beside_errors(runs, metric)
+        staged = [float(stage[(r["policy"], r["seed"])][metric]) / float(r[metric]) - 1 for r in runs]
+        out[f"err_{key}_beside"] = f"{100 * sum(beside) / len(beside):+.1f}%"
+        out[f"err_{key}_stage"] = f"{100 * sum(staged) / len(staged):+.1f}%"
+    return out
+
+
 SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"
 
 

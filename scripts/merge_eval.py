@@ -26,7 +26,8 @@ from kvrl.apps.eval import write_results
 from kvrl.apps.leaderboard import build_rows, markdown, write_csv
 from kvrl.apps.outputs import atomic_write
 
-TEXT_FIELDS = ("policy", "kind", "split", "backend", "workload")
+#: the non-numeric columns of kvrl-eval's results.csv (sim_cost_source: what priced the sim beside a live run)
+TEXT_FIELDS = ("policy", "kind", "split", "backend", "workload", "sim_cost_source")
 
 
 def _value(field: str, text: str):

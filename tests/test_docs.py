@@ -345,13 +345,13 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     """scripts/merge_eval.py: the shares' rows become one results.csv and one leaderboard whose
     paired differences span every share's seeds; a reference may be the start of a label; a
     (policy, split, seed) in two shares, or a reference no label starts with, is an error."""
-    head = "policy,kind,split,seed,goodput_tok_s,aborted,policy_errors\n"
+    head = "policy,kind,split,seed,goodput_tok_s,aborted,policy_errors,sim_cost_source\n"   # a live run's columns
     values = {"fixed(fraction=0.2) [val-best, given]": [100, 110, 120, 130], "rule": [103, 112, 124, 133]}
     shares = []
     for g, seeds in enumerate(([0, 2], [1, 3])):
         path = tmp_path / f"share{g}.csv"
-        path.write_text(head + "".join(f'"{p}",{"val-best" if p.startswith("fixed") else "heuristic"},test,{s},{vs[s]},0,0\n'
-                                       for p, vs in values.items() for s in seeds))
+        path.write_text(head + "".join(f'"{p}",{"val-best" if p.startswith("fixed") else "heuristic"},test,{s},{vs[s]},0,0,'
+                                       f'profile:/p/h200.json\n' for p, vs in values.items() for s in seeds))
         shares.append(str(path))
     script = [sys.executable, str(ROOT / "scripts" / "merge_eval.py")]
     out = tmp_path / "merged"
@@ -359,6 +359,7 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
                    check=True, cwd=ROOT, capture_output=True, text=True)
     merged = list(csv.DictReader(open(out / "live_results.csv")))
     assert len(merged) == 8 and {r["seed"] for r in merged} == {"0", "1", "2", "3"}
+    assert {r["sim_cost_source"] for r in merged} == {"profile:/p/h200.json"}
     board = {r["policy"]: r for r in csv.DictReader(open(out / "live_leaderboard.csv"))}
     ref = "vs fixed(fraction=0.2) [val-best, given]"
     assert board["rule"]["runs"] == "4" and float(board["rule"][f"Δgoodput_tok_s {ref}_mean"]) == pytest.approx(3.0)
