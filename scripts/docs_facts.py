@@ -1037,6 +1037,7 @@ def same_host() -> dict[str, str]:
                  for c in pols.values() if c["steps"]]
         out[f"small_decode_{run}_live"] = _span([c["live_ms"] for c in cells], ".2f") + " ms"
         out[f"small_decode_{run}_err"] = _span([100 * c["priced_err"] for c in cells], "+.0f") + "%"
+        out[f"small_decode_{run}_above"] = f"{sum(c['priced_err'] > 0 for c in cells)} of {len(cells)}"
     # run 50: the sampled small decode steps (<= 4 sequences) in the engine, re-executed back to back, and their twins
     for pol, path in TWINS50.items():
         twins = [t for t in _json(path)["twins"] if t["kind"] == "decode" and len(t["items"]) <= 4]
@@ -1076,7 +1077,9 @@ def _select_facts() -> dict[str, str]:
     its merged fidelity.json), the candidate of :data:`SELECT_CANDIDATES` whose replay total is closest to
     the live time; then how many of the call's other pairs meet every target at once under each candidate
     and under the one chosen (``select_<run>_*``; pooled over every run: ``select_all_*``, and over each
-    group of :data:`SELECT_GROUPS`: ``select_<group>_*``)."""
+    group of :data:`SELECT_GROUPS`: ``select_<group>_*``). Two more choices on the same pairs: ``cumulative``
+    (before each pair, the candidate whose mean replay error over the pairs already served is closest to zero)
+    and ``hindsight`` (the one closest on the pair's own replay: a bound on any choice between the candidates)."""
     from kvrl.fidelity.report import meets_every_target
 
     out = {}
@@ -1091,6 +1094,15 @@ def _select_facts() -> dict[str, str]:
         rest = [p for p in res["shipped"] if p != first]
         met = {c: sum(meets_every_target(res["shipped"][p], res[c][p]["sim"]) for p in rest) for c in SELECT_CANDIDATES}
         met["chosen"] = met[chosen]
+        # two other rules on the same pairs: before each pair, the candidate whose mean replay error over the
+        # pairs served so far is closest to zero (cumulative); the one closest on the pair's own replay
+        # (hindsight: not a rule a sim can follow, the most any choice between the candidates could meet)
+        closest = lambda seen: min(SELECT_CANDIDATES, key=lambda c: abs(
+            sum(res[c][q]["replay"]["total_rel_err"] for q in seen) / len(seen)))
+        pairs = list(res["shipped"])
+        met["cumulative"] = sum(meets_every_target(res["shipped"][p], res[closest(pairs[:k])][p]["sim"])
+                                for k, p in enumerate(pairs) if k)
+        met["hindsight"] = sum(meets_every_target(res["shipped"][p], res[closest([p])][p]["sim"]) for p in rest)
         out[f"select_{run}_pair"] = first
         out[f"select_{run}_errors"] = " / ".join(f"{100 * err[c]:+.1f}%" for c in SELECT_CANDIDATES)
         out[f"select_{run}_chosen"] = chosen
@@ -1099,7 +1111,27 @@ def _select_facts() -> dict[str, str]:
     for group, runs in {"all": tuple(SELECT_RUNS), **SELECT_GROUPS}.items():
         n = sum(rest_by_run[r] for r in runs)
         out.update({f"select_{group}_{c}": f"{sum(met_by_run[r][c] for r in runs)} of {n}"
-                    for c in (*SELECT_CANDIDATES, "chosen")})
+                    for c in (*SELECT_CANDIDATES, "chosen", "cumulative", "hindsight")})
+    return out
+
+
+#: the step-graph profiles of the H200 shapes, shipped default and four-GPU hosts' (kvrl/executors/profiles)
+SCATTER_PROFILES = {f"{host} {shape}": f"kvrl/executors/profiles/{sub}h200_{shape}_bfloat16_step_graphs.json"
+                    for host, sub in (("default", ""), ("h200x4", "h200x4/")) for shape in ("qwen3-0.6b", "llama-3-8b")}
+
+
+@source("profile_scatter", "cheap", *SCATTER_PROFILES.values())
+def profile_scatter() -> dict[str, str]:
+    """What scattering a decode batch's KV blocks over the pool costs, as each shipped H200 step-graph profile
+    measured it (its ``fit.scatter`` points: batch, context, time scattered over time on consecutive blocks):
+    per shape, the span of the ratios over both profiles (``<shape>_ratios``), and the ratio of 16 sequences
+    of 1,024 tokens (``<shape>_16x1024``)."""
+    out = {}
+    for shape in ("qwen3-0.6b", "llama-3-8b"):
+        points = [pt for name, path in SCATTER_PROFILES.items() if name.endswith(shape)
+                  for pt in _json(path)["fit"]["scatter"]["points"]]
+        out[f"{shape}_ratios"] = _span([100 * (r - 1) for _, _, r in points], "+.1f") + "%"
+        out[f"{shape}_16x1024"] = _span([100 * (r - 1) for b, L, r in points if (b, L) == (16, 1024)], "+.1f") + "%"
     return out
 
 
