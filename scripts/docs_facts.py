@@ -546,6 +546,25 @@ def slo_shift_live() -> dict[str, str]:
 
 
 
+RERUN = "docs/results/reproduce/rerun_s27.jsonl"
+
+
+@source("rerun", "cheap", RERUN)
+def rerun() -> dict[str, str]:
+    """scripts/rerun_leaderboard.py's re-runs of the committed sim leaderboards (session 27): how many
+    reproduce bit for bit, differ or were skipped, and per differing leaderboard its largest relative
+    goodput difference (``differ_list``)."""
+    runs = _jsonl(RERUN)
+    by = {v: [r for r in runs if r["verdict"] == v] for v in ("reproduces", "differs", "skipped", "failed")}
+    out = {f"{v}_count": f"{len(rs)} of {len(runs)}" for v, rs in by.items()}
+    name = lambda r: "`" + r["leaderboard"].removeprefix("docs/results/") + "`"
+    out["reproduces_list"] = ", ".join(name(r) for r in by["reproduces"])
+    out["differ_list"] = ", ".join(f"{name(r)} (up to {100 * r['max_goodput_rel_diff']:.0f}%)" for r in by["differs"])
+    out["commit"] = runs[0]["commit"]
+    out["wall_min"] = f"{sum(r.get('wall_s', 0) for r in runs) / 60:.0f}"
+    return out
+
+
 TENANTS_LIVE = "docs/results/rl_live_h200/tenants"
 
 

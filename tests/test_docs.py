@@ -371,6 +371,46 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     assert missing.returncode != 0 and "starts with 'lifo'" in missing.stderr
 
 
+def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(tmp_path):
+    """scripts/rerun_leaderboard.py: the overrides come from the leaderboard's Command line; live
+    commands and missing agent paths are skipped with a reason; the comparison is on (policy,
+    split, seed) and every column, so one changed value or a missing row makes it differ."""
+    spec = importlib.util.spec_from_file_location("rerun_leaderboard", ROOT / "scripts" / "rerun_leaderboard.py")
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    board = tmp_path / "x_leaderboard.md"
+    board.write_text("## Leaderboard\n\nCommand: `kvrl-eval env=pressure 'seeds=[0,1]' 'agents=[docs/results/agents/pressure-dqn-seed0]' "
+                     "workers=16 hydra.run.dir=/root/out/x`  \n")
+    overrides = rr.recorded_command(board)
+    assert overrides[:2] == ["env=pressure", "seeds=[0,1]"] and rr.committed_table(board) is None
+    (tmp_path / "x_leaderboard.csv").write_text("policy,goodput_tok_s_mean\np,1.0\n")
+    assert rr.committed_table(board)[1:] == ("leaderboard.csv", ("policy",))
+    (tmp_path / "x_results.csv").write_text("policy,split,seed\n")
+    assert rr.committed_table(board)[0].name == "x_results.csv"
+    assert rr.skip_reason(overrides) is None
+    assert "not in this checkout" in rr.skip_reason(["agents=[docs/results/agents/no-such-agent]"])
+    device = ["env=x", "agents=[/root/out/agents/pressure-dqn-seed1,/root/out/agents/no-such-agent]"]
+    assert rr.remap_agents(device) == (
+        ["env=x", "agents=[docs/results/agents/pressure-dqn-seed1,/root/out/agents/no-such-agent]"],
+        ["/root/out/agents/pressure-dqn-seed1"])
+    assert "backend=live" in rr.skip_reason(["env=pressure", "backend=live"])
+    plain = tmp_path / "plain_leaderboard.md"
+    plain.write_text("## a table without its command\n")
+    with pytest.raises(ValueError, match="no 'Command"):
+        rr.recorded_command(plain)
+    head = "policy,split,seed,goodput_tok_s,preemptions\n"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(head + "p,test,0,100.0,3\np,test,1,200.0,4\n")
+    b.write_text(head + "p,test,0,100.0,3\np,test,1,200.0,4\n")
+    assert rr.compare(rr.read_rows(a), rr.read_rows(b))["verdict"] == "reproduces"
+    b.write_text(head + "p,test,0,101.0,3\np,test,1,200.0,5\n")
+    res = rr.compare(rr.read_rows(a), rr.read_rows(b))
+    assert res["verdict"] == "differs" and res["differing"] == 2 and res["columns"] == ["goodput_tok_s", "preemptions"]
+    assert res["max_goodput_rel_diff"] == pytest.approx(0.01)
+    b.write_text(head + "p,test,0,100.0,3\n")
+    assert rr.compare(rr.read_rows(a), rr.read_rows(b))["missing"] == 1
+
+
 def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
     """scripts/rl_cem.py histories: one row per generation (the kept one starred), the per-job sd
     of the val gains, and the mean policy's fresh-window fitness pooled over generations 1 on."""
