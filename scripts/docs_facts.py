@@ -499,6 +499,13 @@ def _references(rows: list[dict]) -> list[str]:
     return [k[3:-len("_verdict")] for k in rows[0] if k.startswith("vs ") and k.endswith("_verdict")]
 
 
+def _pct_change_span(rows: list[dict], ref: str) -> str:
+    """``lo to hi`` of the leaderboard ``rows``' goodput change against ``ref`` (``vs <ref>_pct_change``),
+    one value when they are equal."""
+    pct = [float(r[f"vs {ref}_pct_change"]) for r in rows]
+    return " to ".join(f"{v:+.1f}%" for v in sorted({min(pct), max(pct)}))
+
+
 def _sim_beside_errors(runs: list[dict], metric: str) -> list[float]:
     """Per live run of a kvrl-eval results.csv: the relative error of the sim's prediction of that run
     (its ``sim_<metric>`` column) against the live ``metric``."""
@@ -528,10 +535,8 @@ def slo_shift_live() -> dict[str, str]:
         else:
             out["mix_vs_const_sim"] = f"{float(rule[d + '_mean']):+.1f} ± {float(rule[d + '_ci95']):.1f} tok/s ({pct:+.1f}%)"
         agents = [r for r in rows if r["kind"] == "agent"]
-        span = lambda ref: " to ".join(f"{v:+.1f}%" for v in sorted(
-            {min(float(r[f"vs {ref}_pct_change"]) for r in agents), max(float(r[f"vs {ref}_pct_change"]) for r in agents)}))
-        out[f"agents_vs_const{suffix}"] = span(const)
-        out[f"agents_vs_mix{suffix}"] = span(mix)
+        out[f"agents_vs_const{suffix}"] = _pct_change_span(agents, const)
+        out[f"agents_vs_mix{suffix}"] = _pct_change_span(agents, mix)
     runs = _csv(f"{SLO_SHIFT_LIVE}/live_results.csv")
     for key, metric in (("err_throughput", "throughput_tok_s"), ("err_goodput", "goodput_tok_s"), ("err_tpot", "tpot_p50_s"),
                         ("err_ttft", "ttft_p50_s"), ("err_ttft_p99", "ttft_p99_s")):
@@ -581,8 +586,7 @@ def tenants_live() -> dict[str, str]:
         rows = _csv(f"{TENANTS_LIVE}/{side}_leaderboard.csv")
         ref = next(r for r in _references(rows) if r == "fixed(fraction=0.01)")
         agents = [r for r in rows if r["kind"] == "agent"]
-        out[f"agents_{side}"] = " to ".join(f"{v:+.1f}%" for v in sorted(
-            {min(float(r[f"vs {ref}_pct_change"]) for r in agents), max(float(r[f"vs {ref}_pct_change"]) for r in agents)}))
+        out[f"agents_{side}"] = _pct_change_span(agents, ref)
         out[f"agents_worse_{side}"] = f"{sum(r[f'vs {ref}_verdict'] == 'worse' for r in agents)} of {len(agents)}"
         if side == "live":
             live = {r["policy"]: r for r in rows}
