@@ -551,15 +551,106 @@ def slo_shift_live() -> dict[str, str]:
 
 
 
+REGEN = {"cp30": "docs/results/rl_classes/classes_preemption_30seeds_leaderboard.csv",
+         "heldout": "docs/results/rl_classes/classes_heldout_leaderboard.csv",
+         "slots4": "docs/results/rl_slots/round4_classes_preemption_leaderboard.csv",
+         "slots4_heldout": "docs/results/rl_slots/round4_classes_heldout_leaderboard.csv",
+         "cem": "docs/results/rl_hinted/cem_leaderboard.csv",
+         "cem_heldout": "docs/results/rl_hinted/cem_heldout_leaderboard.csv",
+         "pool512": "docs/results/rl_sim_rcpi/pool512_leaderboard.csv",
+         "llama": "docs/results/rl_sim_rcpi/llama_pressure_leaderboard.csv"}
+
+
+def _board_facts(key: str, rows: list[dict], ref: str) -> dict[str, str]:
+    """One leaderboard's agents against its reference ``ref``: the span of their goodput change and how many
+    are better / n.s. / worse (``<key>_agents_vs_<short>``, ``<key>_agents_tally_<short>``; ``short`` is
+    ``oracle`` or ``valbest`` for those references, else the plugin's name)."""
+    short = "oracle" if "[oracle" in ref else "valbest" if "[val-best" in ref else ref.split("(")[0].split(" ")[0]
+    agents = [r for r in rows if r["kind"] == "agent"]
+    return {f"{key}_agents_vs_{short}": _pct_change_span(agents, ref),
+            f"{key}_agents_tally_{short}": _tally([r[f"vs {ref}_verdict"] for r in agents])}
+
+
+@source("regenerated", "cheap", *REGEN.values())
+def regenerated() -> dict[str, str]:
+    """docs/rl.md's bullets on the leaderboards session 28 regenerated on the current profile
+    (scripts/rerun_leaderboard.py --regenerate): per leaderboard its agents against its references,
+    and the heuristics' and the strongest policy's paired differences the bullets quote."""
+    out = {}
+    boards = {k: _csv(v) for k, v in REGEN.items()}
+    by = lambda k, prefix: next(r for r in boards[k] if r["policy"].startswith(prefix))
+    for key, rows in boards.items():
+        for ref in _references(rows):
+            out.update(_board_facts(key, rows, ref))
+    cp = boards["cp30"]
+    best = by("cp30", "most_blocks(mode=swap) [val-tuned]")
+    out["cp30_best_vs_lifo"] = _paired_cell(best, "lifo")
+    swap = [r for r in cp if "[val-tuned]" in r["policy"] and "mode=swap" in r["policy"] and r is not best]
+    out["cp30_swap_vs_lifo"] = _pct_change_span(swap, "lifo")
+    out["cp30_swap_names"] = ", ".join(f"`{r['policy'].split(' [')[0]}`" for r in swap)
+    out["cp30_lr_choice"] = by("cp30", "longest_remaining(").get("policy").split(" [")[0]
+    held = boards["heldout"]
+    ref = _references(held)[0]
+    out["heldout_span"] = _pct_change_span([r for r in held if r["policy"] != ref], ref)
+    out["heldout_significant"] = str(sum(r[f"vs {ref}_verdict"] != "no significant difference" for r in held))
+    s4 = boards["slots4"]
+    out["slots4_slack_vs_best"] = _paired_cell(by("slots4", "slo_slack(mode=swap"), "most_blocks(mode=swap) [val-tuned]")
+    out["slots4_slack_label"] = by("slots4", "slo_slack(mode=swap").get("policy").split(" [")[0]
+    out["slots4_agent_vs_best"] = _paired_cell(next(r for r in s4 if r["kind"] == "agent"),
+                                               "most_blocks(mode=swap) [val-tuned]")
+    out["slots4_agent_vs_lifo"] = _paired_cell(next(r for r in s4 if r["kind"] == "agent"), "lifo")
+    cem = boards["cem"]
+    oracle = next(r for r in _references(cem) if "[oracle" in r)
+    others = [r for r in cem if r["kind"] not in ("agent", "oracle")]
+    strongest = max(others, key=lambda r: float(r["goodput_tok_s_mean"]))
+    out["cem_strongest"] = strongest["policy"]
+    out["cem_strongest_vs_oracle"] = _paired_cell(strongest, oracle)
+    out["cem_oracle"] = oracle.split(" [")[0]
+    tuned = [r for r in others if "[val-tuned]" in r["policy"] or r["kind"] == "heuristic"]
+    out["cem_controllers_worse"] = ", ".join(sorted({r["policy"].split("(")[0].split(" ")[0] for r in tuned
+                                                     if r[f"vs {oracle}_verdict"] == "worse"}))
+    return out
+
+
+POOL512_FRESH = "docs/results/rl_sim_rcpi/pool512_seeds10-39_results.csv"
+#: the references the fresh-seed pool512 test compares each agent with (fact key -> policy label)
+POOL512_REFS = {"f001": "fixed(fraction=0.01)", "valbest": "fixed(fraction=0.03) [val-best]",
+                "pi": "pi(ki=0.02, setpoint=0.1, preemption_target=3.0) [val-tuned]",
+                "bandit": "bandit(epoch_s=4.0, exploration=0.2) [val-tuned]"}
+
+
+@source("pool512_fresh", "cheap", POOL512_FRESH)
+def pool512_fresh() -> dict[str, str]:
+    """docs/rl.md's confirmation of `pool512` on 30 test seeds none of its tables had used (10-39): each
+    rcpi agent's paired goodput difference to fixed 0.01, the val-best constant, and the val-tuned pi and
+    bandit (``seed<k>_vs_<ref>``), and how many of the agents beat each significantly."""
+    from kvrl.analysis.stats import paired_compare
+
+    per: dict[str, dict[int, float]] = {}
+    for r in _csv(POOL512_FRESH):
+        if r["split"] == "test":
+            per.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
+    agents = sorted(p for p in per if p.startswith("agent"))
+    out = {"seeds": str(len(per[agents[0]]))}
+    for key, ref in POOL512_REFS.items():
+        verdicts = []
+        for a in agents:
+            c = paired_compare(per[a], per[ref], "goodput_tok_s")
+            out[f"seed{a.split('-seed')[1][0]}_vs_{key}"] = f"{_compare_cell(c, 1)}"
+            verdicts.append(c.verdict)
+        out[f"better_{key}"] = f"{sum(v == 'better' for v in verdicts)} of {len(agents)}"
+    return out
+
+
 RERUN = "docs/results/reproduce/rerun_s27.jsonl"
+RERUN_S28 = "docs/results/reproduce/rerun_s28.jsonl"
+REGEN_S28 = "docs/results/reproduce/regen_s28.jsonl"
 
 
-@source("rerun", "cheap", RERUN)
-def rerun() -> dict[str, str]:
-    """scripts/rerun_leaderboard.py's re-runs of the committed sim leaderboards (session 27): how many
-    reproduce bit for bit, differ or were skipped, and per differing leaderboard its largest relative
-    goodput difference (``differ_list``)."""
-    runs = _jsonl(RERUN)
+def _rerun_facts(path: str) -> dict[str, str]:
+    """scripts/rerun_leaderboard.py's lines in ``path``: how many reproduce bit for bit, differ, were
+    skipped or failed, and per differing leaderboard its largest relative goodput difference (``differ_list``)."""
+    runs = _jsonl(path)
     by = {v: [r for r in runs if r["verdict"] == v] for v in ("reproduces", "differs", "skipped", "failed")}
     out = {f"{v}_count": f"{len(rs)} of {len(runs)}" for v, rs in by.items()}
     name = lambda r: "`" + r["leaderboard"].removeprefix("docs/results/") + "`"
@@ -570,20 +661,30 @@ def rerun() -> dict[str, str]:
     return out
 
 
-TENANTS_LIVE = "docs/results/rl_live_h200/tenants"
+@source("rerun", "cheap", RERUN)
+def rerun() -> dict[str, str]:
+    """The re-runs of the committed sim leaderboards in session 27 (:func:`_rerun_facts`)."""
+    return _rerun_facts(RERUN)
 
 
-@source("tenants_live", "cheap", f"{TENANTS_LIVE}/sim_leaderboard.csv", f"{TENANTS_LIVE}/live_leaderboard.csv",
-        f"{TENANTS_LIVE}/sim_results.csv", f"{TENANTS_LIVE}/live_results.csv")
-def tenants_live() -> dict[str, str]:
-    """docs/rl.md's bullets on `tenants` (task (c)) live on an H200 beside the sim (session 27;
-    scripts/merge_eval.py's leaderboards, reference the constant 0.01): the agents' paired differences
-    live and in the sim, the significant sim differences whose sign live shares, and per live run the
-    error of the sim stage (the RL tasks' profile, ``backend.profile=auto``) and of the sim beside the
-    run (``profile=select``'s choice, its ``sim_*`` columns)."""
+@source("rerun_s28", "cheap", REGEN_S28, RERUN_S28)
+def rerun_s28() -> dict[str, str]:
+    """Session 28: the leaderboards regenerated on the current profile (``regen_*``: each line compares the
+    new run with what was committed before) and their plain re-runs afterwards (the rest)."""
+    out = _rerun_facts(RERUN_S28)
+    out.update({f"regen_{k}": v for k, v in _rerun_facts(REGEN_S28).items()})
+    return out
+
+
+def _live_beside_sim(directory: str) -> dict[str, str]:
+    """The facts of one scenario served live on an H200 beside its sim stage (``directory`` holds
+    scripts/merge_eval.py's ``{live,sim}_{leaderboard,results}.csv``, reference the constant 0.01):
+    the agents' paired differences live and in the sim, the significant sim differences whose sign live
+    shares, and per live run the error of the sim stage (the RL tasks' profile, ``backend.profile=auto``)
+    and of the sim beside the run (``profile=select``'s choice, its ``sim_*`` columns)."""
     out = {}
     for side in ("live", "sim"):
-        rows = _csv(f"{TENANTS_LIVE}/{side}_leaderboard.csv")
+        rows = _csv(f"{directory}/{side}_leaderboard.csv")
         ref = next(r for r in _references(rows) if r == "fixed(fraction=0.01)")
         agents = [r for r in rows if r["kind"] == "agent"]
         out[f"agents_{side}"] = _pct_change_span(agents, ref)
@@ -595,8 +696,8 @@ def tenants_live() -> dict[str, str]:
             same = [r for r in sig if float(r[f"Δgoodput_tok_s vs {ref}_mean"])
                     * float(live[r["policy"]][f"Δgoodput_tok_s vs {ref}_mean"]) > 0]
             out["same_sign"] = f"{len(same)} of {len(sig)}"
-    runs = _csv(f"{TENANTS_LIVE}/live_results.csv")
-    stage = {(r["policy"], r["seed"]): r for r in _csv(f"{TENANTS_LIVE}/sim_results.csv")}
+    runs = _csv(f"{directory}/live_results.csv")
+    stage = {(r["policy"], r["seed"]): r for r in _csv(f"{directory}/sim_results.csv")}
     sources = {r["sim_cost_source"].split("/")[-2] for r in runs}
     out["beside_profile"] = ", ".join(sorted("the shipped default" if s == "profiles" else f"`{s}/`" for s in sources))
     for key, metric in (("throughput", "throughput_tok_s"), ("goodput", "goodput_tok_s"), ("tpot", "tpot_p50_s"),
@@ -606,6 +707,34 @@ def tenants_live() -> dict[str, str]:
         out[f"err_{key}_beside"] = f"{100 * sum(beside) / len(beside):+.1f}%"
         out[f"err_{key}_stage"] = f"{100 * sum(staged) / len(staged):+.1f}%"
     return out
+
+
+def _live_sources(directory: str) -> tuple[str, ...]:
+    """The four merged files :func:`_live_beside_sim` reads from ``directory``."""
+    return tuple(f"{directory}/{side}_{kind}.csv" for side in ("sim", "live") for kind in ("leaderboard", "results"))
+
+
+TENANTS_LIVE = "docs/results/rl_live_h200/tenants"
+PRESSURE_LIVE = "docs/results/rl_live_h200/pressure_s28"
+PHASED_LIVE = "docs/results/rl_live_h200/phased_s28"
+
+
+@source("tenants_live", "cheap", *_live_sources(TENANTS_LIVE))
+def tenants_live() -> dict[str, str]:
+    """docs/rl.md's bullets on `tenants` (task (c)) live on an H200 beside the sim (session 27)."""
+    return _live_beside_sim(TENANTS_LIVE)
+
+
+@source("pressure_live", "cheap", *_live_sources(PRESSURE_LIVE))
+def pressure_live() -> dict[str, str]:
+    """docs/rl.md's bullets on `pressure` live on an H200 on the current profile (session 28)."""
+    return _live_beside_sim(PRESSURE_LIVE)
+
+
+@source("phased_live", "cheap", *_live_sources(PHASED_LIVE))
+def phased_live() -> dict[str, str]:
+    """docs/rl.md's bullets on `phased` live on an H200 on the current profile (session 28)."""
+    return _live_beside_sim(PHASED_LIVE)
 
 
 SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"

@@ -11,7 +11,14 @@ the line says how many rows differ, in which columns, and the largest relative g
 
 One JSON object per leaderboard is printed (and appended to ``--out``): the leaderboard, its verdict
 (``reproduces``, ``differs``, ``skipped`` with the reason, ``failed`` with the command's tail), the
-row counts, the columns that differ and the wall seconds. Live leaderboards are skipped (they cannot
+row counts, the columns that differ and the wall seconds.
+
+``--regenerate`` makes a leaderboard that was measured on an earlier tree today's: the command runs
+into ``runs/regen/<name>`` and its ``leaderboard.md``, ``leaderboard.csv`` and ``results.csv`` replace
+the committed ``<name>_leaderboard.md``, ``<name>_leaderboard.csv`` and ``<name>_results.csv`` (the
+results are written even where only the leaderboard was committed before). The new ``leaderboard.md``
+records the command as run here, so a later plain re-run compares against it; the line gets
+``regenerated`` and the comparison with what was committed before. Live leaderboards are skipped (they cannot
 be re-run bit for bit). An agent path of the command that is not in this checkout (a device run's
 ``/root/out/agents/x``) is read from ``docs/results/agents/x`` where the agents were committed
 (``remapped`` in the line); the rows keep their labels, which name only the agent's directory. A command
@@ -19,6 +26,7 @@ with an agent found in neither place is skipped.
 
     python scripts/rerun_leaderboard.py docs/results/rl_sim_suite/pressure_leaderboard.md --workers 2
     python scripts/rerun_leaderboard.py docs/results/rl_*/**/*leaderboard.md --out rerun.jsonl
+    python scripts/rerun_leaderboard.py docs/results/rl_sim_rcpi/pool512_leaderboard.md --regenerate
 """
 from __future__ import annotations
 
@@ -132,8 +140,13 @@ def compare(committed: dict, rerun: dict) -> dict:
             "columns": sorted(columns), "max_goodput_rel_diff": worst}
 
 
-def rerun(leaderboard: Path, workers: int) -> dict:
-    """Re-run one leaderboard's command and compare (see the module docstring)."""
+#: kvrl-eval's output files that --regenerate copies over the committed ones (its name -> the committed suffix)
+REGENERATED = {"leaderboard.md": "leaderboard.md", "leaderboard.csv": "leaderboard.csv", "results.csv": "results.csv"}
+
+
+def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
+    """Re-run one leaderboard's command and compare (see the module docstring); with ``regenerate``,
+    in ``runs/regen/<name>``, and the new files replace the committed ones."""
     out = {"leaderboard": str(leaderboard.relative_to(ROOT) if leaderboard.is_absolute() else leaderboard)}
     overrides, remapped = remap_agents(recorded_command(leaderboard))
     if remapped:
@@ -145,16 +158,24 @@ def rerun(leaderboard: Path, workers: int) -> dict:
     committed_path, written, key = table
     out["compared"] = committed_path.name
     kept = [o for o in overrides if o.partition("=")[0] not in REPLACED]
+    stem = leaderboard.name.removesuffix("leaderboard.md")
     with tempfile.TemporaryDirectory(prefix="kvrl-rerun-") as tmp:
+        run_dir = (f"runs/regen/{leaderboard.parent.name}/{stem.rstrip('_') or 'leaderboard'}" if regenerate
+                   else f"{tmp}/run")
         cmd = [sys.executable, "-m", "kvrl.apps.eval", *kept, f"workers={workers}", "plots=false",
-               f"hydra.run.dir={tmp}/run"]
+               f"hydra.run.dir={run_dir}"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         out["wall_s"] = round(time.perf_counter() - t0, 1)
-        new = Path(tmp) / "run" / written
+        new = ROOT / run_dir / written
         if proc.returncode != 0 or not new.exists():
             return {**out, "verdict": "failed", "tail": (proc.stdout + proc.stderr)[-800:]}
-        return {**out, **compare(read_rows(committed_path, key), read_rows(new, key))}
+        out.update(compare(read_rows(committed_path, key), read_rows(new, key)))
+        if regenerate:
+            for produced, suffix in REGENERATED.items():
+                (leaderboard.parent / f"{stem}{suffix}").write_bytes((ROOT / run_dir / produced).read_bytes())
+            out["regenerated"] = True
+        return out
 
 
 def main() -> None:
@@ -162,10 +183,12 @@ def main() -> None:
     ap.add_argument("leaderboards", nargs="+", type=Path, help="committed leaderboard.md files")
     ap.add_argument("--workers", type=int, default=2, help="kvrl-eval workers for each re-run")
     ap.add_argument("--out", type=Path, help="JSON-lines file to append each result to")
+    ap.add_argument("--regenerate", action="store_true",
+                    help="replace the committed leaderboard.md/.csv and results.csv with the re-run's")
     a = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     for lb in a.leaderboards:
-        res = {"commit": commit, **rerun(lb.resolve(), a.workers)}
+        res = {"commit": commit, **rerun(lb.resolve(), a.workers, a.regenerate)}
         line = json.dumps(res)
         print(line, flush=True)
         if a.out:
