@@ -706,7 +706,25 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
         staged = [float(stage[(r["policy"], r["seed"])][metric]) / float(r[metric]) - 1 for r in runs]
         out[f"err_{key}_beside"] = f"{100 * sum(beside) / len(beside):+.1f}%"
         out[f"err_{key}_stage"] = f"{100 * sum(staged) / len(staged):+.1f}%"
+    met, policies = _beside_targets(runs)
+    out["beside_targets_met"] = f"{met} of {policies}"
     return out
+
+
+#: issue 16's fidelity targets: the largest relative error of the sim's mean against the live mean, per metric
+FIDELITY_TARGETS = {"throughput_tok_s": 0.03, "ttft_p50_s": 0.10, "tpot_p50_s": 0.10, "ttft_p99_s": 0.20}
+
+
+def _beside_targets(runs: list[dict]) -> tuple[int, int]:
+    """Per policy of a live results.csv: does the sim beside its runs (``sim_*`` columns) meet every one of
+    :data:`FIDELITY_TARGETS`, mean over its seeds against the live mean? (policies meeting all, policies)."""
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["policy"], []).append(r)
+    mean = lambda rows, col: sum(float(r[col]) for r in rows) / len(rows)
+    met = sum(all(abs(mean(rows, f"sim_{m}") / mean(rows, m) - 1) < tol for m, tol in FIDELITY_TARGETS.items())
+              for rows in by.values())
+    return met, len(by)
 
 
 def _live_sources(directory: str) -> tuple[str, ...]:

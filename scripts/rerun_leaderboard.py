@@ -140,8 +140,26 @@ def compare(committed: dict, rerun: dict) -> dict:
             "columns": sorted(columns), "max_goodput_rel_diff": worst}
 
 
-#: kvrl-eval's output files that --regenerate copies over the committed ones (its name -> the committed suffix)
-REGENERATED = {"leaderboard.md": "leaderboard.md", "leaderboard.csv": "leaderboard.csv", "results.csv": "results.csv"}
+#: kvrl-eval's output files that --regenerate copies over the committed ones (``<name>_<file>``)
+REGENERATED = ("leaderboard.md", "leaderboard.csv", "results.csv")
+
+
+def regen_dir(leaderboard: Path) -> str:
+    """Where --regenerate runs ``leaderboard``'s command: ``runs/regen/<its folder>/<name>``, relative to the root."""
+    stem = leaderboard.name.removesuffix("leaderboard.md").rstrip("_")
+    return f"runs/regen/{leaderboard.parent.name}/{stem or 'leaderboard'}"
+
+
+def replace_committed(leaderboard: Path, run_dir: Path) -> list[Path]:
+    """Copy kvrl-eval's :data:`REGENERATED` files from ``run_dir`` over ``leaderboard``'s committed ones
+    (``x_leaderboard.md`` -> ``x_leaderboard.md``, ``x_leaderboard.csv``, ``x_results.csv``); the paths written."""
+    prefix = leaderboard.name.removesuffix("leaderboard.md")
+    written = []
+    for name in REGENERATED:
+        target = leaderboard.parent / f"{prefix}{name}"
+        target.write_bytes((run_dir / name).read_bytes())
+        written.append(target)
+    return written
 
 
 def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
@@ -158,10 +176,8 @@ def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
     committed_path, written, key = table
     out["compared"] = committed_path.name
     kept = [o for o in overrides if o.partition("=")[0] not in REPLACED]
-    stem = leaderboard.name.removesuffix("leaderboard.md")
     with tempfile.TemporaryDirectory(prefix="kvrl-rerun-") as tmp:
-        run_dir = (f"runs/regen/{leaderboard.parent.name}/{stem.rstrip('_') or 'leaderboard'}" if regenerate
-                   else f"{tmp}/run")
+        run_dir = regen_dir(leaderboard) if regenerate else f"{tmp}/run"
         cmd = [sys.executable, "-m", "kvrl.apps.eval", *kept, f"workers={workers}", "plots=false",
                f"hydra.run.dir={run_dir}"]
         t0 = time.perf_counter()
@@ -172,8 +188,7 @@ def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
             return {**out, "verdict": "failed", "tail": (proc.stdout + proc.stderr)[-800:]}
         out.update(compare(read_rows(committed_path, key), read_rows(new, key)))
         if regenerate:
-            for produced, suffix in REGENERATED.items():
-                (leaderboard.parent / f"{stem}{suffix}").write_bytes((ROOT / run_dir / produced).read_bytes())
+            replace_committed(leaderboard, ROOT / run_dir)
             out["regenerated"] = True
         return out
 

@@ -409,6 +409,18 @@ def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(t
     assert res["max_goodput_rel_diff"] == pytest.approx(0.01)
     b.write_text(head + "p,test,0,100.0,3\n")
     assert rr.compare(rr.read_rows(a), rr.read_rows(b))["missing"] == 1
+    # --regenerate: where the command runs, and the committed files the run's replace (results.csv too,
+    # where only the leaderboard was committed); a leaderboard named plain leaderboard.md keeps its names
+    assert rr.regen_dir(tmp_path / "x_leaderboard.md") == f"runs/regen/{tmp_path.name}/x"
+    assert rr.regen_dir(tmp_path / "leaderboard.md") == f"runs/regen/{tmp_path.name}/leaderboard"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in rr.REGENERATED:
+        (run / name).write_text(f"new {name}")
+    written = rr.replace_committed(board, run)
+    assert sorted(p.name for p in written) == ["x_leaderboard.csv", "x_leaderboard.md", "x_results.csv"]
+    assert board.read_text() == "new leaderboard.md" and (tmp_path / "x_results.csv").read_text() == "new results.csv"
+    assert [p.name for p in rr.replace_committed(tmp_path / "leaderboard.md", run)][2] == "results.csv"
 
 
 def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
