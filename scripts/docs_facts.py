@@ -551,7 +551,8 @@ def slo_shift_live() -> dict[str, str]:
 
 
 
-REGEN = {"cp30": "docs/results/rl_classes/classes_preemption_30seeds_leaderboard.csv",
+REGEN = {"cp10": "docs/results/rl_classes/classes_preemption_leaderboard.csv",
+         "cp30": "docs/results/rl_classes/classes_preemption_30seeds_leaderboard.csv",
          "heldout": "docs/results/rl_classes/classes_heldout_leaderboard.csv",
          "slots4": "docs/results/rl_slots/round4_classes_preemption_leaderboard.csv",
          "slots4_heldout": "docs/results/rl_slots/round4_classes_heldout_leaderboard.csv",
@@ -582,6 +583,7 @@ def regenerated() -> dict[str, str]:
     for key, rows in boards.items():
         for ref in _references(rows):
             out.update(_board_facts(key, rows, ref))
+    out["cp10_best_vs_lifo"] = _paired_cell(by("cp10", "most_blocks(mode=swap) [val-tuned]"), "lifo")
     cp = boards["cp30"]
     best = by("cp30", "most_blocks(mode=swap) [val-tuned]")
     out["cp30_best_vs_lifo"] = _paired_cell(best, "lifo")
@@ -656,7 +658,7 @@ def _rerun_facts(path: str) -> dict[str, str]:
     name = lambda r: "`" + r["leaderboard"].removeprefix("docs/results/") + "`"
     out["reproduces_list"] = ", ".join(name(r) for r in by["reproduces"])
     out["differ_list"] = ", ".join(f"{name(r)} (up to {100 * r['max_goodput_rel_diff']:.0f}%)" for r in by["differs"])
-    out["commit"] = runs[0]["commit"]
+    out["commit"] = " and ".join(dict.fromkeys(r["commit"] for r in runs))
     out["wall_min"] = f"{sum(r.get('wall_s', 0) for r in runs) / 60:.0f}"
     return out
 
