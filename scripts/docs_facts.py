@@ -626,7 +626,7 @@ def pool512_fresh() -> dict[str, str]:
     """docs/rl.md's confirmation of `pool512` on 30 test seeds none of its tables had used (10-39): each
     rcpi agent's paired goodput difference to fixed 0.01, the val-best constant, and the val-tuned pi and
     bandit (``seed<k>_vs_<ref>``), and how many of the agents beat each significantly."""
-    from kvrl.analysis.stats import paired_compare
+    from kvrl.analysis.stats import holm, paired_compare
 
     per: dict[str, dict[int, float]] = {}
     for r in _csv(POOL512_FRESH):
@@ -634,13 +634,19 @@ def pool512_fresh() -> dict[str, str]:
             per.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
     agents = sorted(p for p in per if p.startswith("agent"))
     out = {"seeds": str(len(per[agents[0]]))}
+    p_values = {}
     for key, ref in POOL512_REFS.items():
         verdicts = []
         for a in agents:
             c = paired_compare(per[a], per[ref], "goodput_tok_s")
-            out[f"seed{a.split('-seed')[1][0]}_vs_{key}"] = f"{_compare_cell(c, 1)}"
+            name = f"seed{a.split('-seed')[1][0]}_vs_{key}"
+            out[name] = f"{_compare_cell(c, 1)}"
+            p_values[name] = c.p_value
             verdicts.append(c.verdict)
         out[f"better_{key}"] = f"{sum(v == 'better' for v in verdicts)} of {len(agents)}"
+    adjusted = dict(zip(p_values, holm(list(p_values.values()))))
+    out["comparisons"] = str(len(p_values))
+    out["seed1_vs_valbest_holm"] = f"{adjusted['seed1_vs_valbest']:.2g}"
     return out
 
 
@@ -694,10 +700,11 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
         if side == "live":
             live = {r["policy"]: r for r in rows}
         else:
-            sig = [r for r in rows if r[f"vs {ref}_verdict"] in ("better", "worse")]
-            same = [r for r in sig if float(r[f"Δgoodput_tok_s vs {ref}_mean"])
-                    * float(live[r["policy"]][f"Δgoodput_tok_s vs {ref}_mean"]) > 0]
-            out["same_sign"] = f"{len(same)} of {len(sig)}"
+            from kvrl.analysis.stats import sign_holds
+
+            d = f"Δgoodput_tok_s vs {ref}_mean"
+            checks = [sign_holds(r[f"vs {ref}_verdict"], float(r[d]), float(live[r["policy"]][d])) for r in rows]
+            out["same_sign"] = f"{sum(c is True for c in checks)} of {sum(c is not None for c in checks)}"
     runs = _csv(f"{directory}/live_results.csv")
     stage = {(r["policy"], r["seed"]): r for r in _csv(f"{directory}/sim_results.csv")}
     sources = {r["sim_cost_source"].split("/")[-2] for r in runs}

@@ -15,7 +15,7 @@ import csv
 import re
 from collections import defaultdict
 
-from kvrl.analysis.stats import BETTER, WORSE, mean_ci, paired_compare
+from kvrl.analysis.stats import mean_ci, paired_compare, sign_holds
 
 METRIC = "goodput_tok_s"
 
@@ -49,9 +49,8 @@ def sign_agreement(sim_cmp, live_cmp) -> str:
     """The last column: ``(sim n.s.)`` unless the sim's paired difference is significant (better or
     worse; a comparison of too few pairs is not), else ``yes`` when the live difference has the same
     strict sign (a live difference of exactly 0 does not) and ``**no**`` otherwise."""
-    if sim_cmp.verdict not in (BETTER, WORSE):
-        return "(sim n.s.)"
-    return "yes" if sim_cmp.delta * live_cmp.delta > 0 else "**no**"
+    holds = sign_holds(sim_cmp.verdict, sim_cmp.delta, live_cmp.delta)
+    return "(sim n.s.)" if holds is None else "yes" if holds else "**no**"
 
 
 def render(sim: dict, live: dict, name: str, reference: str = "fixed(fraction=0.01)") -> str:

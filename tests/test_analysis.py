@@ -88,3 +88,10 @@ def test_registry_labels_units_and_ranges():
     assert clip_band("slo_attainment", 0.9, 0.2) == pytest.approx((0.7, 1.0))   # a fraction
     assert clip_band("my_metric", 1.0, 5.0) == (-4.0, 6.0)                # unregistered: unbounded
     assert spec("my_metric").axis_label == "my_metric" and spec("my_metric").direction is None
+
+
+def test_sign_holds_checks_only_significant_sim_differences_and_needs_a_strict_live_sign():
+    assert stats.sign_holds(stats.SAME, 5.0, -5.0) is None
+    assert stats.sign_holds(stats.WORSE, -3.0, -0.1) is True
+    assert stats.sign_holds(stats.BETTER, 3.0, -0.1) is False
+    assert stats.sign_holds(stats.BETTER, 3.0, 0.0) is False      # a live tie does not hold the sign

@@ -121,6 +121,15 @@ def paired_compare(values: Mapping[Hashable, Optional[float]], baseline: Mapping
                       verdict(delta, p, spec(metric).direction, 1 - confidence))
 
 
+def sign_holds(sim_verdict: str, sim_delta: float, live_delta: float) -> Optional[bool]:
+    """Whether a difference the sim calls significant (``sim_verdict`` better or worse) has the same
+    strict sign live: None when the sim's is not significant (nothing to check), else True when
+    ``sim_delta * live_delta > 0`` (a live difference of exactly 0 does not hold)."""
+    if sim_verdict not in (BETTER, WORSE):
+        return None
+    return sim_delta * live_delta > 0
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error control over the comparisons), in the
     order given; NaN p-values stay NaN and do not count as comparisons."""
