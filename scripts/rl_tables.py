@@ -276,9 +276,10 @@ def verdict(entries: list[str]) -> str:
     from kvrl.analysis.stats import paired_compare
 
     out = ["| task | test seeds | agents | best agent | strongest other policy | best agent − strongest, paired "
-           "| best agent − hindsight-best constant | agents better / n.s. / worse than the strongest |",
-           "|---|---:|---:|---|---|---|---|---|"]
-    best_verdicts, all_verdicts = [], []
+           "| best agent − hindsight-best constant | agents better / n.s. / worse than the strongest "
+           "| best agent beats every other policy? |",
+           "|---|---:|---:|---|---|---|---|---|---|"]
+    best_verdicts, all_verdicts, beats_all = [], [], 0
     for entry in entries:
         label, _, paths = entry.partition("=")
         board_path, _, results = paths.partition(":")
@@ -308,13 +309,29 @@ def verdict(entries: list[str]) -> str:
         best_verdicts.append(d[4])
         all_verdicts += verdicts
         tally = " / ".join(map(str, _tally(verdicts)))
+        every = _beats_every(best, others, delta, cell) if results else "- (needs results.csv)"
+        beats_all += every == "yes"
         out.append(f"| {label} | {best['runs']} | {len(agents)} | {best['policy']} ({_num(mean(best))}) "
-                   f"| {strongest['policy']} ({_num(mean(strongest))}) | {cell(d)} | {to_oracle} | {tally} |")
+                   f"| {strongest['policy']} ({_num(mean(strongest))}) | {cell(d)} | {to_oracle} | {tally} | {every} |")
     best, tied, worse = _tally(best_verdicts)
     out += ["", f"{len(entries)} leaderboard{'s' if len(entries) != 1 else ''}. The best agent against the strongest "
             f"other policy: better on {best}, tied (n.s.) on {tied}, worse on {worse}. All {len(all_verdicts)} agent "
-            "evaluations: {} better, {} tied, {} worse.".format(*_tally(all_verdicts))]
+            "evaluations: {} better, {} tied, {} worse. ".format(*_tally(all_verdicts))
+            + f"The best agent significantly beats every other policy (issue 17's test) on {beats_all}."]
     return "\n".join(out)
+
+
+def _beats_every(best: dict, others: list[dict], delta, cell) -> str:
+    """Issue 17's test for one leaderboard: does ``best`` beat every policy of ``others`` (every constant,
+    heuristic and controller, the hindsight-best constant's row aside) with a paired CI that excludes zero?
+    ``yes``, or ``no`` with how many it does not beat and the one it is furthest from beating (the highest p
+    of those)."""
+    misses = [(o, delta(best, o)) for o in others]
+    misses = [(o, t) for o, t in misses if t[4] != "better"]
+    if not misses:
+        return "yes"
+    closest, t = max(misses, key=lambda m: (m[1][4] == "worse", m[1][3]))
+    return f"no: {len(misses)} of {len(others)} not beaten, e.g. {closest['policy']}: {cell(t)}"
 
 
 def _tally(verdicts: list[str]) -> tuple[int, int, int]:

@@ -168,9 +168,23 @@ def test_verdict_compares_the_best_agent_with_the_strongest_other_policy(tmp_pat
         + "agent a,val,0,999\n")
     out = rl_tables.verdict([f"t={board}:{results}"]).splitlines()
     assert out[2] == ("| t | 3 | 2 | agent a (103) | pi [val-tuned] (104) | -0 ± 1 tok/s (-0.2%, p 0.64, n.s.) "
-                      "| -7 ± 2 tok/s (-6.2%, p 0.00022, worse) | 0 / 1 / 1 |")
+                      "| -7 ± 2 tok/s (-6.2%, p 0.00022, worse) | 0 / 1 / 1 "
+                      "| no: 1 of 1 not beaten, e.g. pi [val-tuned]: -0 ± 1 tok/s (-0.2%, p 0.64, n.s.) |")
     assert out[-1] == ("1 leaderboard. The best agent against the strongest other policy: better on 0, tied (n.s.) "
-                       "on 1, worse on 0. All 2 agent evaluations: 0 better, 1 tied, 1 worse.")
+                       "on 1, worse on 0. All 2 agent evaluations: 0 better, 1 tied, 1 worse. The best agent "
+                       "significantly beats every other policy (issue 17's test) on 0.")
+    # issue 17's test passes only where the best agent beats every other policy, the oracle row aside
+    board2, results2 = tmp_path / "b2.csv", tmp_path / "r2.csv"
+    board2.write_text("rank,policy,kind,runs,goodput_tok_s_mean,goodput_tok_s_ci95\n"
+                      "1,fixed(fraction=0.0) [oracle: best constant on test],oracle,6,110,1\n"
+                      "2,agent c,agent,6,107,1\n3,pi,heuristic,6,102,1\n4,fixed(fraction=0.01),heuristic,6,101,1\n")
+    rows2 = {"fixed(fraction=0.0)": rows["fixed(fraction=0.0)"], "pi": pi,
+             "agent c": [v + d for v, d in zip(pi, (4, 5, 6, 5, 4, 6))],
+             "fixed(fraction=0.01)": [v - d for v, d in zip(pi, (1, 0, 2, 1, 0, 1))]}
+    results2.write_text("policy,split,seed,goodput_tok_s\n" + "".join(
+        f"{policy},test,{seed},{value}\n" for policy, values in rows2.items() for seed, value in enumerate(values)))
+    both = rl_tables.verdict([f"t={board}:{results}", f"u={board2}:{results2}"]).splitlines()
+    assert both[3].endswith("| yes |") and both[-1].endswith("(issue 17's test) on 1.")
     with pytest.raises(KeyError, match=re.escape("'pi [val-tuned]' is not a reference of this leaderboard")):
         rl_tables.verdict([f"t={board}"])
     with pytest.raises(ValueError, match="label=leaderboard.csv"):

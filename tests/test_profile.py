@@ -576,7 +576,8 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
 
 def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_live_run(cpu_profile, tmp_path):
     """profile=select, kvrl-fidelity's default: of the matching profiles (here on $KVRL_PROFILE_PATH: the
-    measured one and a newer copy whose forward passes cost three times as much, which auto would pick),
+    measured one and a newer copy whose forward passes cost ten times as much, which auto would pick; ten, not
+    three, so that a live run slowed by a loaded CI machine still lies nearer the measured one),
     the one whose prices of
     the first pair's first live run sum closest to its live time prices every pair; fidelity.json and the
     report say which, on which pair, and every candidate's total replay error. resim asks for one profile."""
@@ -585,7 +586,7 @@ def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_li
     d = json.loads(cpu_profile.read_text())
     (profiles / "measured.json").write_text(json.dumps(d))
     d["meta"]["created"] += 1000.0
-    d["model"]["engine_factor"] = {k: 3.0 * v for k, v in d["model"]["engine_factor"].items()}
+    d["model"]["engine_factor"] = {k: 10.0 * v for k, v in d["model"]["engine_factor"].items()}
     (profiles / "slow_newer.json").write_text(json.dumps(d))
     out = tmp_path / "fid"
     wl = ("{doc:tiny,engine:{num_blocks:32},workload:{name:synthetic,num_requests:8,seed:5,arrival:{rate:40.0},"
