@@ -590,17 +590,17 @@ def regenerated() -> dict[str, str]:
     swap = [r for r in cp if "[val-tuned]" in r["policy"] and "mode=swap" in r["policy"] and r is not best]
     out["cp30_swap_vs_lifo"] = _pct_change_span(swap, "lifo")
     out["cp30_swap_names"] = ", ".join(f"`{r['policy'].split(' [')[0]}`" for r in swap)
-    out["cp30_lr_choice"] = by("cp30", "longest_remaining(").get("policy").split(" [")[0]
+    out["cp30_lr_choice"] = by("cp30", "longest_remaining(")["policy"].split(" [")[0]
     held = boards["heldout"]
     ref = _references(held)[0]
     out["heldout_span"] = _pct_change_span([r for r in held if r["policy"] != ref], ref)
     out["heldout_significant"] = str(sum(r[f"vs {ref}_verdict"] != "no significant difference" for r in held))
     s4 = boards["slots4"]
     out["slots4_slack_vs_best"] = _paired_cell(by("slots4", "slo_slack(mode=swap"), "most_blocks(mode=swap) [val-tuned]")
-    out["slots4_slack_label"] = by("slots4", "slo_slack(mode=swap").get("policy").split(" [")[0]
-    out["slots4_agent_vs_best"] = _paired_cell(next(r for r in s4 if r["kind"] == "agent"),
-                                               "most_blocks(mode=swap) [val-tuned]")
-    out["slots4_agent_vs_lifo"] = _paired_cell(next(r for r in s4 if r["kind"] == "agent"), "lifo")
+    out["slots4_slack_label"] = by("slots4", "slo_slack(mode=swap")["policy"].split(" [")[0]
+    agent = next(r for r in s4 if r["kind"] == "agent")      # the nine serve every seed alike
+    out["slots4_agent_vs_best"] = _paired_cell(agent, "most_blocks(mode=swap) [val-tuned]")
+    out["slots4_agent_vs_lifo"] = _paired_cell(agent, "lifo")
     cem = boards["cem"]
     oracle = next(r for r in _references(cem) if "[oracle" in r)
     others = [r for r in cem if r["kind"] not in ("agent", "oracle")]
@@ -710,6 +710,8 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
     the agents' paired differences live and in the sim, the significant sim differences whose sign live
     shares, and per live run the error of the sim stage (the RL tasks' profile, ``backend.profile=auto``)
     and of the sim beside the run (``profile=select``'s choice, its ``sim_*`` columns)."""
+    from kvrl.analysis.stats import sign_holds
+
     out = {}
     for side in ("live", "sim"):
         rows = _csv(f"{directory}/{side}_leaderboard.csv")
@@ -720,8 +722,6 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
         if side == "live":
             live = {r["policy"]: r for r in rows}
         else:
-            from kvrl.analysis.stats import sign_holds
-
             d = f"Δgoodput_tok_s vs {ref}_mean"
             checks = [sign_holds(r[f"vs {ref}_verdict"], float(r[d]), float(live[r["policy"]][d])) for r in rows]
             out["same_sign"] = f"{sum(c is True for c in checks)} of {sum(c is not None for c in checks)}"
@@ -740,18 +740,17 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
     return out
 
 
-#: issue 16's fidelity targets: the largest relative error of the sim's mean against the live mean, per metric
-FIDELITY_TARGETS = {"throughput_tok_s": 0.03, "ttft_p50_s": 0.10, "tpot_p50_s": 0.10, "ttft_p99_s": 0.20}
-
-
 def _beside_targets(runs: list[dict]) -> tuple[int, int]:
     """Per policy of a live results.csv: does the sim beside its runs (``sim_*`` columns) meet every one of
-    :data:`FIDELITY_TARGETS`, mean over its seeds against the live mean? (policies meeting all, policies)."""
+    issue 16's targets (``kvrl.fidelity.compare.TARGETS``), mean over its seeds against the live mean?
+    (policies meeting all, policies)."""
+    from kvrl.fidelity.compare import TARGETS, rel_err
+
     by: dict[str, list[dict]] = {}
     for r in runs:
         by.setdefault(r["policy"], []).append(r)
     mean = lambda rows, col: sum(float(r[col]) for r in rows) / len(rows)
-    met = sum(all(abs(mean(rows, f"sim_{m}") / mean(rows, m) - 1) < tol for m, tol in FIDELITY_TARGETS.items())
+    met = sum(all(abs(rel_err(mean(rows, m), mean(rows, f"sim_{m}"))) < tol for m, tol in TARGETS.items())
               for rows in by.values())
     return met, len(by)
 

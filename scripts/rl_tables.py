@@ -324,8 +324,8 @@ def verdict(entries: list[str]) -> str:
 def _beats_every(best: dict, others: list[dict], delta, cell) -> str:
     """Issue 17's test for one leaderboard: does ``best`` beat every policy of ``others`` (every constant,
     heuristic and controller, the hindsight-best constant's row aside) with a paired CI that excludes zero?
-    ``yes``, or ``no`` with how many it does not beat and the one it is furthest from beating (the highest p
-    of those)."""
+    ``yes``, or ``no`` with how many it does not beat and the one it is furthest from beating (one it loses
+    to significantly first, else the highest p of those)."""
     misses = [(o, delta(best, o)) for o in others]
     misses = [(o, t) for o, t in misses if t[4] != "better"]
     if not misses:
