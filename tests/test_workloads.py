@@ -18,7 +18,8 @@ from kvrl.workloads import (WORKLOADS, ArrivalProcess, LengthDist, TraceFormatEr
                             make_offline, multi_tenant, multi_turn, packaged_trace_path,
                             prefix_probe, probe_label, scale_rate, shared_prefix, split_by_time,
                             split_windows, subsample, synthetic, take, time_window, trace_stats,
-                            with_default_slos, write_azure_csv, write_burstgpt_csv, write_jsonl)
+                            with_default_slos, write_azure_csv, write_burstgpt_csv, write_jsonl,
+                            write_mooncake)
 from kvrl.workloads import formats
 from kvrl.workloads.cli import main as cli_main
 from kvrl.workloads.formats import convert
@@ -624,8 +625,9 @@ def test_every_yaml_builds_through_omegaconf(tmp_path, azure):
     from omegaconf import OmegaConf
     write_jsonl(take(azure, 20), tmp_path / "t.jsonl", tokens=False)
     write_burstgpt_csv(take(azure, 20), tmp_path / "t.csv")
+    write_mooncake(take(azure, 20), tmp_path / "m.jsonl")
     paths = {"azure_csv": packaged_trace_path(), "jsonl": str(tmp_path / "t.jsonl"),
-             "burstgpt": str(tmp_path / "t.csv")}
+             "burstgpt": str(tmp_path / "t.csv"), "mooncake": str(tmp_path / "m.jsonl")}
     for name in WORKLOADS:
         cfg = OmegaConf.load(workload_config_path(name))
         cfg.pop("defaults")                    # Hydra's schema line

@@ -19,6 +19,7 @@ from .errors import TraceFormatError, WorkloadConfigError
 from .formats import FORMATS, convert, detect_format, load_trace, packaged_trace_path, write_trace
 from .generators import TenantSpec, multi_tenant, multi_turn, shared_prefix, synthetic
 from .jsonl import load_jsonl, write_jsonl
+from .mooncake import load_mooncake, read_mooncake, write_mooncake
 from .params import ArrivalParams, CommonParams, LengthParams, TenantParams
 from .registry import BuildContext, WorkloadSpec, register_workload
 from .lengths import LengthDist, empirical_lengths
@@ -35,7 +36,7 @@ __all__ = [
     "TraceFormatError", "WorkloadConfigError",
     "load_azure_csv", "read_azure_csv", "write_azure_csv",
     "load_burstgpt_csv", "read_burstgpt_csv", "write_burstgpt_csv",
-    "load_jsonl", "write_jsonl", "load_trace", "write_trace", "convert", "detect_format",
+    "load_jsonl", "write_jsonl", "load_mooncake", "read_mooncake", "write_mooncake", "load_trace", "write_trace", "convert", "detect_format",
     "packaged_trace_path", "FORMATS", "LoadedTrace", "LengthTrace", "fill_prompts",
     "ArrivalProcess", "poisson_arrivals", "gamma_arrivals", "constant_arrivals", "offline_arrivals",
     "LengthDist", "empirical_lengths", "TenantSpec",

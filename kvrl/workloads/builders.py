@@ -14,8 +14,9 @@ from .burstgpt import load_burstgpt_csv
 from .errors import WorkloadConfigError
 from .formats import packaged_trace_path
 from .jsonl import load_jsonl
-from .params import (AzureCodeParams, BurstGPTParams, FillAndSqueezeParams, MultiTenantParams, MultiTurnParams,
-                     PrefixProbeParams, SharedPrefixParams, SyntheticParams, TraceParams)
+from .mooncake import load_mooncake
+from .params import (AzureCodeParams, BurstGPTParams, FillAndSqueezeParams, MooncakeParams, MultiTenantParams,
+                     MultiTurnParams, PrefixProbeParams, SharedPrefixParams, SyntheticParams, TraceParams)
 from .registry import BuildContext, as_kwargs, register_workload
 
 
@@ -51,6 +52,14 @@ def burstgpt(p: BurstGPTParams, ctx: BuildContext) -> list:
 @register_workload("jsonl", TraceParams, "a kvrl JSONL trace (one request per line)", sized=False)
 def jsonl(p: TraceParams, ctx: BuildContext) -> list:
     return load_jsonl(_path("jsonl", p), vocab_size=ctx.vocab_size, seed=ctx.seed, skip_bad_rows=p.skip_bad_rows)
+
+
+@register_workload("mooncake", MooncakeParams, "a Mooncake trace (timestamp,input_length,output_length,"
+                   "hash_ids): prompts share prefixes as their block ids do", sized=False)
+def mooncake(p: MooncakeParams, ctx: BuildContext) -> list:
+    return load_mooncake(_path("mooncake", p), vocab_size=ctx.vocab_size, seed=ctx.seed,
+                         block_tokens=p.block_tokens, time_unit=p.time_unit, prompt_scale=p.prompt_scale,
+                         output_scale=p.output_scale, skip_bad_rows=p.skip_bad_rows)
 
 
 # ------------------------------------------------------------------------------ generators

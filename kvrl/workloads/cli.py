@@ -1,8 +1,9 @@
 """``kvrl-trace``: inspect and convert workload traces.
 
-    kvrl-trace stats FILE_OR_WORKLOAD [--format azure|burstgpt|jsonl] [--png out.png]
+    kvrl-trace stats FILE_OR_WORKLOAD [--format azure|burstgpt|jsonl|mooncake] [--png out.png]
                      [--set key=value ...] [--vocab-size N] [--max-model-len N] [--json]
-    kvrl-trace convert IN OUT [--from azure|burstgpt|jsonl|workload] [--to azure|burstgpt|jsonl]
+    kvrl-trace convert IN OUT [--from azure|burstgpt|jsonl|mooncake|workload]
+                       [--to azure|burstgpt|jsonl|mooncake]
                        [--no-tokens] [--vocab-size N] [--seed S] [--skip-bad-rows]
                        (OUT must not be IN; it is written atomically)
     kvrl-trace workloads            # list the workload configs
@@ -87,7 +88,7 @@ def cmd_workloads(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvrl-trace", description="Inspect and convert kvrl workload "
-                                "traces (Azure / BurstGPT CSV, kvrl JSONL, workload configs).")
+                                "traces (Azure / BurstGPT CSV, kvrl and Mooncake JSONL, workload configs).")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import json
 import os
 import secrets
 from typing import Optional
@@ -12,9 +13,14 @@ from .azure import load_azure_csv, write_azure_csv
 from .burstgpt import load_burstgpt_csv, write_burstgpt_csv
 from .errors import TraceFormatError
 from .jsonl import load_jsonl, write_jsonl
+from .mooncake import load_mooncake, write_mooncake
 from .trace import LoadedTrace
 
-FORMATS = ("azure", "burstgpt", "jsonl")
+FORMATS = ("azure", "burstgpt", "jsonl", "mooncake")
+#: Which keyword options each format's loader takes (the rest are errors).
+OPTIONS = {"azure": (), "jsonl": (),
+           "burstgpt": ("drop_failures", "models", "log_types", "tenant_from"),
+           "mooncake": ("block_tokens", "time_unit", "prompt_scale", "output_scale")}
 
 #: Traces shipped inside the package (``kvrl/workloads/data``).
 PACKAGED = {"azure_code": "azure_llm_2023_code.csv"}
@@ -27,19 +33,30 @@ def packaged_trace_path(name: str = "azure_code") -> str:
     return str(importlib.resources.files("kvrl.workloads").joinpath("data", PACKAGED[name]))
 
 
+def _json_flavour(first_line: str) -> str:
+    """``"mooncake"`` when the first object has Mooncake's fields, else ``"jsonl"``."""
+    try:
+        obj = json.loads(first_line)
+    except ValueError:
+        return "jsonl"  # the jsonl loader names the bad line
+    return "mooncake" if isinstance(obj, dict) and ("input_length" in obj or "hash_ids" in obj) \
+        else "jsonl"
+
+
 def detect_format(path: str | os.PathLike) -> str:
-    """``"jsonl"`` for .jsonl/.json/.ndjson files; for CSVs, look at the header."""
+    """For JSON lines, ``"mooncake"`` when the first line has ``input_length`` or ``hash_ids``,
+    else ``"jsonl"``; for CSVs, look at the header."""
     p = os.fspath(path)
     ext = os.path.splitext(p)[1].lower()
-    if ext in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
     try:
         with open(p, encoding="utf-8-sig", errors="replace") as f:
             head = f.readline()
+            while not head.strip() and head:
+                head = f.readline()
     except OSError as e:
         raise TraceFormatError(p, None, f"cannot open: {e.strerror or e}") from None
-    if head.lstrip().startswith("{"):
-        return "jsonl"
+    if ext in (".jsonl", ".json", ".ndjson") or head.lstrip().startswith("{"):
+        return _json_flavour(head)
     if "ContextTokens" in head or "TIMESTAMP" in head:
         return "azure"
     if "Request tokens" in head or "Response tokens" in head:
@@ -50,32 +67,32 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def load_trace(path: str | os.PathLike, format: Optional[str] = None, *, vocab_size: int,
                seed: int = 0, skip_bad_rows: bool = False, **options) -> LoadedTrace:
-    """Load any supported trace (``format`` None = detect). ``options`` go to the BurstGPT loader."""
+    """Load any supported trace (``format`` None = detect). ``options`` go to the format's loader
+    (:data:`OPTIONS` lists which it takes)."""
     fmt = format or detect_format(path)
-    if fmt == "azure":
-        if options:
-            raise ValueError(f"options {sorted(options)} do not apply to the azure format")
-        return load_azure_csv(path, vocab_size=vocab_size, seed=seed, skip_bad_rows=skip_bad_rows)
-    if fmt == "burstgpt":
-        return load_burstgpt_csv(path, vocab_size=vocab_size, seed=seed,
-                                 skip_bad_rows=skip_bad_rows, **options)
-    if fmt == "jsonl":
-        if options:
-            raise ValueError(f"options {sorted(options)} do not apply to the jsonl format")
-        return load_jsonl(path, vocab_size=vocab_size, seed=seed, skip_bad_rows=skip_bad_rows)
-    raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
+    wrong = sorted(set(options) - set(OPTIONS[fmt]))
+    if wrong:
+        raise ValueError(f"options {wrong} do not apply to the {fmt} format"
+                         + (f" (it takes {', '.join(OPTIONS[fmt])})" if OPTIONS[fmt] else ""))
+    loader = {"azure": load_azure_csv, "burstgpt": load_burstgpt_csv, "jsonl": load_jsonl,
+              "mooncake": load_mooncake}[fmt]
+    return loader(path, vocab_size=vocab_size, seed=seed, skip_bad_rows=skip_bad_rows, **options)
 
 
 def write_trace(requests: list[Request], path: str | os.PathLike, format: str, *,
                 tokens: bool = True) -> int:
-    """Write requests in ``format``; the CSV formats keep lengths and arrivals only.
+    """Write requests in ``format``; the CSV formats keep lengths and arrivals only, mooncake
+    lengths, arrivals and which prompts share which blocks of 512 tokens.
 
     Atomic: the file is written next to ``path`` under a temporary name and renamed into place, so
     a failure (a full disk) leaves any earlier ``path`` as it was and no truncated file behind.
     """
     writers = {"jsonl": lambda p: write_jsonl(requests, p, tokens=tokens),
                "azure": lambda p: write_azure_csv(requests, p),
-               "burstgpt": lambda p: write_burstgpt_csv(requests, p)}
+               "burstgpt": lambda p: write_burstgpt_csv(requests, p),
+               "mooncake": lambda p: write_mooncake(requests, p)}
     if format not in writers:
         raise ValueError(f"unknown trace format {format!r} (known: {', '.join(FORMATS)})")
     path = os.fspath(path)

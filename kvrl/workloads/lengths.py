@@ -150,9 +150,13 @@ def _lengths_cached(path: str, mtime: int, field: str) -> np.ndarray:
     from .burstgpt import read_burstgpt_csv
     from .formats import detect_format
     from .jsonl import load_jsonl
+    from .mooncake import read_mooncake
 
     fmt = detect_format(path)
-    if fmt == "jsonl":
+    if fmt == "mooncake":
+        t = read_mooncake(path)
+        out = t.prompt_len if field == "prompt" else t.output_len
+    elif fmt == "jsonl":
         reqs = load_jsonl(path, vocab_size=1 << 31)
         vals = [r.prompt_len if field == "prompt" else r.output_len for r in reqs]
         out = np.array(vals, dtype=np.int64)

@@ -19,6 +19,7 @@ from .adversarial import WRONG_MODES
 from .arrivals import PROCESSES
 from .burstgpt import TENANT_FROM
 from .lengths import DISTS, FIELDS as LENGTH_FIELDS
+from .mooncake import BLOCK_TOKENS, TIME_UNITS
 
 
 def key(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Optional[Callable[[], Any]] = None,
@@ -146,6 +147,17 @@ class BurstGPTParams(TraceParams):
     models: Optional[List[str]] = key(None, "keep only these Model values (null = all)")
     log_types: Optional[List[str]] = key(None, "keep only these Log Type values (null = all)")
     tenant_from: str = key("none", "tenant name from: none | model | log_type", choices=TENANT_FROM)
+
+
+@dataclass
+class MooncakeParams(TraceParams):
+    """A Mooncake trace (prompt reuse as block hash ids) and how to scale it."""
+
+    block_tokens: int = key(BLOCK_TOKENS, "prompt tokens per hash id in the file (512 in the public "
+                            "Mooncake traces)", lo=1)
+    time_unit: str = key("ms", "unit of timestamp: ms | s", choices=tuple(TIME_UNITS))
+    prompt_scale: float = key(1.0, "multiply input_length and block_tokens by this (reuse kept)", gt=0)
+    output_scale: float = key(1.0, "multiply output_length by this", gt=0)
 
 
 # ------------------------------------------------------------------------------ generators
