@@ -1103,10 +1103,15 @@ SAME_HOST_RUNS = {
     # or tune), served with kvrl-fidelity's default profile=select (Qwen3-0.6B in one call, Llama-3-8B over two)
     "run48": ("run48_qwen_blind", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
     "run49": ("run49_llama_blind", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
+    # runs 51-52: one more single-H200 VM, three workloads from the public Mooncake traces (kept out of the
+    # repository), profile=select (Qwen3-0.6B and Llama-3-8B, one call each)
+    "run51": ("run51_qwen_mooncake", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
+    "run52": ("run52_llama_mooncake", {"shipped": "shipped_pressure", "selected": "pressure", "h200x4": "h200x4_pressure"}),
 }
 #: runs served with profile=select: run -> its shares (one device call each), whose first pair chose
 LIVE_SELECT_RUNS = {"run46": ("pressure_0",), "run47": ("pressure_0", "pressure_1", "pressure_2"),
-                    "run48": ("pressure_0",), "run49": ("pressure_0", "pressure_1")}
+                    "run48": ("pressure_0",), "run49": ("pressure_0", "pressure_1"),
+                    "run51": ("pressure_0",), "run52": ("pressure_0",)}
 #: runs whose every candidate profile kept the replay: profile=select's rule, applied offline to the candidates
 #: an H200 has (the shipped default and the h200x4/ profile), each as its SAME_HOST_RUNS profile key (run 38's
 #: same-host profile is the one shipped in h200x4/)
@@ -1225,6 +1230,16 @@ def same_host() -> dict[str, str]:
             dec = [r["replay"]["by_kind"]["decode"] for r in _json(f"{SAME_HOST}/{d}/{subs[prof]}/fidelity.json").values()]
             errs = sorted(100 * (k["sim_s"] / k["live_s"] - 1) for k in dec)
             out[f"replay{run[3:]}_{prof}_decode_span"] = f"{errs[0]:+.0f}% to {errs[-1]:+.0f}%"
+    # runs 51-52 (the Mooncake traces): per shape and policy, the span of the pairs' decode and host-time replay
+    # totals as served
+    for run in ("run51", "run52"):
+        d, subs = SAME_HOST_RUNS[run]
+        served = _json(f"{SAME_HOST}/{d}/{subs['selected']}/fidelity.json")
+        for pol in ("vllm", "sjf_swap"):
+            for kind in ("decode", "host"):
+                errs = [100 * (k["sim_s"] / k["live_s"] - 1) for key, r in served.items() if key.endswith(f"/{pol}")
+                        for k in (r["replay"]["by_kind"][kind],)]
+                out[f"replay{run[3:]}_{pol}_{kind}_span"] = _span(errs, "+.0f") + "%"
     shipped48 = _json(f"{SAME_HOST}/{SAME_HOST_RUNS['run48'][0]}/shipped_pressure/fidelity.json")
     out["replay48_shipped_decode_short_chat"] = ", ".join(
         f"{pol} {100 * (k['sim_s'] / k['live_s'] - 1):+.0f}%" for pol in ("vllm", "sjf_swap")
