@@ -614,6 +614,53 @@ def regenerated() -> dict[str, str]:
     return out
 
 
+#: session 29's held-out families from a public trace kept out of the repository (the Mooncake conversation trace)
+MOONCAKE_BOARDS = {"pressure": "docs/results/rl_sim_suite/pressure_mooncake_leaderboard.csv",
+                   "tenants": "docs/results/rl_sim_suite/tenants_mooncake_leaderboard.csv"}
+#: the same tasks' held-out families from kvrl's generators, for comparison
+GENERATOR_HELDOUT = {"pressure": "docs/results/rl_sim_suite/pressure_heldout_leaderboard.csv",
+                     "tenants": "docs/results/rl_sim_suite/tenants_heldout_agents_leaderboard.csv"}
+
+
+@source("mooncake_heldout", "cheap", *MOONCAKE_BOARDS.values(), *GENERATOR_HELDOUT.values())
+def mooncake_heldout() -> dict[str, str]:
+    """docs/rl.md "Held out on a public trace": per task's Mooncake leaderboard, its agents against fixed 0.01,
+    the val-picked and the hindsight-best constant (:func:`_board_facts`), which constants those are, the
+    best and the worst agent's paired difference to fixed 0.01, the preemptions per job of the agents worse
+    than the val pick and of the two constants, and how many
+    of the tuned heuristics and controllers are significantly worse than fixed 0.01; for comparison, the worst
+    agent's change against the val-picked constant on the task's generator held-out family
+    (``<task>_generator_worst_vs_valbest``)."""
+    out = {}
+    for key, path in GENERATOR_HELDOUT.items():
+        rows = _csv(path)
+        ref = next(r for r in _references(rows) if "[val-best" in r)
+        out[f"{key}_generator_worst_vs_valbest"] = f"{min(float(r[f'vs {ref}_pct_change']) for r in rows if r['kind'] == 'agent'):+.1f}%"
+    for key, path in MOONCAKE_BOARDS.items():
+        rows = _csv(path)
+        refs = _references(rows)
+        for ref in refs:
+            out.update(_board_facts(key, rows, ref))
+        out[f"{key}_valbest"] = next(r for r in refs if "[val-best" in r).split(" [")[0]
+        out[f"{key}_oracle"] = next(r for r in refs if "[oracle" in r).split(" [")[0]
+        agents = sorted((r for r in rows if r["kind"] == "agent"), key=lambda r: float(r["goodput_tok_s_mean"]))
+        f001 = "fixed(fraction=0.01)"
+        out[f"{key}_best_agent_vs_f001"] = _paired_cell(agents[-1], f001)
+        out[f"{key}_worst_agent_vs_f001"] = _paired_cell(agents[0], f001)
+        out[f"{key}_worst_agent"] = agents[0]["policy"].split("(agents/")[1].split("/")[0]
+        valbest = next(x for x in refs if "[val-best" in x)
+        out[f"{key}_worse_agent_preemptions"] = _span([float(r["preemptions_mean"]) for r in agents
+                                                       if r[f"vs {valbest}_verdict"] == "worse"], ".0f")
+        out[f"{key}_constant_preemptions"] = ", ".join(
+            f"{r['policy'].split(' [')[0].removeprefix('fixed(fraction=').removesuffix(')')}: {float(r['preemptions_mean']):.0f}"
+            for r in rows if r["policy"] in (f001, valbest))
+        others = [r for r in rows if r["kind"] not in ("agent", "oracle") and r["policy"] != f001
+                  and not r["policy"].startswith("fixed(")]
+        worse = [r for r in others if r[f"vs {f001}_verdict"] == "worse"]
+        out[f"{key}_controllers_worse"] = f"{len(worse)} of {len(others)}"
+    return out
+
+
 POOL512_FRESH = "docs/results/rl_sim_rcpi/pool512_seeds10-39_results.csv"
 POOL512_FRESH6 = "docs/results/rl_sim_rcpi/pool512_seeds40-69_results.csv"
 
