@@ -1314,6 +1314,34 @@ def same_host() -> dict[str, str]:
     return out
 
 
+WAIT_TERM = f"{SAME_HOST}/wait_term_loo.jsonl"
+
+
+@source("wait_term", "cheap", WAIT_TERM)
+def wait_term() -> dict[str, str]:
+    """scripts/fidelity_wait_term.py (docs/fidelity.md, "The queue's price"): per held-out run, the
+    ``per_waiting`` fitted on the shape's other runs' live steps (``<run>_us``) and, for the shipped profile
+    and its copy with that value, the pairs meeting every target, throughput within 3% and orders reversed
+    (``<run>_<shipped|wait>_<fact>``); the shipped values (``shipped_us_<shape>``), the fitted range per shape
+    (``fitted_us_<shape>``) and the totals (``total_*``)."""
+    rows = _jsonl(WAIT_TERM)
+    out = {}
+    for r in rows[:-1]:
+        out[f"{r['run']}_us"] = f"{r['per_waiting_us']:.2f}"
+        for name in ("shipped", "wait"):
+            for key, v in r[name].items():
+                out[f"{r['run']}_{name}_{key}"] = v
+        out[f"shipped_us_{r['shape']}"] = f"{r['shipped_per_waiting_us']:.2f}"
+    for shape in {r["shape"] for r in rows[:-1]}:
+        out[f"fitted_us_{shape}"] = _span([r["per_waiting_us"] for r in rows[:-1] if r["shape"] == shape], ".2f")
+    total = rows[-1]["total"]
+    for key in ("every_target", "throughput_within"):
+        for name in ("shipped", "wait"):
+            out[f"total_{name}_{key}"] = f"{total[f'{name}_{key}']} of {total['pairs']}"
+    out["total_runs"] = str(len(rows) - 1)
+    return out
+
+
 def _live_select_facts() -> dict[str, str]:
     """The choices profile=select made live (:data:`LIVE_SELECT_RUNS`): per run, each call's chosen profile
     (``shipped`` or ``h200x4``) and every candidate's replay error on that call's first pair, as
