@@ -3,6 +3,7 @@ exactly the prefixes the ids record, scaling keeps that structure, bad lines are
 is detected, written and read back, and a served trace hits the prefix cache where it reuses."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from kvrl.workloads import TraceFormatError, build_workload, default_config, detect_format, load_trace
 from kvrl.workloads.cli import main as cli_main
 from kvrl.workloads.mooncake import hash_blocks, load_mooncake, read_mooncake, write_mooncake
+from kvrl.workloads.stats import prefix_reuse
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_engine  # noqa: E402
@@ -181,3 +183,16 @@ def test_the_workload_config_and_the_prefix_cache_see_the_reuse(trace):
     cfg.update(block_tokens=2048)       # the lines then hold more blocks than tokens: named, not guessed
     with pytest.raises(TraceFormatError, match="tokens a block"):
         build_workload(cfg, vocab_size=VOCAB)
+
+
+def test_trace_stats_count_the_prefix_reuse_the_ids_record(trace):
+    reqs = load_mooncake(trace, vocab_size=VOCAB, prompt_scale=1 / 16)
+    # full 16-token blocks also held by another prompt: request 0's 4 (request 1 holds them), request 2's 2
+    # and request 3's first 2 (hash block 0); request 3's third block (tokens 32-47) is full in it alone
+    assert prefix_reuse(reqs) == pytest.approx(16 * (4 + 2 + 2) / 283)
+    assert prefix_reuse(reqs, block=32) == pytest.approx(32 * (2 + 1 + 1) / 283)
+    apart = [dataclasses.replace(r, tenant=f"t{i}") for i, r in enumerate(reqs)]
+    assert prefix_reuse(apart) == 0.0                 # tenant scope: no one else's blocks
+    salted = [dataclasses.replace(r, cache_salt="s" if i % 2 else None) for i, r in enumerate(reqs)]
+    assert 0 < prefix_reuse(salted) < prefix_reuse(reqs)
+    assert prefix_reuse([]) == 0.0

@@ -43,7 +43,7 @@ import numpy as np
 from kvrl.engine.request import Request
 
 from ._fields import MAX_SECONDS, MAX_TOKENS
-from ._rng import check_seed, make_rng
+from ._rng import check_seed, make_rng, mix64
 from .errors import TraceFormatError
 from .tokens import check_vocab_size, random_ids, readonly
 from .trace import LengthTrace, LoadedTrace, collect_row_errors
@@ -202,13 +202,6 @@ def read_mooncake(path: str | os.PathLike, *, block_tokens: int = BLOCK_TOKENS, 
                       skipped=errs.count, errors=errs.messages, hash_ids=blocks, block_tokens=scaled_block)
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 (wrapping arithmetic): a fixed, well-spread bijection."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def block_token_ids(hash_ids: np.ndarray, n_tokens: int, *, block_tokens: int, vocab_size: int,
                     seed: int = 0) -> np.ndarray:
     """The first ``n_tokens`` ids of the blocks ``hash_ids`` (int32, at most ``len * block_tokens``).
@@ -220,8 +213,8 @@ def block_token_ids(hash_ids: np.ndarray, n_tokens: int, *, block_tokens: int, v
     pos = np.arange(n, dtype=np.uint64)
     h = hash_ids.astype(np.uint64)[pos // np.uint64(block_tokens)]
     with np.errstate(over="ignore"):
-        key = _mix64(np.uint64(check_seed(seed)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
-        x = _mix64(_mix64(h ^ key) + pos % np.uint64(block_tokens))
+        key = mix64(np.uint64(check_seed(seed)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
+        x = mix64(mix64(h ^ key) + pos % np.uint64(block_tokens))
     return (x % np.uint64(vocab_size)).astype(np.int32)
 
 

@@ -9,7 +9,13 @@ import numpy as np
 
 from kvrl.engine.request import Request
 
+from ._rng import mix64
+
 PERCENTILES = (50, 90, 99)
+#: tokens per block of :func:`prefix_reuse` (the engine's default block size)
+REUSE_BLOCK = 16
+_PRIME = np.uint64(0x9E3779B97F4A7C15)                 # odd: invertible modulo 2**64
+_PRIME_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
 
 
 def length_summary(values: np.ndarray) -> dict[str, float]:
@@ -32,8 +38,42 @@ def interarrival_cv(arrivals: np.ndarray) -> float:
     return float(gaps.std() / m) if m > 0 else float("nan")
 
 
+def _prefix_hashes(tokens: np.ndarray, scope: int, block: int) -> np.ndarray:
+    """One uint64 per full block of ``tokens``: a hash of the scope and every token up to the block's
+    end (a polynomial over the blocks' own hashes, computed with prefix sums modulo 2**64)."""
+    n = tokens.size // block
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        blocks = tokens[: n * block].astype(np.uint64).reshape(n, block)
+        weights = mix64(np.arange(1, block + 1, dtype=np.uint64))
+        h = mix64((blocks * weights).sum(axis=1, dtype=np.uint64) + np.uint64(block))
+        h[0] ^= mix64(np.uint64(scope))
+        powers = np.cumprod(np.full(n, _PRIME_INV, dtype=np.uint64), dtype=np.uint64)
+        return np.cumsum(h * powers, dtype=np.uint64) * np.cumprod(np.full(n, _PRIME, dtype=np.uint64),
+                                                                     dtype=np.uint64)
+
+
+def prefix_reuse(requests: Sequence[Request], block: int = REUSE_BLOCK) -> float:
+    """Share of prompt tokens that an unbounded prefix cache with the engine's default tenant scope
+    would find: tokens in full blocks of ``block`` tokens whose whole prefix, up to and with the block,
+    a prompt of the same tenant and cache salt holds too (every holder but one counts). An upper bound
+    on what any prefix cache can hit in the trace. Traces that record lengths only get random ids and
+    share nothing unless their loader says so, as prefix groups and Mooncake block ids do. 0.0 for no
+    prompt tokens."""
+    total = sum(r.prompt_len for r in requests)
+    if total == 0:
+        return 0.0
+    scopes: dict[tuple, int] = {}
+    parts = [_prefix_hashes(np.asarray(r.prompt_token_ids), scopes.setdefault((r.tenant, r.cache_salt), len(scopes)),
+                            block) for r in requests]
+    every = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+    return float(block * (every.size - np.unique(every).size) / total)
+
+
 def trace_stats(requests: Sequence[Request]) -> dict[str, Any]:
-    """Counts, duration, rate, length percentiles, burstiness, tenants, groups, parallel sampling."""
+    """Counts, duration, rate, length percentiles, burstiness, tenants, groups, prefix reuse
+    (:func:`prefix_reuse`), parallel sampling."""
     arr = np.array([r.arrival_s for r in requests], dtype=np.float64)
     plen = np.array([r.prompt_len for r in requests], dtype=np.int64)
     olen = np.array([r.output_len for r in requests], dtype=np.int64)
@@ -51,6 +91,7 @@ def trace_stats(requests: Sequence[Request]) -> dict[str, Any]:
         "parallel_requests": int((ns > 1).sum()),
         "tenants": dict(Counter(r.tenant for r in requests)),
         "prefix_groups": len({r.prefix_group for r in requests if r.prefix_group is not None}),
+        "prefix_reuse": prefix_reuse(requests),
         "with_slo": sum(1 for r in requests if r.slo_ttft_s is not None or r.slo_tpot_s is not None),
     }
 
@@ -73,6 +114,8 @@ def format_stats(stats: dict[str, Any], title: str = "") -> str:
     tenants = ", ".join(f"{k}={v}" for k, v in sorted(stats["tenants"].items()))
     add("tenants", f"{len(stats['tenants'])} ({tenants})")
     add("prefix groups", f"{stats['prefix_groups']}")
+    add("prefix reuse", f"{100 * stats['prefix_reuse']:.1f}% of prompt tokens in {REUSE_BLOCK}-token blocks another "
+                        f"prompt holds (an unbounded prefix cache's hit rate)")
     add("n > 1 requests", f"{stats['parallel_requests']}")
     add("with SLOs", f"{stats['with_slo']}")
     return "\n".join(lines)
