@@ -38,7 +38,7 @@ from kvrl.engine.request import Request
 from ._fields import MAX_TOKENS
 from .errors import TraceFormatError
 from .tokens import check_vocab_size, fill_prompts
-from .trace import LoadedTrace, collect_row_errors
+from .trace import FieldError, LoadedTrace, collect_row_errors, parse_json_lines
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,6 @@ FIELDS = ("request_id", "arrival_s", "prompt_tokens", "prompt_len", "prefix_len"
 _MAX_TOKEN_ID = (1 << 31) - 1
 
 
-class _FieldError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
-
 def _int(obj: dict, key: str, default: Any, lo: int, hi: int = MAX_TOKENS) -> Any:
     if key not in obj:
         return default
@@ -61,7 +55,7 @@ def _int(obj: dict, key: str, default: Any, lo: int, hi: int = MAX_TOKENS) -> An
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _FieldError(key, f"expected an integer in [{lo}, {hi}], got {v!r}")
+        raise FieldError(key, f"expected an integer in [{lo}, {hi}], got {v!r}")
     return v
 
 
@@ -75,7 +69,7 @@ def _num(obj: dict, key: str, default: Any, *, positive: bool, nullable: bool) -
         and (v > 0 if positive else v >= 0) and abs(v) <= 1e11
     if not ok:
         what = "a finite number > 0" if positive else "a finite number >= 0"
-        raise _FieldError(key, f"expected {what}{' or null' if nullable else ''}, got {v!r}")
+        raise FieldError(key, f"expected {what}{' or null' if nullable else ''}, got {v!r}")
     return float(v)
 
 
@@ -86,11 +80,11 @@ def _str(obj: dict, key: str, default: Any, *, nullable: bool) -> Any:
     if v is None and nullable:
         return None
     if not isinstance(v, str):
-        raise _FieldError(key, f"expected a string{' or null' if nullable else ''}, got {v!r}")
+        raise FieldError(key, f"expected a string{' or null' if nullable else ''}, got {v!r}")
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _FieldError(key, f"not valid Unicode text ({e.reason} at character {e.start}: "
+        raise FieldError(key, f"not valid Unicode text ({e.reason} at character {e.start}: "
                                f"{_short(v)}); ids and names must be writable as UTF-8") from None
     return v
 
@@ -98,16 +92,16 @@ def _str(obj: dict, key: str, default: Any, *, nullable: bool) -> Any:
 def _tokens(v: Any, vocab_size: Optional[int]) -> np.ndarray:
     hi = _MAX_TOKEN_ID if vocab_size is None else vocab_size - 1
     if not isinstance(v, list) or not v or len(v) > MAX_TOKENS:
-        raise _FieldError("prompt_tokens", f"expected a non-empty list of at most {MAX_TOKENS} "
+        raise FieldError("prompt_tokens", f"expected a non-empty list of at most {MAX_TOKENS} "
                                            f"token ids, got {_short(v)}")
     try:
         a = np.asarray(v)
     except (ValueError, TypeError, OverflowError):
         a = None
     if a is None or a.ndim != 1 or a.dtype.kind not in "iu":
-        raise _FieldError("prompt_tokens", f"expected a list of integer token ids, got {_short(v)}")
+        raise FieldError("prompt_tokens", f"expected a list of integer token ids, got {_short(v)}")
     if a.min() < 0 or a.max() > hi:
-        raise _FieldError("prompt_tokens", f"token ids must be in [0, {hi}], got min {a.min()} "
+        raise FieldError("prompt_tokens", f"token ids must be in [0, {hi}], got min {a.min()} "
                                            f"max {a.max()}")
     a = a.astype(np.int32)
     a.flags.writeable = False
@@ -128,10 +122,10 @@ def _parse_line(text: str, vocab_size: Optional[int]) -> dict:
         raise ValueError(f"expected a JSON object, got {_short(obj)}")
     unknown = [k for k in obj if k not in FIELDS]
     if unknown:
-        raise _FieldError(unknown[0], f"unknown field (known: {', '.join(FIELDS)})")
+        raise FieldError(unknown[0], f"unknown field (known: {', '.join(FIELDS)})")
     for key in ("arrival_s", "output_len"):
         if key not in obj:
-            raise _FieldError(key, "missing (required)")
+            raise FieldError(key, "missing (required)")
     rec = {
         "request_id": _str(obj, "request_id", None, nullable=False),
         "arrival_s": _num(obj, "arrival_s", None, positive=False, nullable=False),
@@ -151,13 +145,13 @@ def _parse_line(text: str, vocab_size: Optional[int]) -> dict:
     if "prompt_tokens" in obj:
         rec["tokens"] = _tokens(obj["prompt_tokens"], vocab_size)
         if rec["prompt_len"] is not None and rec["prompt_len"] != rec["tokens"].shape[0]:
-            raise _FieldError("prompt_len", f"{rec['prompt_len']} disagrees with the "
+            raise FieldError("prompt_len", f"{rec['prompt_len']} disagrees with the "
                                             f"{rec['tokens'].shape[0]} ids in prompt_tokens")
     elif rec["prompt_len"] is None:
-        raise _FieldError("prompt_tokens", "missing (give prompt_tokens or prompt_len)")
+        raise FieldError("prompt_tokens", "missing (give prompt_tokens or prompt_len)")
     length = rec["prompt_len"] if rec["tokens"] is None else rec["tokens"].shape[0]
     if rec["prefix_len"] is not None and rec["prefix_len"] > length:
-        raise _FieldError("prefix_len", f"{rec['prefix_len']} exceeds the prompt's {length} tokens")
+        raise FieldError("prefix_len", f"{rec['prefix_len']} exceeds the prompt's {length} tokens")
     return rec
 
 
@@ -174,41 +168,15 @@ def load_jsonl(path: str | os.PathLike, *, vocab_size: Optional[int] = None, see
     errs = collect_row_errors(path, skip_bad_rows)
     recs: list[dict] = []
     seen: dict[str, int] = {}
-    index = 0
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot open: {e.strerror or e}") from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise TraceFormatError(path, lineno, f"not valid UTF-8 text ({e.reason})") from None
-                if not text.strip():
-                    continue
-                this = index
-                index += 1
-                try:
-                    rec = _parse_line(text, vocab_size)
-                except _FieldError as e:
-                    raise TraceFormatError(path, lineno, str(e), e.field) from None
-                except ValueError as e:
-                    raise TraceFormatError(path, lineno, str(e)) from None
-                if rec["request_id"] is None:
-                    rec["request_id"] = f"req-{this:06d}"
-                rid = rec["request_id"]
-                if rid in seen:
-                    raise TraceFormatError(path, lineno, f"duplicate id {rid!r} (first on line "
-                                                         f"{seen[rid]})", "request_id")
-            except TraceFormatError as e:
-                errs.add(e)
-                continue
-            seen[rid] = lineno
-            recs.append(rec)
+    for lineno, this, rec in parse_json_lines(path, lambda text: _parse_line(text, vocab_size), errs):
+        if rec["request_id"] is None:
+            rec["request_id"] = f"req-{this:06d}"
+        rid = rec["request_id"]
+        if rid in seen:
+            errs.add(TraceFormatError(path, lineno, f"duplicate id {rid!r} (first on line {seen[rid]})", "request_id"))
+            continue
+        seen[rid] = lineno
+        recs.append(rec)
     if errs.count:
         log.warning("%s: skipped %d malformed line(s)", path, errs.count)
     fill = [i for i, r in enumerate(recs) if r["tokens"] is None]

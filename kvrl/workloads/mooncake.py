@@ -31,6 +31,7 @@ another block size (16 tokens, say) must be read with it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -44,9 +45,8 @@ from kvrl.engine.request import Request
 
 from ._fields import MAX_SECONDS, MAX_TOKENS
 from ._rng import check_seed, make_rng, mix64
-from .errors import TraceFormatError
 from .tokens import check_vocab_size, random_ids, readonly
-from .trace import LengthTrace, LoadedTrace, collect_row_errors
+from .trace import FieldError, LengthTrace, LoadedTrace, collect_row_errors, parse_json_lines
 
 log = logging.getLogger(__name__)
 
@@ -70,30 +70,24 @@ class BlockTrace(LengthTrace):
     block_tokens: int = BLOCK_TOKENS
 
 
-class _FieldError(ValueError):
-    def __init__(self, name: str, message: str):
-        super().__init__(message)
-        self.field = name
-
-
 def _count(obj: dict, name: str, lo: int) -> int:
     if name not in obj:
-        raise _FieldError(name, "missing (required)")
+        raise FieldError(name, "missing (required)")
     v = obj[name]
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_TOKENS:
-        raise _FieldError(name, f"expected an integer in [{lo}, {MAX_TOKENS}], got {v!r}")
+        raise FieldError(name, f"expected an integer in [{lo}, {MAX_TOKENS}], got {v!r}")
     return v
 
 
 def _timestamp(obj: dict, scale_s: float) -> float:
     if "timestamp" not in obj:
-        raise _FieldError("timestamp", "missing (required)")
+        raise FieldError("timestamp", "missing (required)")
     v = obj["timestamp"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
             or v * scale_s > MAX_SECONDS:
-        raise _FieldError("timestamp", f"expected a finite number >= 0, got {v!r}")
+        raise FieldError("timestamp", f"expected a finite number >= 0, got {v!r}")
     return float(v) * scale_s
 
 
@@ -102,7 +96,7 @@ def _hash_ids(obj: dict) -> np.ndarray:
     if not isinstance(v, list) or len(v) > MAX_TOKENS or \
             not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= _MAX_HASH_ID for h in v):
         s = repr(v)
-        raise _FieldError("hash_ids", f"expected a list of integers in [0, 2**63), got "
+        raise FieldError("hash_ids", f"expected a list of integers in [0, 2**63), got "
                                       f"{s if len(s) <= 60 else s[:57] + '...'}")
     return np.array(v, dtype=np.int64)
 
@@ -120,16 +114,16 @@ def _parse(text: str, *, scale_s: float, block_tokens: int) -> tuple[float, int,
         raise ValueError("expected a JSON object")
     for name in obj:
         if name in ("text_input", "input_text"):
-            raise _FieldError(name, "text prompts are not supported (kvrl's trace loaders have no "
+            raise FieldError(name, "text prompts are not supported (kvrl's trace loaders have no "
                                     "tokenizer); give input_length and hash_ids")
         if name not in FIELDS and name not in IGNORED:
-            raise _FieldError(name, f"unknown field (known: {', '.join(FIELDS + IGNORED)})")
+            raise FieldError(name, f"unknown field (known: {', '.join(FIELDS + IGNORED)})")
     t = _timestamp(obj, scale_s)
     n_in = _count(obj, "input_length", 1)
     n_out = _count(obj, "output_length", 1)
     ids = _hash_ids(obj)
     if ids.size and (ids.size - 1) * block_tokens >= n_in:
-        raise _FieldError("hash_ids", f"{ids.size} blocks of {block_tokens} tokens for an input of "
+        raise FieldError("hash_ids", f"{ids.size} blocks of {block_tokens} tokens for an input of "
                                       f"{n_in} tokens (about {math.ceil(n_in / ids.size)} tokens a "
                                       f"block): read the trace with that block_tokens")
     return t, n_in, n_out, ids
@@ -141,7 +135,7 @@ def read_mooncake(path: str | os.PathLike, *, block_tokens: int = BLOCK_TOKENS, 
     """Parse a Mooncake trace into lengths and block ids (no token ids); arrivals re-based to 0.
 
     Lengths and ``block_tokens`` in the result are scaled (module docstring). Raises
-    :class:`TraceFormatError` naming file, line and field; with ``skip_bad_rows`` a bad line is
+    :class:`~kvrl.workloads.errors.TraceFormatError` naming file, line and field; with ``skip_bad_rows`` a bad line is
     counted in ``skipped`` instead.
     """
     path = os.fspath(path)
@@ -159,39 +153,13 @@ def read_mooncake(path: str | os.PathLike, *, block_tokens: int = BLOCK_TOKENS, 
     olen: list[int] = []
     rows: list[int] = []
     blocks: list[np.ndarray] = []
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise TraceFormatError(path, None, f"cannot open: {e.strerror or e}") from None
-    index = 0
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise TraceFormatError(path, lineno, f"not valid UTF-8 text ({e.reason})") from None
-                if not text.strip():
-                    continue
-                this = index
-                index += 1
-                try:
-                    t, n_in, n_out, ids = _parse(text, scale_s=TIME_UNITS[time_unit],
-                                                 block_tokens=block_tokens)
-                except _FieldError as e:
-                    raise TraceFormatError(path, lineno, str(e), e.field) from None
-                except ValueError as e:
-                    raise TraceFormatError(path, lineno, str(e)) from None
-            except TraceFormatError as e:
-                errs.add(e)
-                continue
-            times.append(t)
-            plen.append(_scaled(n_in, prompt_scale))
-            olen.append(_scaled(n_out, output_scale))
-            rows.append(this)
-            blocks.append(ids)
+    parse = functools.partial(_parse, scale_s=TIME_UNITS[time_unit], block_tokens=block_tokens)
+    for _, this, (t, n_in, n_out, ids) in parse_json_lines(path, parse, errs):
+        times.append(t)
+        plen.append(_scaled(n_in, prompt_scale))
+        olen.append(_scaled(n_out, output_scale))
+        rows.append(this)
+        blocks.append(ids)
     if errs.count:
         log.warning("%s: skipped %d malformed line(s)", path, errs.count)
     arr = np.array(times, dtype=np.float64)

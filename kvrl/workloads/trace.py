@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -197,3 +197,49 @@ class _RowErrors:
         self.count += 1
         if len(self.messages) < MAX_KEPT_ERRORS:
             self.messages.append(str(err))
+
+
+class FieldError(ValueError):
+    """A bad value of one named field of a JSON-lines row; the loader adds the file and line."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def parse_json_lines(path: str, parse: Callable[[str], Any], errs: "_RowErrors") -> Iterator[tuple[int, int, Any]]:
+    """``(line number, data index, parse(text))`` for each data line of a JSON-lines file.
+
+    A leading UTF-8 BOM is dropped and blank lines are skipped (they take no data index). A line that is
+    not UTF-8, or whose ``parse`` raises :class:`FieldError` or ``ValueError``, becomes a
+    :class:`TraceFormatError` naming file, line (and field) and goes to ``errs`` (raised unless it skips
+    bad rows); a line that is not UTF-8 takes no data index either. Failing to open the file raises.
+    """
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise TraceFormatError(path, None, f"cannot open: {e.strerror or e}") from None
+    index = 0
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise TraceFormatError(path, lineno, f"not valid UTF-8 text ({e.reason})") from None
+                if not text.strip():
+                    continue
+                this = index
+                index += 1
+                try:
+                    rec = parse(text)
+                except FieldError as e:
+                    raise TraceFormatError(path, lineno, str(e), e.field) from None
+                except ValueError as e:
+                    raise TraceFormatError(path, lineno, str(e)) from None
+            except TraceFormatError as e:
+                errs.add(e)
+                continue
+            yield lineno, this, rec
