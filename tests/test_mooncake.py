@@ -13,8 +13,9 @@ import pytest
 
 from kvrl.workloads import TraceFormatError, build_workload, default_config, detect_format, load_trace
 from kvrl.workloads.cli import main as cli_main
-from kvrl.workloads.mooncake import hash_blocks, load_mooncake, read_mooncake, write_mooncake
+from kvrl.workloads.mooncake import load_mooncake, read_mooncake, write_mooncake
 from kvrl.workloads.stats import prefix_reuse
+from kvrl.workloads.tokens import prefix_block_ids
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import make_engine  # noqa: E402
@@ -151,7 +152,7 @@ def test_written_and_read_back_with_the_same_reuse(trace, tmp_path):
     # Renumbered in order of first appearance. A writer sees tokens, not the file's ids: the two
     # prompts that hold the file's block 3 hold 188 and 388 of its tokens, two different last
     # blocks; the 88 tokens past the one recorded block of the last line are a block of their own.
-    assert hash_blocks(back) == hash_blocks(reqs) == [[0, 1, 2], [0, 1], [0, 3], [0, 4], [5, 6]]
+    assert prefix_block_ids(back, 512) == prefix_block_ids(reqs, 512) == [[0, 1, 2], [0, 1], [0, 3], [0, 4], [5, 6]]
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines[0] == {"timestamp": 0.0, "input_length": 1300, "output_length": 20, "hash_ids": [0, 1, 2]}
 

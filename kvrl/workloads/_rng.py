@@ -1,4 +1,4 @@
-"""Seeded random streams: one independent numpy ``Generator`` per (seed, purpose); a 64-bit mixer."""
+"""Seeded random streams: one independent numpy ``Generator`` per (seed, purpose)."""
 from __future__ import annotations
 
 import zlib
@@ -20,12 +20,3 @@ def make_rng(seed: int, *purpose: str | int) -> np.random.Generator:
     """
     key = tuple(zlib.crc32(p.encode()) if isinstance(p, str) else int(p) for p in purpose)
     return np.random.default_rng(np.random.SeedSequence(check_seed(seed), spawn_key=key))
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 (wrapping arithmetic): a fixed, well-spread bijection, for
-    ids and hashes that must not depend on the order anything is drawn in. Call it under
-    ``np.errstate(over="ignore")`` for scalars."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))

@@ -44,8 +44,8 @@ import numpy as np
 from kvrl.engine.request import Request
 
 from ._fields import MAX_SECONDS, MAX_TOKENS
-from ._rng import check_seed, make_rng, mix64
-from .tokens import check_vocab_size, random_ids, readonly
+from ._rng import check_seed, make_rng
+from .tokens import check_vocab_size, prefix_block_ids, random_ids, readonly
 from .trace import FieldError, LengthTrace, LoadedTrace, collect_row_errors, parse_json_lines
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,13 @@ def read_mooncake(path: str | os.PathLike, *, block_tokens: int = BLOCK_TOKENS, 
                       skipped=errs.count, errors=errs.messages, hash_ids=blocks, block_tokens=scaled_block)
 
 
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 (wrapping arithmetic): a fixed, well-spread bijection."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 def block_token_ids(hash_ids: np.ndarray, n_tokens: int, *, block_tokens: int, vocab_size: int,
                     seed: int = 0) -> np.ndarray:
     """The first ``n_tokens`` ids of the blocks ``hash_ids`` (int32, at most ``len * block_tokens``).
@@ -181,8 +188,8 @@ def block_token_ids(hash_ids: np.ndarray, n_tokens: int, *, block_tokens: int, v
     pos = np.arange(n, dtype=np.uint64)
     h = hash_ids.astype(np.uint64)[pos // np.uint64(block_tokens)]
     with np.errstate(over="ignore"):
-        key = mix64(np.uint64(check_seed(seed)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
-        x = mix64(mix64(h ^ key) + pos % np.uint64(block_tokens))
+        key = _mix64(np.uint64(check_seed(seed)) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
+        x = _mix64(_mix64(h ^ key) + pos % np.uint64(block_tokens))
     return (x % np.uint64(vocab_size)).astype(np.int32)
 
 
@@ -214,34 +221,16 @@ def load_mooncake(path: str | os.PathLike, *, vocab_size: int, seed: int = 0,
     return LoadedTrace(reqs, source=trace.source, skipped=trace.skipped, errors=trace.errors)
 
 
-def hash_blocks(requests: Iterable[Request], block_tokens: int = BLOCK_TOKENS) -> list[list[int]]:
-    """Each request's block ids, numbered as the Mooncake traces number them.
-
-    A block's id stands for its tokens *and* the blocks before it (a chain), so equal ids mean
-    equal prefixes. New blocks get the next integer in order of first appearance.
-    """
-    known: dict[tuple[int, bytes], int] = {}
-    out = []
-    for r in requests:
-        ids, parent = [], -1
-        toks = np.asarray(r.prompt_token_ids, dtype=np.int32)
-        for start in range(0, toks.size, block_tokens):
-            k = (parent, toks[start:start + block_tokens].tobytes())
-            parent = known.setdefault(k, len(known))
-            ids.append(parent)
-        out.append(ids)
-    return out
-
-
 def write_mooncake(requests: Iterable[Request], path: str | os.PathLike, *,
                    block_tokens: int = BLOCK_TOKENS) -> int:
     """Write requests as a Mooncake trace: arrivals (ms), lengths and the prompts' block ids.
 
-    The ids keep which prompts share which prefixes (:func:`hash_blocks`), not the token ids;
+    The ids, numbered by :func:`~kvrl.workloads.tokens.prefix_block_ids` as the Mooncake traces number
+    theirs (a chain), keep which prompts share which prefixes, not the token ids;
     tenant, priority, ``n`` and SLOs are not in the format. Returns the number of lines.
     """
     reqs = list(requests)
-    blocks = hash_blocks(reqs, block_tokens)
+    blocks = prefix_block_ids(reqs, block_tokens)
     with open(path, "w", encoding="utf-8") as f:
         for r, ids in zip(reqs, blocks):
             obj: dict[str, Any] = {"timestamp": float(r.arrival_s) * 1e3, "input_length": r.prompt_len,

@@ -9,13 +9,11 @@ import numpy as np
 
 from kvrl.engine.request import Request
 
-from ._rng import mix64
+from .tokens import prefix_block_ids
 
 PERCENTILES = (50, 90, 99)
 #: tokens per block of :func:`prefix_reuse` (the engine's default block size)
 REUSE_BLOCK = 16
-_PRIME = np.uint64(0x9E3779B97F4A7C15)                 # odd: invertible modulo 2**64
-_PRIME_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
 
 
 def length_summary(values: np.ndarray) -> dict[str, float]:
@@ -38,22 +36,6 @@ def interarrival_cv(arrivals: np.ndarray) -> float:
     return float(gaps.std() / m) if m > 0 else float("nan")
 
 
-def _prefix_hashes(tokens: np.ndarray, scope: int, block: int) -> np.ndarray:
-    """One uint64 per full block of ``tokens``: a hash of the scope and every token up to the block's
-    end (a polynomial over the blocks' own hashes, computed with prefix sums modulo 2**64)."""
-    n = tokens.size // block
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        blocks = tokens[: n * block].astype(np.uint64).reshape(n, block)
-        weights = mix64(np.arange(1, block + 1, dtype=np.uint64))
-        h = mix64((blocks * weights).sum(axis=1, dtype=np.uint64) + np.uint64(block))
-        h[0] ^= mix64(np.uint64(scope))
-        powers = np.cumprod(np.full(n, _PRIME_INV, dtype=np.uint64), dtype=np.uint64)
-        return np.cumsum(h * powers, dtype=np.uint64) * np.cumprod(np.full(n, _PRIME, dtype=np.uint64),
-                                                                     dtype=np.uint64)
-
-
 def prefix_reuse(requests: Sequence[Request], block: int = REUSE_BLOCK) -> float:
     """Share of prompt tokens that an unbounded prefix cache with the engine's default tenant scope
     would find: tokens in full blocks of ``block`` tokens whose whole prefix, up to and with the block,
@@ -64,11 +46,10 @@ def prefix_reuse(requests: Sequence[Request], block: int = REUSE_BLOCK) -> float
     total = sum(r.prompt_len for r in requests)
     if total == 0:
         return 0.0
-    scopes: dict[tuple, int] = {}
-    parts = [_prefix_hashes(np.asarray(r.prompt_token_ids), scopes.setdefault((r.tenant, r.cache_salt), len(scopes)),
-                            block) for r in requests]
-    every = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-    return float(block * (every.size - np.unique(every).size) / total)
+    ids = prefix_block_ids(requests, block, full_blocks_only=True, scope=lambda r: (r.tenant, r.cache_salt))
+    blocks = sum(map(len, ids))
+    distinct = 1 + max((i for row in ids for i in row), default=-1)
+    return block * (blocks - distinct) / total
 
 
 def trace_stats(requests: Sequence[Request]) -> dict[str, Any]:

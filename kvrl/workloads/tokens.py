@@ -1,11 +1,12 @@
-"""Token ids for traces that only record lengths.
+"""Token ids for traces that only record lengths, and the prefix structure of prompts' ids.
 
 Prompts are filled with seeded random ids in ``[0, vocab_size)``. Requests of one prefix group share
 their leading ids (the group's prefix), so the prefix cache sees the reuse the trace describes.
+:func:`prefix_block_ids` numbers prompts' blocks so that equal numbers mean equal prefixes.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Hashable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -73,3 +74,24 @@ def fill_prompts(prompt_lens: Sequence[int] | np.ndarray, *, vocab_size: int, se
     for p in prompts:
         p.flags.writeable = False
     return prompts
+
+
+def prefix_block_ids(requests: Iterable, block_tokens: int, *, full_blocks_only: bool = False,
+                     scope: Callable[[object], Hashable] = lambda r: None) -> list[list[int]]:
+    """Each request's prompt blocks of ``block_tokens`` ids, numbered as a chain: a block's number
+    stands for its ids, every block before it and the request's ``scope(r)``, so two equal numbers
+    mean two equal prefixes in one scope. New numbers are 0, 1, ... in order of first appearance, so
+    the largest is the count of distinct prefixes less one. ``full_blocks_only`` leaves out a last
+    block shorter than ``block_tokens``."""
+    known: dict[tuple, int] = {}
+    out = []
+    for r in requests:
+        ids: list[int] = []
+        parent: Hashable = ("scope", scope(r))
+        toks = np.asarray(r.prompt_token_ids, dtype=np.int32)
+        end = toks.size - toks.size % block_tokens if full_blocks_only else toks.size
+        for start in range(0, end, block_tokens):
+            parent = known.setdefault((parent, toks[start:start + block_tokens].tobytes()), len(known))
+            ids.append(parent)
+        out.append(ids)
+    return out
