@@ -16,11 +16,12 @@ from .jsonl import load_jsonl, write_jsonl
 from .mooncake import load_mooncake, write_mooncake
 from .trace import LoadedTrace
 
-FORMATS = ("azure", "burstgpt", "jsonl", "mooncake")
-#: Which keyword options each format's loader takes (the rest are errors).
-OPTIONS = {"azure": (), "jsonl": (),
-           "burstgpt": ("drop_failures", "models", "log_types", "tenant_from"),
-           "mooncake": ("block_tokens", "time_unit", "prompt_scale", "output_scale")}
+#: format -> (its loader, the keyword options that loader takes besides vocab_size, seed, skip_bad_rows)
+LOADERS = {"azure": (load_azure_csv, ()),
+           "burstgpt": (load_burstgpt_csv, ("drop_failures", "models", "log_types", "tenant_from")),
+           "jsonl": (load_jsonl, ()),
+           "mooncake": (load_mooncake, ("block_tokens", "time_unit", "prompt_scale", "output_scale"))}
+FORMATS = tuple(LOADERS)
 
 #: Traces shipped inside the package (``kvrl/workloads/data``).
 PACKAGED = {"azure_code": "azure_llm_2023_code.csv"}
@@ -68,16 +69,15 @@ def detect_format(path: str | os.PathLike) -> str:
 def load_trace(path: str | os.PathLike, format: Optional[str] = None, *, vocab_size: int,
                seed: int = 0, skip_bad_rows: bool = False, **options) -> LoadedTrace:
     """Load any supported trace (``format`` None = detect). ``options`` go to the format's loader
-    (:data:`OPTIONS` lists which it takes)."""
+    (:data:`LOADERS` lists which it takes)."""
     fmt = format or detect_format(path)
-    if fmt not in FORMATS:
+    if fmt not in LOADERS:
         raise ValueError(f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
-    wrong = sorted(set(options) - set(OPTIONS[fmt]))
+    loader, takes = LOADERS[fmt]
+    wrong = sorted(set(options) - set(takes))
     if wrong:
         raise ValueError(f"options {wrong} do not apply to the {fmt} format"
-                         + (f" (it takes {', '.join(OPTIONS[fmt])})" if OPTIONS[fmt] else ""))
-    loader = {"azure": load_azure_csv, "burstgpt": load_burstgpt_csv, "jsonl": load_jsonl,
-              "mooncake": load_mooncake}[fmt]
+                         + (f" (it takes {', '.join(takes)})" if takes else ""))
     return loader(path, vocab_size=vocab_size, seed=seed, skip_bad_rows=skip_bad_rows, **options)
 
 
