@@ -641,14 +641,14 @@ def mooncake_heldout() -> dict[str, str]:
         refs = _references(rows)
         for ref in refs:
             out.update(_board_facts(key, rows, ref))
-        out[f"{key}_valbest"] = next(r for r in refs if "[val-best" in r).split(" [")[0]
+        valbest = next(r for r in refs if "[val-best" in r)
+        out[f"{key}_valbest"] = valbest.split(" [")[0]
         out[f"{key}_oracle"] = next(r for r in refs if "[oracle" in r).split(" [")[0]
         agents = sorted((r for r in rows if r["kind"] == "agent"), key=lambda r: float(r["goodput_tok_s_mean"]))
         f001 = "fixed(fraction=0.01)"
         out[f"{key}_best_agent_vs_f001"] = _paired_cell(agents[-1], f001)
         out[f"{key}_worst_agent_vs_f001"] = _paired_cell(agents[0], f001)
         out[f"{key}_worst_agent"] = agents[0]["policy"].split("(agents/")[1].split("/")[0]
-        valbest = next(x for x in refs if "[val-best" in x)
         out[f"{key}_worse_agent_preemptions"] = _span([float(r["preemptions_mean"]) for r in agents
                                                        if r[f"vs {valbest}_verdict"] == "worse"], ".0f")
         out[f"{key}_constant_preemptions"] = ", ".join(
@@ -1284,8 +1284,8 @@ def same_host() -> dict[str, str]:
         served = _json(f"{SAME_HOST}/{d}/{subs['selected']}/fidelity.json")
         for pol in ("vllm", "sjf_swap"):
             for kind in ("decode", "host"):
-                errs = [100 * (k["sim_s"] / k["live_s"] - 1) for key, r in served.items() if key.endswith(f"/{pol}")
-                        for k in (r["replay"]["by_kind"][kind],)]
+                totals = [r["replay"]["by_kind"][kind] for pair, r in served.items() if pair.endswith(f"/{pol}")]
+                errs = [100 * (k["sim_s"] / k["live_s"] - 1) for k in totals]
                 out[f"replay{run[3:]}_{pol}_{kind}_span"] = _span(errs, "+.0f") + "%"
     shipped48 = _json(f"{SAME_HOST}/{SAME_HOST_RUNS['run48'][0]}/shipped_pressure/fidelity.json")
     out["replay48_shipped_decode_short_chat"] = ", ".join(

@@ -42,9 +42,9 @@ def live_steps(run_dir: Path) -> list:
     return [s for f in sorted(run_dir.glob("pressure_*/runs/*/*/replay.csv")) for s in read_replay_csv(f)]
 
 
-def with_waiting(shape: str, per_waiting: float, out: Path) -> Path:
-    """A copy of the shape's shipped profile whose host model's ``per_waiting`` is ``per_waiting`` (s)."""
-    prof = StepProfile.load(profile_path(shape, "shipped"))
+def with_waiting(shipped: StepProfile, per_waiting: float, out: Path) -> Path:
+    """A copy of ``shipped`` whose host model's ``per_waiting`` is ``per_waiting`` (s), saved to ``out``."""
+    prof = copy.deepcopy(shipped)
     d = copy.deepcopy(prof.model.to_dict())
     d["host"]["per_waiting"] = per_waiting
     prof.model = StepModel.from_dict(d)
@@ -70,13 +70,14 @@ def main() -> None:
     args = ap.parse_args()
     lines = []
     for shape, runs in RUNS.items():
+        shipped = StepProfile.load(profile_path(shape, "shipped"))
         unpacked = {run: unpack(run, args.work) for run in runs}
         steps = {run: live_steps(unpacked[run][0]) for run in runs}
         for run in runs:
             dst, shares, _ = unpacked[run]
             pool = [s for other in runs if other != run for s in steps[other]]
             per_waiting = fit_host(host_rows(pool))["per_waiting"]
-            variant = with_waiting(shape, per_waiting, args.work / f"{run}_wait_profile.json")
+            variant = with_waiting(shipped, per_waiting, args.work / f"{run}_wait_profile.json")
             sims = {"shipped": {}, "wait": {}}
             for share in shares:
                 sims["shipped"].update(resim(dst / share, profile_path(shape, "shipped"), 1.0, dst / f"shipped_{share}"))
@@ -84,7 +85,7 @@ def main() -> None:
             live = sims["shipped"]
             row = {"run": run, "shape": shape, "pairs": len(live), "fitted_on": [r for r in runs if r != run],
                    "per_waiting_us": round(per_waiting * 1e6, 3),
-                   "shipped_per_waiting_us": round(StepProfile.load(profile_path(shape, "shipped")).model.host["per_waiting"] * 1e6, 3),
+                   "shipped_per_waiting_us": round(shipped.model.host["per_waiting"] * 1e6, 3),
                    **scores(live, sims)}
             print(json.dumps(row), flush=True)
             lines.append(row)
