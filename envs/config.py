@@ -102,6 +102,13 @@ class EpisodeConfig:
     list holds absolute rate scales of the trace. :func:`episode_rate_scales` gives the absolute
     values. ``step_time_sigma``: domain randomisation of the sim's cost model; each episode's step
     times are multiplied by ``exp(N(0, step_time_sigma))`` drawn at reset (0 = off; sim only).
+
+    ``workloads``: null = every episode serves the scenario's ``run.workload``; a list = a mixture of
+    workload families, each entry a workload config laid over the scenario's (see
+    :func:`variant_workloads`). An episode with a window (training) first draws its family
+    uniformly, then its rate scale (relative ones multiply the family's own ``rate_scale``), then
+    its window; whole-split episodes (``window_s: null``, validation) take the families in turn, so
+    ``len(workloads)`` of them serve each family's split once.
     """
 
     split: Optional[str] = "train"
@@ -110,10 +117,18 @@ class EpisodeConfig:
     rate_scales: Optional[list] = None
     rate_scales_relative: bool = True
     step_time_sigma: float = 0.0
+    workloads: Optional[List[Any]] = None
 
     def __post_init__(self) -> None:
         if self.split is not None:
             check_choice("episode.split", self.split, SPLITS)
+        if self.workloads is not None:
+            if len(self.workloads) == 0:
+                raise ValueError("episode.workloads: give at least one workload (or null)")
+            for i, entry in enumerate(self.workloads):
+                if not isinstance(entry, Mapping):
+                    raise ValueError(f"episode.workloads[{i}]: a workload config mapping ({{}} = the scenario's "
+                                     f"own), got {type(entry).__name__}")
         if self.window_s is not None:
             check_range("episode.window_s", self.window_s, 1e-6)
         if self.start_s is not None:
@@ -409,6 +424,37 @@ def episode_rate_scales(config: EnvConfig) -> Optional[list[float]]:
         return list(ep.rate_scales)
     base = float((config.run.get("workload") or {}).get("rate_scale", 1.0))
     return [r * base for r in ep.rate_scales]
+
+
+def variant_workloads(workload: Mapping[str, Any], variants: Optional[Sequence[Mapping[str, Any]]]) -> list[dict]:
+    """The workload configs of ``episode.workloads`` (``[workload]`` when null), each laid over the
+    scenario's ``workload``: an entry with the same builder ``name`` (or none) changes only the keys
+    it gives (deep merge); an entry naming another builder starts from that builder's defaults with
+    the scenario's common keys (seed, split, split fractions, rate scale, overlong, SLO defaults...)
+    and then takes its own keys."""
+    from omegaconf import OmegaConf
+
+    from kvrl.workloads import CommonParams, WorkloadConfigError, default_config, resolve_config
+
+    base = OmegaConf.to_container(OmegaConf.create(dict(workload)), resolve=True)
+    if variants is None:
+        return [base]
+    out = []
+    for i, entry in enumerate(variants):
+        entry = OmegaConf.to_container(OmegaConf.create(dict(entry)), resolve=True)
+        name = entry.get("name", base.get("name"))
+        if name == base.get("name"):
+            start = base
+        else:
+            start = default_config(name)
+            start.update({f.name: base[f.name] for f in dataclasses.fields(CommonParams) if f.name in base})
+        family = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(start), OmegaConf.create(entry)), resolve=True)
+        try:
+            resolve_config(family)
+        except WorkloadConfigError as e:
+            raise ValueError(f"episode.workloads[{i}]: {e}") from None
+        out.append(family)
+    return out
 
 
 def describe_workload(workload: Mapping[str, Any]) -> str:

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from kvrl.builder import build_engine, build_executor
 from kvrl.engine.request import Request
-from kvrl.envs.config import EnvConfig, episode_rate_scales, resolve_features
+from kvrl.envs.config import EnvConfig, resolve_features, variant_workloads
 from kvrl.envs.driver import EngineDriver, TokenCurve
 from kvrl.workloads import build_workload
 
@@ -28,7 +28,7 @@ def cached_workload(workload: Mapping[str, Any], vocab_size: int, max_model_len:
                    vocab_size, max_model_len)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=32)
 def _cached(workload_json: str, vocab_size: int, max_model_len: int) -> tuple[Request, ...]:
     return tuple(build_workload(json.loads(workload_json), vocab_size=vocab_size, max_model_len=max_model_len))
 
@@ -37,6 +37,8 @@ class EngineSession:
     """Engines for successive episodes of one environment.
 
     ``role`` (``watermark`` or ``eviction``) is the plugin kind replaced by ``agent``.
+    ``requests``: the scenario's split (the first family's, at its own rate); ``family``: the index in
+    ``episode.workloads`` of the last episode's workload (0 without a mixture).
     """
 
     def __init__(self, config: EnvConfig, role: str) -> None:
@@ -50,10 +52,11 @@ class EngineSession:
         self.executor = build_executor(self.run)
         max_model_len = run["engine"].get("max_model_len") or self.executor.max_model_len
         self._max_model_len = max_model_len
-        self._by_rate: dict[float, tuple[list[Request], list[float]]] = {}
-        self._rate_scales = episode_rate_scales(config)
-        self.requests = self._build(run["workload"], max_model_len)
-        self._arrivals = [r.arrival_s for r in self.requests]
+        self.families = variant_workloads(run["workload"], config.episode.workloads)
+        self._pools: dict[tuple[int, Optional[float]], tuple[list[Request], list[float]]] = {}
+        self.family = 0
+        self._turn = 0
+        self.requests = self._pool(0, None)[0]   # the scenario's own split, built (and checked) up front
 
     def _build(self, workload: Mapping[str, Any], max_model_len: int) -> list[Request]:
         return list(cached_workload(workload, self.executor.vocab_size, max_model_len))
@@ -77,9 +80,13 @@ class EngineSession:
                 raise ValueError("reset(options={'workload': ...}) got no requests")
             return requests, None
         ep = self.config.episode
-        everything, arrivals = self.requests, self._arrivals
-        if self._rate_scales is not None:
-            everything, arrivals = self._at_rate(self._rate_scales[int(rng.integers(len(self._rate_scales)))])
+        self.family = self._next_family(rng)
+        rate = None
+        if ep.rate_scales is not None:
+            rate = ep.rate_scales[int(rng.integers(len(ep.rate_scales)))]
+            if ep.rate_scales_relative:
+                rate *= float(self.families[self.family].get("rate_scale", 1.0))
+        everything, arrivals = self._pool(self.family, rate)
         if ep.window_s is None:
             return everything, None
         start = options.get("start_s", ep.start_s)
@@ -97,6 +104,17 @@ class EngineSession:
                 return requests, start + ep.window_s
         raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
 
+    def _next_family(self, rng: np.random.Generator) -> int:
+        """The next episode's workload family: drawn with ``rng`` for windowed episodes, in turn for
+        whole-split ones; 0 (and no draw) without a mixture."""
+        n = len(self.families)
+        if n == 1:
+            return 0
+        if self.config.episode.window_s is None:
+            self._turn += 1
+            return (self._turn - 1) % n
+        return int(rng.integers(n))
+
     def perturb_cost(self, rng: np.random.Generator) -> float:
         """Draw this episode's step-time factor ``exp(N(0, episode.step_time_sigma))`` and set it
         on the sim executor (domain randomisation; no draw and factor 1 when the sigma is 0)."""
@@ -109,14 +127,20 @@ class EngineSession:
         self.executor.step_time_scale = float(np.exp(rng.normal(0.0, sigma)))
         return self.executor.step_time_scale
 
-    def _at_rate(self, rate_scale: float) -> tuple[list[Request], list[float]]:
-        """The split's requests (and arrival times) at ``rate_scale`` instead of the scenario's."""
-        if rate_scale not in self._by_rate:
-            workload = OmegaConf.to_container(self.run.workload, resolve=True)
-            workload["rate_scale"] = rate_scale
+    def _pool(self, family: int, rate_scale: Optional[float]) -> tuple[list[Request], list[float]]:
+        """Family ``family``'s split requests (and their arrival times), at ``rate_scale`` (null: the
+        family's own ``rate_scale``)."""
+        key = (family, rate_scale)
+        if key not in self._pools:
+            workload = dict(self.families[family])
+            if rate_scale is not None:
+                workload["rate_scale"] = rate_scale
             requests = self._build(workload, self._max_model_len)
-            self._by_rate[rate_scale] = (requests, [r.arrival_s for r in requests])
-        return self._by_rate[rate_scale]
+            if not requests:
+                raise ValueError(f"workload family {family} ({workload.get('name')}) has no requests in split "
+                                 f"{self.config.episode.split!r}")
+            self._pools[key] = (requests, [r.arrival_s for r in requests])
+        return self._pools[key]
 
     @staticmethod
     def _window(requests: list[Request], arrivals: list[float], start: float, length: float) -> list[Request]:

@@ -183,6 +183,67 @@ def test_rate_scales_draw_each_episodes_load_from_the_list():
         make("watermark", "env.episode.rate_scales=[]")
 
 
+MIX = ["+env.episode.workloads=[{},{num_requests: 40},{name: multi_turn, num_conversations: 12, max_turns: 3}]"]
+
+
+def test_a_mixture_lays_each_family_over_the_scenario():
+    from kvrl.envs.config import variant_workloads
+
+    _, cfg = load_task("watermark", [*SMALL, *MIX, "workload.seed=3", "workload.rate_scale=2.0"])
+    scenario = cfg.run["workload"]
+    own, fewer, turns = variant_workloads(scenario, cfg.episode.workloads)
+    assert own == scenario
+    assert fewer == {**scenario, "num_requests": 40}              # same builder: only the keys given change
+    assert turns["name"] == "multi_turn" and turns["num_conversations"] == 12 and turns["max_turns"] == 3
+    assert turns["seed"] == 3 and turns["rate_scale"] == 2.0      # another builder: the scenario's common keys
+    assert turns["split_fractions"] == scenario["split_fractions"] and "prompt_len" not in turns
+    assert turns["min_turns"] == 2                                # ... and that builder's own defaults
+    assert variant_workloads(scenario, None) == [scenario]
+    with pytest.raises(ValueError, match="episode.workloads"):
+        load_task("watermark", [*SMALL, "+env.episode.workloads=[]"])
+    with pytest.raises(ValueError, match=r"episode.workloads\[1\]"):
+        load_task("watermark", [*SMALL, "+env.episode.workloads=[{},3]"])
+    with pytest.raises(ValueError, match=r"episode.workloads\[1\].*unknown key 'rate'"):
+        make("watermark", "+env.episode.workloads=[{},{rate: 3.0}]")      # checked before any episode
+
+
+def test_whole_split_episodes_take_the_families_in_turn():
+    env = make("watermark", *MIX).unwrapped
+    sizes = {}
+    for seed in range(6):
+        env.reset(seed=seed)
+        sizes.setdefault(env.session.family, set()).add(len(env.driver.pending))
+        assert env.session.family == seed % 3
+    assert sizes[0] == {80} and sizes[1] == {40} and len(sizes[2]) == 1 and sizes[2] != {80}
+
+
+def test_windowed_episodes_draw_their_family_with_the_env_seed():
+    def families(seed):
+        env = make("watermark", *MIX, "env.episode.window_s=1.0").unwrapped
+        out = []
+        for k in range(12):
+            env.reset(seed=seed if k == 0 else None)
+            out.append(env.session.family)
+        return out
+
+    first = families(0)
+    assert families(0) == first and set(first) == {0, 1, 2}
+    assert families(1) != first
+
+
+def test_relative_rate_scales_multiply_each_familys_own_rate():
+    env = make("watermark", "env.episode.window_s=null", "env.episode.rate_scales=[2.0]",
+               "+env.episode.workloads=[{},{rate_scale: 3.0}]").unwrapped
+    spans = []
+    for seed in range(2):
+        env.reset(seed=seed)
+        served = env.driver.pending
+        spans.append(served[-1].arrival_s - served[0].arrival_s)
+    whole = env.session.requests
+    span = whole[-1].arrival_s - whole[0].arrival_s
+    assert spans == pytest.approx([span / 2.0, span / 6.0])
+
+
 def test_step_before_reset_and_after_the_end_raise():
     env = make("watermark").unwrapped
     with pytest.raises(RuntimeError, match="reset"):

@@ -376,6 +376,20 @@ def test_resume_of_a_dqn_run_continues_it(tmp_path):
     assert changed.returncode != 0 and "agent" in changed.stderr and "dqn" in changed.stderr
 
 
+def test_a_mixture_is_validated_on_every_familys_val_split(tmp_path):
+    import numpy as np
+
+    run = tmp_path / "mix"
+    proc = app("train", f"hydra.run.dir={run}", *DQN, "train.total_timesteps=16",
+               "+env.episode.workloads=[{},{max_requests: 60, rate_scale: 2.0}]")
+    assert "a mixture of 2 families" in proc.stderr + proc.stdout
+    with np.load(run / "evaluations.npz") as ev:
+        assert ev["results"].shape == (1, 2)                      # one whole val split per family
+        assert ev["results"][0, 0] != ev["results"][0, 1]
+    meta = json.loads((run / "agent.json").read_text())
+    assert meta["env"]["episode"]["workloads"][1]["max_requests"] == 60
+
+
 @pytest.mark.parametrize("steps", [0, -5])
 def test_train_rejects_a_non_positive_total_timesteps(tmp_path, steps):
     proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, f"train.total_timesteps={steps}", check=False)

@@ -2,7 +2,8 @@
 
 Trains on windows of the workload's ``train`` split in ``train.n_envs`` vectorised environments,
 evaluates on the whole ``val`` split every ``train.eval_every`` timesteps (EvalCallback; the best
-model is kept), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
+model is kept; with a mixture of workload families, ``env.episode.workloads``, on each family's val
+split, the return averaged over them), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
 run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_model.zip``,
 ``checkpoints/``, ``agent.json`` (what :func:`kvrl.envs.agent_io.load_agent` needs),
 ``progress.csv`` (SB3's log), ``evaluations.npz``, ``config.yaml``, ``summary.json``.
@@ -119,7 +120,8 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
         cls = EvalCallback
         if algo == "maskable_ppo":
             from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as cls
-        evaluator = cls(eval_env, n_eval_episodes=1, eval_freq=max(t.eval_every // n, 1), deterministic=True,
+        families = len(eval_cfg.episode.workloads or [None])    # a mixture: one whole val split per family
+        evaluator = cls(eval_env, n_eval_episodes=families, eval_freq=max(t.eval_every // n, 1), deterministic=True,
                         best_model_save_path=str(out_dir), log_path=str(out_dir), verbose=0)
         resume.restore_evaluations(evaluator, evaluations)     # resumed: appends; the best so far stays to beat
         callbacks.append(evaluator)
@@ -220,6 +222,9 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
                  "episodes drawn from rate scales %s of %s", ep.rate_scales, str(ep.rate_scales_relative).lower(),
                  rate_scale, [round(r, 6) for r in episode_rate_scales(env_cfg)],
                  describe_workload(env_cfg.run["workload"]))
+    if ep.workloads is not None:
+        log.info("training workloads: a mixture of %d families (env.episode.workloads), one drawn per episode; "
+                 "the rate scales above are relative to each family's own", len(ep.workloads))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_meta(out_dir, algo, env_id, env_cfg)
     atomic_write(out_dir / "config.yaml", lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True)))
