@@ -13,6 +13,8 @@
     python scripts/rl_tables.py per_seed docs/results/rl_live_h200_sim_results.csv docs/results/rl_live_h200_results.csv
     python scripts/rl_tables.py verdict pressure=docs/results/rl_sim_suite/pressure_leaderboard.csv:docs/results/rl_sim_suite/pressure_results.csv \
         pool512=docs/results/rl_sim_rcpi/pool512_leaderboard.csv
+    python scripts/rl_tables.py groups pressure=docs/results/rl_sim_suite/mix/pressure_leaderboard.csv \
+        --agents mixture=pressure_mix-dqn50k,single=pressure-dqn50k
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -39,6 +41,9 @@ hindsight-best constant (the ``oracle`` row, where the leaderboard has one) and 
 significantly better or worse than that strongest policy. With ``results.csv`` the comparisons are
 paired over its test seeds (kvrl.analysis.stats); without it they come from the leaderboard's own
 reference columns, and the strongest policy must then be one of its references (else an error).
+``groups``: agents grouped by how they were trained (``--agents name=directory-prefix,...``), a row per
+``label=leaderboard.csv``: per group, the range of its agents' paired % change to the val-picked constant
+and to fixed 0.01, with how many are significantly better / not / worse (the leaderboard's own columns).
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
@@ -321,6 +326,33 @@ def verdict(entries: list[str]) -> str:
     return "\n".join(out)
 
 
+def groups(entries: list[str], agent_groups: list[str]) -> str:
+    """Agents grouped by how they were trained, over several leaderboards: a row per
+    ``label=leaderboard.csv``, and per group (``name=prefix``: the agents whose directory name starts
+    with ``prefix``) and reference (the val-picked constant, vLLM's fixed 0.01), the range of the
+    group's paired % changes to the reference and how many are significantly better / not / worse."""
+    parsed = [g.partition("=")[::2] for g in agent_groups]
+    refs = (("val pick", lambda r: r["kind"] == "val-best"),      # fixed 0.01 is the val pick's row where it is that
+            ("fixed 0.01", lambda r: r["kind"] != "oracle" and r["policy"].split(" [")[0] == "fixed(fraction=0.01)"))
+    head = " | ".join(f"{name} vs {ref}" for name, _ in parsed for ref, _ in refs)
+    out = [f"| leaderboard | {head} |", "|---|" + "---|" * (len(parsed) * len(refs))]
+    for entry in entries:
+        label, _, path = entry.partition("=")
+        rows = _read_csv(path)
+        cells = []
+        for name, prefix in parsed:
+            members = [r for r in rows if r["kind"] == "agent" and r["policy"].split("(agents/")[-1].startswith(prefix)]
+            if not members:
+                raise ValueError(f"{path}: no agent of group {name!r} (directory prefix {prefix!r})")
+            for _, is_ref in refs:
+                ref = next(r["policy"] for r in rows if is_ref(r))
+                pct = [float(r[f"vs {ref}_pct_change"]) for r in members]
+                tally = " / ".join(map(str, _tally([r[f"vs {ref}_verdict"] for r in members])))
+                cells.append(f"{min(pct):+.1f}% to {max(pct):+.1f}% ({tally})")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def _beats_every(best: dict, others: list[dict], delta, cell) -> str:
     """Issue 17's test for one leaderboard: does ``best`` beat every policy of ``others`` (every constant,
     heuristic and controller, the hindsight-best constant's row aside) with a paired CI that excludes zero?
@@ -396,6 +428,9 @@ def main() -> None:
     c.add_argument("--fields", required=True, help="comma-separated names of the file's 'per cell:' legend")
     sub.add_parser("verdict").add_argument("entries", nargs="+", help="label=leaderboard.csv[:results.csv]")
     sub.add_parser("cem").add_argument("paths", nargs="+", help="cem.json of scripts/rl_cem.py runs")
+    g = sub.add_parser("groups")
+    g.add_argument("entries", nargs="+", help="label=leaderboard.csv")
+    g.add_argument("--agents", required=True, help="comma-separated name=directory-prefix groups")
     lv = sub.add_parser("live")
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
@@ -415,6 +450,8 @@ def main() -> None:
         print(verdict(a.entries))
     elif a.table == "cem":
         print(cem(a.paths))
+    elif a.table == "groups":
+        print(groups(a.entries, a.agents.split(",")))
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     else:
