@@ -107,7 +107,8 @@ def headroom(path: str) -> str:
 
 # columns of ``suite``: header and number format of each metric it can show
 METRICS = {"slo_attainment": ("SLO att.", ".3f"), "preemptions": ("preempt.", ".1f"),
-           "prefix_hit_rate": ("prefix hit rate", ".3f"), "recomputed_tokens": ("recomputed tokens", ",.0f")}
+           "prefix_hit_rate": ("prefix hit rate", ".3f"), "recomputed_tokens": ("recomputed tokens", ",.0f"),
+           "ttft_p50_s": ("p50 TTFT s", ".2f")}
 
 
 def _read_csv(path: str) -> list[dict]:
