@@ -266,6 +266,13 @@ def test_task_differences_ignore_keys_that_do_not_change_the_task(trained):
     _, other = load_task("watermark", [*TINY, "workload.rate_scale=10", "slo.tpot_s=0.01", "engine.num_blocks=512"])
     diff = {d.key: (d.trained, d.here) for d in task_differences(saved, other.run, "watermark")}
     assert diff == {"workload.rate_scale": (20.0, 10.0), "slo.tpot_s": (0.005, 0.01), "engine.num_blocks": (1024, 512)}
+    from kvrl.apps.scenario import agent_differences
+
+    meta = json.loads((run_dir / "agent.json").read_text())
+    assert agent_differences(meta, here.run, "watermark") == []
+    meta["env"]["episode"]["workloads"] = [{}, {"rate_scale": 5.0}]
+    assert [str(d) for d in agent_differences(meta, here.run, "watermark")] == [
+        'env.episode.workloads (trained [{}, {"rate_scale": 5.0}], here null)']
 
 
 def test_eval_on_the_agents_own_scenario_gives_no_warning(trained, tmp_path):
@@ -297,13 +304,17 @@ def test_latest_is_the_newest_agent_of_the_same_scenario(trained, tmp_path):
     _, here = load_task("watermark", TINY)
     meta = json.loads((run_dir / "agent.json").read_text())
     runs = tmp_path / "runs"
-    for name, rate, mtime in (("same", 20.0, 1000), ("other", 10.0, 2000)):     # "other" is newer
+    for name, rate, mtime, families in (("same", 20.0, 1000, None), ("other", 10.0, 2000, None),
+                                        ("mixture", 20.0, 3000, [{}, {"rate_scale": 5.0}])):   # newer in turn
         (runs / name).mkdir(parents=True)
         meta["env"]["run"]["workload"]["rate_scale"] = rate
+        meta["env"]["episode"]["workloads"] = families
         (runs / name / "agent.json").write_text(json.dumps(meta))
         (runs / name / "model.zip").write_bytes(b"zip")
         os.utime(runs / name / "model.zip", (mtime, mtime))
+    # an agent trained on a mixture that holds this scenario is not one trained on it alone
     assert newest_agent("kvrl/Watermark-v0", here.run, runs, "watermark") == runs / "same" / "model.zip"
+    (runs / "mixture" / "agent.json").unlink()
     (runs / "same" / "agent.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no agent trained on kvrl/Watermark-v0 in this scenario.*"
                                                 r"workload.rate_scale \(trained 10.0, here 20.0\)"):

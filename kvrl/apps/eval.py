@@ -52,7 +52,7 @@ from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_b
                                    write_csv)
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
-from kvrl.apps.scenario import describe_differences, newest_agent, task_differences
+from kvrl.apps.scenario import agent_differences, describe_differences, newest_agent
 from kvrl.apps.schema import validate_config
 from kvrl.envs.agent_io import JOINT_SLOTS, ROLES, model_path, read_meta
 from kvrl.envs.config import describe_workload, env_config_from_app
@@ -284,7 +284,7 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
             raise ValueError(f"{path} is a {ROLES[meta['env_id']]} agent ({meta['env_id']}); this evaluation "
                              f"(env={role}) needs a {role} agent")
         label = f"agent {meta['algo']} ({path.parent.parent.name}/{path.parent.name}/{path.name})"
-        diff = task_differences(meta["env"]["run"], run, role)
+        diff = agent_differences(meta, run, role)
         if diff:
             notes.append(f"{label} was trained on another scenario (differs in: {describe_differences(diff)})")
             log.warning(notes[-1])

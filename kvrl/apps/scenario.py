@@ -96,6 +96,18 @@ def task_differences(trained: Mapping[str, Any], here: Mapping[str, Any], role: 
     return out
 
 
+def agent_differences(meta: Mapping[str, Any], run: Mapping[str, Any], role: str) -> list[Difference]:
+    """:func:`task_differences` between the scenario of a saved agent (its ``agent.json``, ``meta``)
+    and ``run``, and ``env.episode.workloads`` when the agent was trained on a mixture of workload
+    families: a policy trained on several families is not one trained on this scenario alone, even
+    where the scenario is one of them."""
+    out = task_differences(meta["env"]["run"], run, role)
+    families = ((meta["env"].get("episode") or {}).get("workloads"))
+    if families is not None:
+        out.append(Difference("env.episode.workloads", families, None))
+    return out
+
+
 def newest_agent(env_id: str, run: Mapping[str, Any], train_dir: Path, role: str) -> Path:
     """The model zip of the newest run under ``train_dir`` (by its model file's time) trained on
     ``env_id`` in the scenario ``run`` (no :func:`task_differences`). ``FileNotFoundError`` says
@@ -111,7 +123,7 @@ def newest_agent(env_id: str, run: Mapping[str, Any], train_dir: Path, role: str
             continue                           # a run still without a model, or an unreadable agent.json
         if meta.get("env_id") != env_id:
             continue
-        diff = task_differences(meta["env"]["run"], run, role)
+        diff = agent_differences(meta, run, role)
         (other if diff else same).append((model.stat().st_mtime, str(model), diff))
     if same:
         return Path(max(same)[1])

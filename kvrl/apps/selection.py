@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from kvrl.apps.eval import Job, Policy, agent_plugin, run_jobs
 from kvrl.apps.outputs import atomic_write
 from kvrl.apps.rl_schema import register_rl_schemas
-from kvrl.apps.scenario import describe_differences, task_differences
+from kvrl.apps.scenario import agent_differences, describe_differences
 from kvrl.apps.schema import ConfigError, validate_config
 from kvrl.envs.agent_io import META_NAME, ROLES, model_path, read_meta
 from kvrl.envs.config import describe_workload, env_config_from_app
@@ -66,7 +66,7 @@ def select(cfg: DictConfig, out_dir: Path) -> list[dict]:
         if ROLES[meta["env_id"]] != role:
             raise ValueError(f"{path} is a {ROLES[meta['env_id']]} agent ({meta['env_id']}); env={env_id} "
                              f"needs a {role} agent")
-        diff = task_differences(meta["env"]["run"], run, role)
+        diff = agent_differences(meta, run, role)
         source = next(p for p in (path.parent / META_NAME, path.parent.parent / META_NAME) if p.is_file())
         if diff and source not in warned:
             warned.add(source)
