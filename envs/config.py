@@ -414,15 +414,18 @@ def env_config_from_app(cfg: Any, split: Optional[str] = None, **episode: Any) -
     return env_id, make_config(TASKS[env_id], node)
 
 
-def episode_rate_scales(config: EnvConfig) -> Optional[list[float]]:
-    """The absolute rate scales training episodes draw from (null: the scenario's own rate):
-    ``episode.rate_scales`` times ``run.workload.rate_scale`` when ``rate_scales_relative``."""
+def episode_rate_scales(config: EnvConfig, workload: Optional[Mapping[str, Any]] = None) -> Optional[list[float]]:
+    """The absolute rate scales training episodes of ``workload`` (default ``run.workload``; a family of
+    ``episode.workloads``) draw from (null: the workload's own rate): ``episode.rate_scales`` times the
+    workload's ``rate_scale`` when ``rate_scales_relative``."""
     ep = config.episode
     if ep.rate_scales is None:
         return None
     if not ep.rate_scales_relative:
         return list(ep.rate_scales)
-    base = float((config.run.get("workload") or {}).get("rate_scale", 1.0))
+    if workload is None:
+        workload = config.run.get("workload") or {}
+    base = float(workload.get("rate_scale", 1.0))
     return [r * base for r in ep.rate_scales]
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from kvrl.builder import build_engine, build_executor
 from kvrl.engine.request import Request
-from kvrl.envs.config import EnvConfig, resolve_features, variant_workloads
+from kvrl.envs.config import EnvConfig, episode_rate_scales, resolve_features, variant_workloads
 from kvrl.envs.driver import EngineDriver, TokenCurve
 from kvrl.workloads import build_workload
 
@@ -53,6 +53,7 @@ class EngineSession:
         max_model_len = run["engine"].get("max_model_len") or self.executor.max_model_len
         self._max_model_len = max_model_len
         self.families = variant_workloads(run["workload"], config.episode.workloads)
+        self._rate_scales = [episode_rate_scales(config, family) for family in self.families]
         self._pools: dict[tuple[int, Optional[float]], tuple[list[Request], list[float]]] = {}
         self.family = 0
         self._turn = 0
@@ -81,11 +82,8 @@ class EngineSession:
             return requests, None
         ep = self.config.episode
         self.family = self._next_family(rng)
-        rate = None
-        if ep.rate_scales is not None:
-            rate = ep.rate_scales[int(rng.integers(len(ep.rate_scales)))]
-            if ep.rate_scales_relative:
-                rate *= float(self.families[self.family].get("rate_scale", 1.0))
+        rates = self._rate_scales[self.family]
+        rate = rates[int(rng.integers(len(rates)))] if rates is not None else None
         everything, arrivals = self._pool(self.family, rate)
         if ep.window_s is None:
             return everything, None
@@ -111,8 +109,8 @@ class EngineSession:
         if n == 1:
             return 0
         if self.config.episode.window_s is None:
-            self._turn += 1
-            return (self._turn - 1) % n
+            family, self._turn = self._turn % n, self._turn + 1
+            return family
         return int(rng.integers(n))
 
     def perturb_cost(self, rng: np.random.Generator) -> float:

@@ -340,13 +340,13 @@ def groups(entries: list[str], agent_groups: list[str]) -> str:
     for entry in entries:
         label, _, path = entry.partition("=")
         rows = _read_csv(path)
+        labels = [next(r["policy"] for r in rows if is_ref(r)) for _, is_ref in refs]
         cells = []
         for name, prefix in parsed:
             members = [r for r in rows if r["kind"] == "agent" and r["policy"].split("(agents/")[-1].startswith(prefix)]
             if not members:
                 raise ValueError(f"{path}: no agent of group {name!r} (directory prefix {prefix!r})")
-            for _, is_ref in refs:
-                ref = next(r["policy"] for r in rows if is_ref(r))
+            for ref in labels:
                 pct = [float(r[f"vs {ref}_pct_change"]) for r in members]
                 tally = " / ".join(map(str, _tally([r[f"vs {ref}_verdict"] for r in members])))
                 cells.append(f"{min(pct):+.1f}% to {max(pct):+.1f}% ({tally})")

@@ -102,7 +102,7 @@ def agent_differences(meta: Mapping[str, Any], run: Mapping[str, Any], role: str
     families: a policy trained on several families is not one trained on this scenario alone, even
     where the scenario is one of them."""
     out = task_differences(meta["env"]["run"], run, role)
-    families = ((meta["env"].get("episode") or {}).get("workloads"))
+    families = (meta["env"].get("episode") or {}).get("workloads")
     if families is not None:
         out.append(Difference("env.episode.workloads", families, None))
     return out
