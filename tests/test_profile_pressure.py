@@ -73,6 +73,46 @@ def test_fit_host_recovers_the_previous_prefill_and_swap_terms():
     assert all(v8[k] == 0.0 for k in ("per_prev_prefill_token", "per_swap_block", "per_swap_step"))
 
 
+def test_fit_host_tells_a_per_step_queue_cost_from_a_per_request_one():
+    """Fit version 11: the engine's admission pass scans the queue only to the first request that
+    does not fit, so a queue costs a constant per step (``per_wait_step``) whatever its length. Rows
+    with queues of 0-400 and that cost recover it, with ``per_waiting`` 0; rows with a genuine
+    per-request cost recover that instead. Fit version 10 had no step term: on the first rows the
+    per-request term then prices a 300-long queue at many times the step constant."""
+    def rows_with(step_s, per_request_s, seed=4):
+        rng = np.random.default_rng(seed)
+        rows = []
+        for _ in range(600):
+            s, p, a = int(rng.integers(1, 128)), int(rng.integers(0, 3)), int(rng.integers(0, 3))
+            w = int(rng.integers(0, 400)) * int(rng.random() < 0.6)
+            gap = 45e-6 + 3e-6 * s + 20e-6 * p + 50e-6 * a + step_s * (w > 0) + per_request_s * w
+            rows.append([s, p, gap + rng.normal(0, 2e-6), a, 0, 0, w, 0, 0, 0, 0])
+        return rows
+
+    h = P.fit_host(rows_with(30e-6, 0.0))
+    assert h["per_wait_step"] == pytest.approx(30e-6, rel=0.05) and h["per_waiting"] < 0.005e-6
+    m = _truth(**h)
+    empty, queued = (m.host_s(64, 0, 0, 0, 0, w, 0, 0, 0, 0) for w in (0, 300))
+    assert queued - empty == pytest.approx(30e-6, rel=0.1)
+    h = P.fit_host(rows_with(0.0, 0.4e-6))
+    assert h["per_waiting"] == pytest.approx(0.4e-6, rel=0.05) and h["per_wait_step"] < 1e-6
+    # rows of a stored profile carry no step column: it is derived from n_wait
+    A, _ = P.fit.host_design(rows_with(30e-6, 0.0)[:5])
+    assert list(A[:, P.HOST_TERMS.index("per_wait_step")]) == [float(r[6] > 0) for r in rows_with(30e-6, 0.0)[:5]]
+
+
+def test_a_profile_without_the_queue_step_term_prices_as_before():
+    """A fit-version-10 model (the shipped profiles before fit version 11) has no ``per_wait_step``:
+    a queued step's host time is its per-request terms alone, as before."""
+    prof = P.StepProfile.load(P.PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16_step_graphs.json")
+    m = prof.model
+    if P.QUEUE_STEP_TERM in m.host:
+        pytest.skip("the shipped profile has the fit-version-11 term")
+    h = m.host
+    expect = h["base"] + 64 * h["per_seq"] + 300 * h["per_waiting"]
+    assert m.host_s(64, 0, 0, 0, 0, 300, 0, 0, 0, 0) == pytest.approx(expect, rel=1e-12)
+
+
 FIT9_HOST_ROWS = Path(__file__).parent / "data" / "h200_qwen3-0.6b_fit9_host_rows.csv"
 
 
@@ -131,8 +171,9 @@ def test_the_profiles_pressure_runs_preempt_queue_and_identify_the_host_terms():
     """kvrl-profile's engine runs under pressure, served by the sim priced like the H200 (the
     shipped profile's grid, half its requests): their pool, half the unpressured run's peak use,
     makes each run preempt and leave requests waiting (the worst-case-demand sizing of run 21 was
-    larger than that peak: nothing preempted), and the four runs identify the queue, admission,
-    preemption and swap-block terms of the host model."""
+    larger than that peak: nothing preempted), the last run's queue starts nearly all requests
+    long, and the runs identify the queue (per step and per request), admission, preemption and
+    swap-block terms of the host model."""
     from kvrl.apps.resim import sim_target
     from kvrl.profiling.host import host_run
     from kvrl.profiling.run import PRESSURE_RUNS, pressure_pool, run_work
@@ -147,15 +188,17 @@ def test_the_profiles_pressure_runs_preempt_queue_and_identify_the_host_terms():
     worst_case_quarter = g["host_requests"] * (g["host_prompt"][1] + g["host_output"][1]) // 16 // 4
     assert first.peak_blocks < worst_case_quarter and tight == first.peak_blocks // 2
     steps = list(first.steps)
-    for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
-        run = host_run(ex, g, tight, 1025, 16, 1 + i, evict, sched)
+    for i, (label, sched, evict, burst) in enumerate(PRESSURE_RUNS):
+        run = host_run(ex, g, tight, 1025, 16, 1 + i, evict, sched, burst)
         work = run_work(run.steps)
         assert work["preemptions"] > 0 and work["queued_steps"] > 0, (label, work)
+        if burst:    # every request at once: the queue starts all but the first pool-full long
+            assert work["max_waiting"] > 0.6 * g["host_requests"], (label, work)
         steps += run.steps
     rows = [(f["n_pre"] + f["n_dec"], f["n_pre"], max(el - inner, 0.0), *(f[k] for k in P.HOST_WORK))
             for f, inner, el in steps]
     missing = set(P.unidentified_host_terms(rows))
-    assert not missing & {"per_admit", "per_preempt", "per_waiting", "per_swap_block"}, missing
+    assert not missing & {"per_admit", "per_preempt", "per_wait_step", "per_waiting", "per_swap_block"}, missing
 
 
 @pytest.mark.parametrize("fraction, blocks", [(0.5, 3164), (0.25, 1582), (0.01, 160)])

@@ -69,13 +69,16 @@ def engine_run_lengths(kind: str, lo: int, hi: int) -> LengthDist:
 
 
 def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int, seed: int,
-             eviction: Optional[dict] = None, scheduler: Optional[dict] = None) -> HostRun:
+             eviction: Optional[dict] = None, scheduler: Optional[dict] = None, burst: bool = False) -> HostRun:
     """Serve a small workload through a real engine on ``ex`` (lengths drawn within
     ``host_prompt``/``host_output`` as ``host_lengths`` says: uniform or lognormal; every other
     request behind one of ``host_shared_prefix[0]`` shared prefixes) with ``eviction`` (plugin
     config; default lifo) and ``scheduler`` (default fcfs). On a pool smaller than the run's peak
     use (:attr:`HostRun.peak_blocks` of a run on a large pool) the run preempts and queues, so the
-    host model sees preemptions, swaps, queued requests and re-admissions."""
+    host model sees preemptions, swaps, queued requests and re-admissions. ``burst``: every request
+    arrives at once (not at ``host_rate``), so the queue starts ``host_requests`` long and drains
+    as requests finish: the queue lengths of an overloaded server (hundreds), where the Poisson runs
+    queue a few tens, so the host model can tell a per-step queue cost from a per-request one."""
     from kvrl.builder import build_engine
     from kvrl.engine.metrics import STEP_COLUMNS
     from kvrl.engine.request import Request
@@ -99,7 +102,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
         if prefixes and i % 2:   # every other request behind a shared prefix: prefix-hit steps
             prompt = np.concatenate([prefixes[int(rng.integers(len(prefixes)))], prompt])[:max_len - o]
         reqs.append(Request(f"h{i}", arrival, prompt, max(o, 1)))
-        if g.get("host_rate"):   # Poisson arrivals: queues like a server's, not one offline burst
+        if g.get("host_rate") and not burst:   # Poisson arrivals: queues like a server's, not one offline burst
             arrival += float(rng.exponential(1.0 / g["host_rate"]))
     timed = StepTimer()
     engine = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,

@@ -58,13 +58,13 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     host = first.host
     # and under memory pressure (a pool of half the blocks that run had in use at its peak;
     # recompute, then swap victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of
-    # policy): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
+    # policy; then every request at once, a queue hundreds long): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
     # re-admissions, and each policy kind's host time
     tight = pressure_pool(first.peak_blocks, grid, block_size)
     pool = {"peak_blocks": first.peak_blocks, "pressure_blocks": tight}
     if tight < nb:
-        for i, (label, sched, evict) in enumerate(PRESSURE_RUNS):
-            hr = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched)
+        for i, (label, sched, evict, burst) in enumerate(PRESSURE_RUNS):
+            hr = host_run(ex, grid, tight, n_cpu, block_size, seed + 1 + i, evict, sched, burst)
             runs[label] = hr.steps
             host.merge(hr.host)
     steps = [row for rows in runs.values() for row in rows]
@@ -121,11 +121,14 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                        [list(r) for r in thin(host_rows, 400)], fit, key, engine_samples=thin(engine, 600))
 
 
-#: the profile's engine runs under memory pressure: (label, scheduler, eviction) plugin configs
-PRESSURE_RUNS = (("pressure fcfs/lifo recompute", None, {"name": "lifo", "mode": "recompute"}),
-                 ("pressure fcfs/most_blocks swap", None, {"name": "most_blocks", "mode": "swap"}),
+#: the profile's engine runs under memory pressure: (label, scheduler, eviction) plugin configs and
+#: whether every request arrives at once (:func:`~kvrl.profiling.host.host_run`'s ``burst``: the last
+#: run, since fit version 11, queues an overloaded server's hundreds)
+PRESSURE_RUNS = (("pressure fcfs/lifo recompute", None, {"name": "lifo", "mode": "recompute"}, False),
+                 ("pressure fcfs/most_blocks swap", None, {"name": "most_blocks", "mode": "swap"}, False),
                  ("pressure oracle sjf/most_blocks swap", {"name": "sjf", "oracle": True},
-                  {"name": "most_blocks", "mode": "swap"}))
+                  {"name": "most_blocks", "mode": "swap"}, False),
+                 ("pressure fcfs/most_blocks swap, all at once", None, {"name": "most_blocks", "mode": "swap"}, True))
 
 
 def pressure_pool(peak_blocks: int, grid: dict, block_size: int) -> int:
@@ -187,7 +190,7 @@ def package_version(module: str) -> str:
 
 def render_report(prof) -> str:
     """The fit report as Markdown."""
-    from kvrl.executors.profile import HOST_WORK_TERMS
+    from kvrl.executors.profile import HOST_TERMS
 
     k, f = prof.raw_key, prof.fit_report
     lines = [f"# Step-time profile: {k.get('gpu_name')} / {prof.meta.get('model')} ({k.get('dtype')})", "",
@@ -222,7 +225,7 @@ def render_report(prof) -> str:
                   f"applied): CUDA graph x{k['graph']:.3f}, eager x{k['eager']:.3f}",
               f"engine time between steps: {h['base'] * 1e6:.1f} us + {h['per_seq'] * 1e6:.2f} us/seq + "
                   f"{h['per_prefill'] * 1e6:.2f} us/prefill seq (median gap {f.get('host', {}).get('median_gap_s', 0) * 1e6:.0f} us); "
-                  + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_WORK_TERMS),
+                  + ", ".join(f"{k} {h.get(k, 0.0) * 1e6:.3g} us" for k in HOST_TERMS[3:]),
               f"decodes beside a prefill (mixed_dec): {m.eager['coef'].get('mixed_dec', 0.0) * 1e6:.2f} us each",
               f"shared KV token of an eager decode (dec_shared): {m.eager['coef'].get('dec_shared', 0.0):.3g} s; beside a "
               f"prefill (mixed_shared, fit version 10): " + (f"{m.eager['coef']['mixed_shared']:.3g} s"

@@ -53,7 +53,8 @@ the part on the compute stream (gather / launching the copies); ``host`` the eng
 time between steps (live ``elapsed_s`` counts it), ``h0 + h1 * S + h2 * n_pre`` plus the host-work
 terms (:data:`HOST_WORK_TERMS`: admissions, preemptions, finishes, queue length, prefill tokens of
 this and the previous step, swapped blocks, swap steps; fit version 9 added the last three and
-``c_mixed_dec``, the extra cost of each decode sequence in a step that also prefills).
+``c_mixed_dec``, the extra cost of each decode sequence in a step that also prefills) and, fit
+version 11, a constant per step with any request queued (:data:`QUEUE_STEP_TERM`).
 
 Swap transfers run on the live executor's swap stream, overlapping compute: their durations
 ``swap_out_xfer(n)`` and ``swap_in_xfer(n)`` (same linear form) drive the sim's
@@ -68,8 +69,8 @@ The package, by job: :mod:`~kvrl.executors.profile.format` (file format, key, er
 :mod:`~kvrl.executors.profile.model` (:class:`StepModel`), :mod:`~kvrl.executors.profile.registry`
 (:class:`StepProfile` files and the lookup). Their public names are importable from here.
 """
-from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, batch_features,
-                                             host_work, host_work_rows, prefill_tokens)
+from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM,
+                                             batch_features, host_work, host_work_rows, prefill_tokens)
 from kvrl.executors.profile.fit import (FLOOR_TERMS, HOST_TERMS, choose_knots, error_stats, fit_host, hat_basis, nnls,
                                         unidentified_host_terms)
 from kvrl.executors.profile.format import (FIT_VERSION, FORMAT, LOADABLE_FIT_VERSIONS, SHAPE_FIELDS, VERSION,
@@ -80,7 +81,7 @@ from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile
                                              search_paths)
 
 __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORWARD_FEATURES", "HOST_WORK",
-           "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "SHAPE_FIELDS", "VERSION",
+           "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "QUEUE_STEP_TERM", "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
            "device_key", "error_stats", "fit_engine_factor", "fit_errors", "fit_host", "fit_model", "hat_basis", "host_work",
            "load_cached", "matching_profiles", "nnls", "now_stamp", "prefill_tokens", "profile_file", "refit_report", "resolve_profile", "search_paths", "unidentified_host_terms"]

@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import scipy.optimize
 
-from kvrl.executors.profile.features import HOST_WORK, HOST_WORK_TERMS
+from kvrl.executors.profile.features import HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM
 
 
 def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -144,8 +144,15 @@ def fit_max(cols: list[np.ndarray], floor_cols: list[np.ndarray], t: np.ndarray,
     return _fit_max_once(A, F, t)
 
 
-#: the host model's terms, in the order :func:`identified_terms` considers them
-HOST_TERMS = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS)
+#: where ``n_wait`` sits in :data:`HOST_WORK`
+_N_WAIT = HOST_WORK.index("n_wait")
+
+
+#: the host model's terms, in the order :func:`identified_terms` considers them: the per-step queue
+#: term (:data:`QUEUE_STEP_TERM`) before the per-request one, so where the rows cannot tell them
+#: apart (one request waits at most) the step term takes the weight
+HOST_TERMS = ("base", "per_seq", "per_prefill", *HOST_WORK_TERMS[:_N_WAIT], QUEUE_STEP_TERM,
+              *HOST_WORK_TERMS[_N_WAIT:])
 
 
 #: a host term is fitted only if at least this share of its count (the norm of its least-squares
@@ -157,9 +164,12 @@ HOST_IDENTIFY_TOL = 0.1
 def host_design(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     """The host model's design matrix (one column per :data:`HOST_TERMS`) and gaps (seconds) of
     ``[num_seqs, n_pre, gap_s, *HOST_WORK]`` rows; shorter rows (profiles older than fit version 9
-    stored fewer counters, before version 8 none) are padded with zeros."""
+    stored fewer counters, before version 8 none) are padded with zeros. The queue-step column is
+    ``n_wait > 0``, derived from the row (so rows of every stored version have it)."""
     a = np.asarray([list(r) + [0.0] * (3 + len(HOST_WORK) - len(r)) for r in rows], dtype=np.float64)
-    return np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], a[:, 3:]]), a[:, 2]
+    work = a[:, 3:]
+    return np.column_stack([np.ones(len(a)), a[:, 0], a[:, 1], work[:, :_N_WAIT], work[:, _N_WAIT] > 0,
+                            work[:, _N_WAIT:]]), a[:, 2]
 
 
 def identified_terms(A: np.ndarray, tol: float = HOST_IDENTIFY_TOL) -> np.ndarray:
@@ -199,7 +209,7 @@ def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
     sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
     finishes, queued sequences, prefill tokens of this and the previous step, swapped blocks, swap
-    steps) by NNLS on absolute error over the terms the rows identify (:func:`identified_terms`;
+    steps) ``+ per_wait_step * [n_wait > 0]`` by NNLS on absolute error over the terms the rows identify (:func:`identified_terms`;
     the others are 0), refitted once without gaps more than 5 MADs above the first fit (GC pauses,
     page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows (profiles older
     than fit version 9 stored fewer counters, before version 8 none) are padded with zeros: the

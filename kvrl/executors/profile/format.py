@@ -17,15 +17,15 @@ FORMAT = "kvrl-step-profile"
 VERSION = 1
 
 
-FIT_VERSION = 10
+FIT_VERSION = 11
 
 
 #: stored models of these fit versions load as they are (version 5 lacks ``pre_max_ctx`` and
 #: ``token_sizes``, versions 5-6 lack the ``dec_shared`` terms, versions 5-7 the host-work terms,
 #: versions 5-8 ``mixed_dec`` and the host terms of the previous step's prefill tokens and of swaps,
-#: versions 5-9 ``mixed_shared``: those then price as zero / no padding / as private KV tokens / as
-#: ``dec_shared``, and the old predictions are unchanged)
-LOADABLE_FIT_VERSIONS = (5, 6, 7, 8, 9, 10)
+#: versions 5-9 ``mixed_shared``, versions 5-10 ``per_wait_step``: those then price as zero / no
+#: padding / as private KV tokens / as ``dec_shared`` / as zero, and the old predictions are unchanged)
+LOADABLE_FIT_VERSIONS = (5, 6, 7, 8, 9, 10, 11)
 
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",

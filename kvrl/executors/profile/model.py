@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from kvrl.executors.profile.features import FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS
+from kvrl.executors.profile.features import FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM
 from kvrl.executors.profile.fit import (FLOOR_TERMS, choose_knots, column, error_stats, fit_host, fit_max,
                                         fit_weighted, hat_basis, unidentified_host_terms)
 from kvrl.executors.profile.format import FIT_VERSION, ProfileError
@@ -118,6 +118,8 @@ class StepModel:
         self._h = (h["base"], h["per_seq"], h["per_prefill"])
         #: host work around a step (fit version 8; older profiles price it as zero)
         self._hw = tuple(float(h.get(k, 0.0)) for k in HOST_WORK_TERMS)
+        #: per step with a request waiting (fit version 11; older profiles: 0)
+        self._h_wait_step = float(h.get(QUEUE_STEP_TERM, 0.0))
         self._k_graph, self._k_eager = float(self.engine_factor["graph"]), float(self.engine_factor["eager"])
 
     # ------------------------------------------------------------------ prediction
@@ -181,7 +183,7 @@ class StepModel:
         """Seconds of the engine's own Python between two steps: per scheduled sequence, per
         prefill sequence, and per unit of host work (:data:`HOST_WORK`: admissions, preemptions,
         finishes, queued sequences, prefill tokens of this step and of the previous one, swapped
-        blocks, a step that swaps)."""
+        blocks, a step that swaps; and a step with any request queued, :data:`QUEUE_STEP_TERM`)."""
         h0, h1, h2 = self._h
         return h0 + h1 * num_seqs + h2 * n_pre + self.host_work_s(n_admit, n_preempt, n_finish, n_wait, pre_tok,
                                                                   pre_tok_prev, swap_blocks, swap_step)
@@ -190,8 +192,9 @@ class StepModel:
                     pre_tok_prev: int = 0, swap_blocks: int = 0, swap_step: int = 0) -> float:
         """The part of :meth:`host_s` that depends on what the engine did around the step."""
         a, p, f, w, t, tp, sb, ss = self._hw
-        return (a * n_admit + p * n_preempt + f * n_finish + w * n_wait + t * pre_tok + tp * pre_tok_prev
-                + sb * swap_blocks + ss * swap_step)
+        t_work = (a * n_admit + p * n_preempt + f * n_finish + w * n_wait + t * pre_tok + tp * pre_tok_prev
+                  + sb * swap_blocks + ss * swap_step)
+        return t_work + self._h_wait_step if n_wait > 0 else t_work
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
