@@ -2,6 +2,7 @@
 other runs' live steps, each run held out in turn, offline.
 
     python scripts/fidelity_wait_term.py [--work DIR] [--out FILE]
+    python scripts/fidelity_wait_term.py --step-term [--work DIR]
 
 The host model prices the engine's own time between two steps; ``per_waiting`` is its cost per request
 still queued (kvrl.executors.profile.features.HOST_WORK ``n_wait``), fitted from the profile's short engine
@@ -14,6 +15,11 @@ unpacks them). One JSON line per run: the fitted value, and per profile the pair
 issue 16 at once, those whose throughput is within 3%, and the resolved live orders its sim reverses; a last
 line with the totals. The Mooncake runs (51-52) need the traces at ``.dev/traces/`` (docs/fidelity.md
 "Runs 51-52"). CPU, about four minutes.
+
+``--step-term`` (session 31, fit version 11) instead fits the host model on each run's own live gaps twice,
+without and with the per-step queue term (``per_wait_step``: a constant for every step with a request
+waiting), and prints one Markdown row per run: ``per_waiting`` alone, then ``per_waiting`` and
+``per_wait_step`` together, and the mean absolute error of each fit over the steps it keeps. About a minute.
 """
 from __future__ import annotations
 
@@ -27,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docs_facts as F  # noqa: E402  (the run registry and the target counts)
 from fidelity_scale_rule import profile_path, resim, unpack  # noqa: E402
 
-from kvrl.executors.profile import StepModel, StepProfile, fit_host  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kvrl.executors.profile import HOST_TERMS, HOST_WORK, QUEUE_STEP_TERM, StepModel, StepProfile, fit_host  # noqa: E402
+from kvrl.executors.profile.fit import host_design  # noqa: E402
 from kvrl.fidelity.live_fit import host_rows  # noqa: E402
 from kvrl.fidelity.replay import read_replay_csv  # noqa: E402
 from kvrl.fidelity.report import resolved_rankings  # noqa: E402
@@ -63,11 +72,41 @@ def scores(live: dict, sims: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def fit_mae(rows: list, host: dict) -> float:
+    """Mean absolute error (s) of ``host`` over ``rows``' gaps, without those more than 5 MADs above
+    (the gaps :func:`fit_host` leaves out of its refit)."""
+    A, y = host_design(rows)
+    r = y - A @ np.array([host.get(k, 0.0) for k in HOST_TERMS])
+    mad = np.median(np.abs(r - np.median(r))) + 1e-9
+    return float(np.mean(np.abs(r[r < np.median(r) + 5 * mad])))
+
+
+def step_term_table(work: Path) -> str:
+    """``--step-term``: see the module doc."""
+    lines = ["| run | shape | live steps | most waiting | fit 10 terms: per_waiting, us | mean abs error, us | "
+             "fit 11 terms: per_waiting, us | per_wait_step, us | mean abs error, us |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape, runs in RUNS.items():
+        for run in runs:
+            rows = host_rows(live_steps(unpack(run, work)[0]))
+            with_step = fit_host(rows)
+            old = fit_host(rows, exclude=(QUEUE_STEP_TERM,))
+            most = int(max(r[3 + HOST_WORK.index("n_wait")] for r in rows))
+            lines.append(f"| {run} | {shape} | {len(rows)} | {most} | {old['per_waiting'] * 1e6:.2f} | "
+                         f"{fit_mae(rows, old) * 1e6:.1f} | {with_step['per_waiting'] * 1e6:.2f} | "
+                         f"{with_step['per_wait_step'] * 1e6:.1f} | {fit_mae(rows, with_step) * 1e6:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/kvrl-wait-term"))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--step-term", action="store_true", help="the per-run fits with and without per_wait_step")
     args = ap.parse_args()
+    if args.step_term:
+        print(step_term_table(args.work))
+        return
     lines = []
     for shape, runs in RUNS.items():
         shipped = StepProfile.load(profile_path(shape, "shipped"))

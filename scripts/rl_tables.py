@@ -15,6 +15,8 @@
         pool512=docs/results/rl_sim_rcpi/pool512_leaderboard.csv
     python scripts/rl_tables.py groups pressure=docs/results/rl_sim_suite/mix/pressure_leaderboard.csv \
         --agents mixture=pressure_mix-dqn50k,single=pressure-dqn50k
+    python scripts/rl_tables.py sim_error docs/results/rl_live_h200/pressure_mix_mooncake_s30/live_results.csv \
+        shipped=docs/results/rl_live_h200/pressure_mix_mooncake_s30/sim_results.csv
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -410,6 +412,47 @@ def live(sim: str, live_: str, name: str, reference: str = "fixed(fraction=0.01)
     return f"**{heading.removeprefix('## ')}**\n{rest}"
 
 
+#: the metrics of :func:`sim_error`
+SIM_ERROR_METRICS = ("throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "preemptions")
+
+
+def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=0.01)") -> str:
+    """How far each sim (``label=results.csv``, kvrl-eval's sim of the live run's jobs) is from the live
+    ``results.csv``: per sim, the relative error of the reference policy's mean of each of
+    :data:`SIM_ERROR_METRICS` over the seeds both served, and the largest absolute goodput error of
+    any policy's mean (and which). Test-split rows only."""
+    def means(path: str) -> dict[str, dict[int, dict]]:
+        out: dict[str, dict[int, dict]] = defaultdict(dict)
+        for r in csv.DictReader(open(path)):
+            if r["split"] == "test":
+                out[r["policy"]][int(r["seed"])] = r
+        return out
+
+    live_rows = means(live_path)
+    ref = next((p for p in live_rows if p == reference or p.startswith(reference)), None)
+    if ref is None:
+        raise SystemExit(f"{live_path}: no policy {reference!r}")
+    short = lambda p: p.split("agents/")[-1].split("/best_model")[0] if "agents/" in p else p
+    head = [f"{reference}: {m}" for m in SIM_ERROR_METRICS] + ["largest goodput error of any policy"]
+    lines = ["| sim | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for entry in sims:
+        label, path = entry.split("=", 1)
+        sim_rows = means(path)
+
+        def err(policy: str, metric: str) -> float:
+            seeds = sorted(set(live_rows[policy]) & set(sim_rows.get(policy, {})))
+            if not seeds:
+                raise SystemExit(f"{path}: no seed of {policy!r} that {live_path} also served")
+            mean = lambda rows: sum(float(rows[s][metric]) for s in seeds) / len(seeds)
+            return mean(sim_rows[policy]) / mean(live_rows[policy]) - 1
+
+        worst = max(live_rows, key=lambda p: abs(err(p, "goodput_tok_s")))
+        cells = [f"{err(ref, m):+.1%}" for m in SIM_ERROR_METRICS]
+        cells.append(f"{err(worst, 'goodput_tok_s'):+.1%} ({short(worst)})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="table", required=True)
@@ -436,6 +479,9 @@ def main() -> None:
     for name in ("sim", "live", "scenario"):
         lv.add_argument(name)
     lv.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the paired Δ's reference")
+    se = sub.add_parser("sim_error")
+    se.add_argument("live")
+    se.add_argument("sims", nargs="+", help="label=results.csv of the sim")
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -455,6 +501,8 @@ def main() -> None:
         print(groups(a.entries, a.agents.split(",")))
     elif a.table == "cells":
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
+    elif a.table == "sim_error":
+        print(sim_error(a.live, a.sims))
     else:
         print(live(a.sim, a.live, a.scenario, a.reference))
 

@@ -102,7 +102,8 @@ def test_profile_cli_writes_a_small_profile_keyed_by_device_and_shape(cpu_profil
     assert "scattered over the pool" in (cpu_profile.parent / "profile.md").read_text()
     # the host model against each engine run, one per policy kind (fcfs, pressured recompute / swap, oracle SJF)
     assert list(data["fit"]["host_by_run"]) == ["fcfs/lifo", "pressure fcfs/lifo recompute",
-                                                "pressure fcfs/most_blocks swap", "pressure oracle sjf/most_blocks swap"]
+                                                "pressure fcfs/most_blocks swap", "pressure oracle sjf/most_blocks swap",
+                                                "pressure fcfs/most_blocks swap, all at once"]
     assert all(st["n"] > 0 for st in data["fit"]["host_by_run"].values())
     assert "model vs each engine run" in (cpu_profile.parent / "profile.md").read_text()
     # terms the engine runs leave unidentified are listed (and fitted as 0)
@@ -638,13 +639,13 @@ def test_fit_host_recovers_the_host_work_terms_and_old_rows_still_fit():
 
 def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
     """The same batch costs more host time when the engine admitted and preempted around it, by
-    exactly the profile's host-work terms; a fit-version-7 host model (no such terms) prices it
-    as before."""
+    exactly the profile's host-work terms (fit version 11: with the queue's per-step term); a
+    fit-version-7 host model (no such terms) prices it as before."""
     from kvrl.profiling.batches import BatchFactory
 
     prof = P.StepProfile.load(cpu_profile)
     prof.model.host = {**prof.model.host, "per_admit": 1e-4, "per_preempt": 2e-4, "per_finish": 0.0,
-                       "per_waiting": 1e-6, "per_prefill_token": 0.0}
+                       "per_waiting": 1e-6, "per_prefill_token": 0.0, "per_wait_step": 3e-5}
     prof.model._build()
     sim = SimExecutor(TINY, CPU, seed=0, profile=prof)
     sim.allocate_kv(4096, 0, 16)
@@ -653,8 +654,8 @@ def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
     busy_batch = factory.batch(decode_lens=[40, 300])
     busy_batch.num_admitted, busy_batch.num_preempted, busy_batch.num_waiting = 3, 2, 50
     busy = sim.execute(busy_batch).elapsed_s
-    assert busy - quiet == pytest.approx(3e-4 + 4e-4 + 50e-6, rel=1e-9)
-    for k in P.HOST_WORK_TERMS:
+    assert busy - quiet == pytest.approx(3e-4 + 4e-4 + 50e-6 + 3e-5, rel=1e-9)
+    for k in (*P.HOST_WORK_TERMS, P.QUEUE_STEP_TERM):
         prof.model.host.pop(k)
     prof.model._build()
     assert sim.execute(busy_batch).elapsed_s == pytest.approx(quiet, rel=1e-12)

@@ -96,6 +96,11 @@ def test_fit_host_tells_a_per_step_queue_cost_from_a_per_request_one():
     assert queued - empty == pytest.approx(30e-6, rel=0.1)
     h = P.fit_host(rows_with(0.0, 0.4e-6))
     assert h["per_waiting"] == pytest.approx(0.4e-6, rel=0.05) and h["per_wait_step"] < 1e-6
+    # excluded (fit version 10's model), the per-request term takes the step's cost, and prices a long queue high
+    v10 = P.fit_host(rows_with(30e-6, 0.0), exclude=("per_wait_step",))
+    assert v10["per_wait_step"] == 0.0 and v10["per_waiting"] > 0.05e-6
+    with pytest.raises(ValueError, match="per_wait_stepp"):
+        P.fit_host(rows_with(30e-6, 0.0), exclude=("per_wait_stepp",))
     # rows of a stored profile carry no step column: it is derived from n_wait
     A, _ = P.fit.host_design(rows_with(30e-6, 0.0)[:5])
     assert list(A[:, P.HOST_TERMS.index("per_wait_step")]) == [float(r[6] > 0) for r in rows_with(30e-6, 0.0)[:5]]

@@ -131,6 +131,29 @@ def test_eval_with_a_given_best_fixed_watermark_runs_no_val_sweep(trained, tmp_p
     assert "fixed(fraction=0.2) [val-best, given]" in {r["policy"] for r in rows}
 
 
+def test_eval_step_traces_all_keeps_every_test_jobs_steps(trained, tmp_path):
+    """``step_traces=all``: step_traces.npz holds one whole per-step record per test run (the rows of
+    results.csv on split=test, in the same policies and seeds), whose running counts of preemptions
+    and finished requests end at that run's metrics; an unknown value is refused before any run."""
+    from kvrl.apps.eval import read_step_traces
+
+    run_dir, _ = trained
+    out = tmp_path / "traces"
+    app("eval", f"hydra.run.dir={out}", f"agents=[{run_dir}]", *EVAL, "fixed_best=0.2", "plots=false",
+        "step_traces=all")
+    rows = [r for r in csv.DictReader((out / "results.csv").read_text().splitlines()) if r["split"] == "test"]
+    jobs = read_step_traces(out / "step_traces.npz")
+    assert sorted((e["policy"], e["seed"]) for e, _ in jobs) == sorted((r["policy"], int(r["seed"])) for r in rows)
+    by_job = {(r["policy"], int(r["seed"])): r for r in rows}
+    for entry, steps in jobs:
+        row = by_job[entry["policy"], entry["seed"]]
+        assert len(steps["step"]) > 0
+        assert steps["preemptions"][-1] == int(row["preemptions"]) and steps["finished"][-1] == int(row["finished"])
+    bad = app("eval", f"hydra.run.dir={tmp_path / 'bad'}", f"agents=[{run_dir}]", *EVAL, "fixed_best=0.2",
+              "step_traces=every", check=False)
+    assert bad.returncode != 0 and "step_traces='every'" in bad.stderr
+
+
 # --- tooling that follows the scenario it is pointed at (issue 21) and resume (issue 15) ---
 
 def tiny_azure_csv(path, n=100):

@@ -21,7 +21,8 @@ Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard
 included; while the test runs go one by one, as on the live backend, ``results.partial.csv``
 holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png``
 (bars with CIs), ``traces.png`` (watermark and KV usage over time, first seed), ``config.yaml``;
-prints the leaderboard. ``logger=wandb`` also logs the table and the plots.
+with ``step_traces=all``, ``step_traces.npz``: every test job's per-step record (:func:`write_step_traces`;
+live or sim, for a policy's behaviour step by step, e.g. sim against live); prints the leaderboard. ``logger=wandb`` also logs the table and the plots.
 """
 from __future__ import annotations
 
@@ -75,12 +76,14 @@ class Policy:
 
 @dataclass(frozen=True)
 class Job:
-    """One engine run: a policy on a split with a seed; ``trace`` keeps its per-step record."""
+    """One engine run: a policy on a split with a seed; ``trace`` keeps the per-step record the
+    plots show, ``steps`` the whole record (every :data:`~kvrl.engine.metrics.STEP_COLUMNS` column)."""
 
     policy: Policy
     split: str
     seed: int
     trace: bool = False
+    steps: bool = False
 
 
 def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
@@ -142,7 +145,7 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
         # engine.num_blocks=0 sizes the pool from free memory, which the warm-up's captured graphs
         # have reduced: every job keeps the first pool's size, so its pool and graphs are reused
         cfg["engine"]["num_blocks"] = _LIVE["num_blocks"]
-    engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace)
+    engine = build_engine(OmegaConf.create(cfg), executor=executor, record_steps=job.trace or job.steps)
     if executor is not None and not _LIVE.get("num_blocks"):
         _LIVE["num_blocks"] = engine.config.num_blocks
     requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
@@ -166,6 +169,8 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
         out["trace"] = {"time_s": steps[:, col["time_s"]], "kv_occupancy": steps[:, col["kv_occupancy"]],
                         "watermark": steps[:, col["reserved_blocks"]] / engine.config.num_blocks,
                         "preemptions": steps[:, col["preemptions"]]}
+    if job.steps:
+        out["steps"] = np.asarray(engine.metrics.steps, dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
     return out
 
 
@@ -334,8 +339,12 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
     return Policy(f"{label_of(best)} [{tag}]", "val-best", best), results
 
 
+#: per-job arrays of a result, not CSV columns
+_ARRAYS = ("trace", "steps")
+
+
 def write_results(results: Sequence[dict], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in results for k in r if k != "trace"))
+    keys = list(dict.fromkeys(k for r in results for k in r if k not in _ARRAYS))
     def write(f):
         w = csv.DictWriter(f, keys, extrasaction="ignore")
         w.writeheader()
@@ -343,8 +352,32 @@ def write_results(results: Sequence[dict], path: Path) -> None:
     atomic_write(path, write)
 
 
+def write_step_traces(results: Sequence[dict], path: Path) -> None:
+    """The whole per-step record of every test job that kept one (``step_traces=all``), in one
+    compressed ``.npz``: ``job<i>`` an array of one row per engine step and one column per
+    ``columns`` entry (:data:`~kvrl.engine.metrics.STEP_COLUMNS`), and ``index`` a JSON list of
+    ``{"policy", "seed", "split", "backend"}`` whose i-th entry describes ``job<i>``."""
+    from kvrl.engine.metrics import STEP_COLUMNS
+
+    kept = [r for r in results if "steps" in r]
+    index = [{k: r[k] for k in ("policy", "seed", "split", "backend")} for r in kept]
+    arrays = {f"job{i}": r["steps"] for i, r in enumerate(kept)}
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, index=np.array(json.dumps(index)), columns=np.array(STEP_COLUMNS), **arrays)
+    os.replace(tmp, path)
+
+
+def read_step_traces(path: Path) -> list[tuple[dict, dict[str, np.ndarray]]]:
+    """The jobs of a :func:`write_step_traces` file: per job its index entry and its columns by name."""
+    with np.load(path) as f:
+        index, columns = json.loads(str(f["index"])), [str(c) for c in f["columns"]]
+        return [(entry, {c: f[f"job{i}"][:, j] for j, c in enumerate(columns)}) for i, entry in enumerate(index)]
+
+
 def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     """Run the evaluation ``cfg`` describes into ``out_dir``; returns the leaderboard rows."""
+    if cfg.step_traces not in ("first", "all"):
+        raise ValueError(f"step_traces={cfg.step_traces!r}: expected first (the first seed's, for the plots) or all")
     env_id, env_cfg = env_config_from_app(cfg, split="test")
     role = ROLES[env_id]
     run = env_cfg.run
@@ -377,7 +410,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents, role)     # one row per distinct plugin config
-    jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0]) for seed in seeds for p in policies]
+    jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0], steps=cfg.step_traces == "all")
+            for seed in seeds for p in policies]
     journal = out_dir / JOURNAL
     out_dir.mkdir(parents=True, exist_ok=True)
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies), live_warmup=cfg.live_warmup,
@@ -393,6 +427,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         notes.append(f"Strongest competitor (best mean test goodput of the heuristics, val-best and val-tuned "
                      f"policies; the agents' paired Δ reference): {competitor}")
     write_results(results, out_dir / "results.csv")
+    if cfg.step_traces == "all":
+        write_step_traces(test_results, out_dir / "step_traces.npz")
     journal.unlink(missing_ok=True)
     references = [policies[0].label] if baselines else []
     references += [p.label for p in policies if p.kind == "val-best"]

@@ -91,6 +91,7 @@ class EvalSchema(_RunKeys):
     oracle: bool = True
     workers: int = 2
     plots: bool = True
+    step_traces: str = "first"
 
 
 @dataclass

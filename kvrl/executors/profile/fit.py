@@ -205,7 +205,7 @@ def unidentified_host_terms(rows: Sequence[Sequence[float]]) -> list[str]:
     return [k for k, kept in zip(HOST_TERMS, keep) if not kept]
 
 
-def fit_host(rows: Sequence[Sequence[float]]) -> dict:
+def fit_host(rows: Sequence[Sequence[float]], exclude: Sequence[str] = ()) -> dict:
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
     sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
     finishes, queued sequences, prefill tokens of this and the previous step, swapped blocks, swap
@@ -213,10 +213,15 @@ def fit_host(rows: Sequence[Sequence[float]]) -> dict:
     the others are 0), refitted once without gaps more than 5 MADs above the first fit (GC pauses,
     page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows (profiles older
     than fit version 9 stored fewer counters, before version 8 none) are padded with zeros: the
-    terms they lack fit as zero."""
+    terms they lack fit as zero. ``exclude``: :data:`HOST_TERMS` held at 0 (a study of what a term
+    buys: ``exclude=("per_wait_step",)`` fits the host model as fit version 10 had it)."""
+    unknown = set(exclude) - set(HOST_TERMS)
+    if unknown:
+        raise ValueError(f"fit_host: unknown host term(s) {sorted(unknown)} (terms: {', '.join(HOST_TERMS)})")
     if len(rows) < 3:
         return dict.fromkeys(HOST_TERMS, 0.0)
     A, y = host_design(rows)
+    A[:, [HOST_TERMS.index(k) for k in exclude]] = 0.0     # an all-zero column is never identified
     keep = identified_terms(A)
     x = np.zeros(A.shape[1])
     x[keep] = nnls(A[:, keep], y)
