@@ -114,16 +114,18 @@ class EngineSession:
         return int(rng.integers(n))
 
     def perturb_cost(self, rng: np.random.Generator) -> float:
-        """Draw this episode's step-time factor ``exp(N(0, episode.step_time_sigma))`` and set it
-        on the sim executor (domain randomisation; no draw and factor 1 when the sigma is 0)."""
+        """Draw this episode's step-time factor ``exp(N(0, episode.step_time_sigma))`` and set the
+        sim executor's factor to it times the configured ``backend.step_time_scale`` (domain
+        randomisation; no draw and factor 1 when the sigma is 0). Returns the drawn factor."""
         sigma = self.config.episode.step_time_sigma
         if sigma == 0.0:
             return 1.0
         if not hasattr(self.executor, "step_time_scale"):
             raise ValueError(f"env.episode.step_time_sigma={sigma} perturbs the sim's cost model; the "
                              f"{type(self.executor).__name__} executor has none (set it to 0)")
-        self.executor.step_time_scale = float(np.exp(rng.normal(0.0, sigma)))
-        return self.executor.step_time_scale
+        factor = float(np.exp(rng.normal(0.0, sigma)))
+        self.executor.step_time_scale = self.executor.base_step_time_scale * factor
+        return factor
 
     def _pool(self, family: int, rate_scale: Optional[float]) -> tuple[list[Request], list[float]]:
         """Family ``family``'s split requests (and their arrival times), at ``rate_scale`` (null: the

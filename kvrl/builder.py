@@ -56,7 +56,8 @@ def build_executor(cfg: Any) -> Executor:
         from kvrl.executors.sim import SimExecutor
         return SimExecutor(shape, device, seed=int(cfg.seed), profile=backend.get("profile", "auto"),
                            cuda_graphs=bool(backend.get("cuda_graphs", True)),
-                           step_graphs=bool(backend.get("step_graphs", True)))
+                           step_graphs=bool(backend.get("step_graphs", True)),
+                           step_time_scale=float(backend.get("step_time_scale", 1.0)))
     if name == "live":
         from kvrl.executors.live_build import build_live
         return build_live(to_dict(cfg.model), backend, seed=int(cfg.seed), weights=backend.get("weights", "disk"))

@@ -400,6 +400,23 @@ def test_step_time_sigma_perturbs_each_training_episodes_cost_model():
         make("watermark", "env.episode.step_time_sigma=-0.1")
 
 
+def test_backend_step_time_scale_multiplies_every_step_and_the_episodes_draw():
+    """``backend.step_time_scale`` (a host that much slower than the profile's): the same episode's
+    engine time scales with it exactly where no step waits on another's time (here 1.1 gives more
+    than 1.05x: a slower engine also queues more), the per-episode draw of step_time_sigma multiplies
+    it, and a factor that is not positive is refused naming the key."""
+    _, _, base = rollout(make("watermark").unwrapped, seed=0)
+    slow_env = make("watermark", "backend.step_time_scale=1.1").unwrapped
+    _, _, slow = rollout(slow_env, seed=0)
+    assert slow_env.session.executor.step_time_scale == 1.1
+    assert slow["metrics"]["duration_s"] > 1.05 * base["metrics"]["duration_s"]
+    both = make("watermark", "backend.step_time_scale=1.1", "env.episode.step_time_sigma=0.3").unwrapped
+    rollout(both, seed=0)
+    assert both.session.executor.step_time_scale == pytest.approx(1.1 * both.step_time_scale, rel=1e-12)
+    with pytest.raises(ValueError, match="backend.step_time_scale"):
+        make("watermark", "backend.step_time_scale=0")
+
+
 def test_phased_load_alternates_the_arrival_rate():
     from kvrl.workloads.generators import phased_times
 

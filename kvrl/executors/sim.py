@@ -90,17 +90,23 @@ class SimExecutor(Executor):
 
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
                  profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
-                 step_graphs: bool = True, host_speed: float = 1.0, host_cpus: Optional[int] = None) -> None:
+                 step_graphs: bool = True, host_speed: float = 1.0, host_cpus: Optional[int] = None,
+                 step_time_scale: float = 1.0) -> None:
         if not (host_speed > 0 and host_speed < float("inf")):
             raise ValueError(f"host_speed={host_speed}: give a positive factor on the profile's host terms")
+        if not (step_time_scale > 0 and step_time_scale < float("inf")):
+            raise ValueError(f"backend.step_time_scale={step_time_scale}: give a positive factor on every step's time")
         self.model = model
         self.device = device
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
         self.step_graphs = bool(step_graphs)
-        #: multiplies every step's compute time (domain randomisation of the cost model, set per
-        #: episode by the RL environments' ``env.episode.step_time_sigma``; 1.0 = the cost model as is)
-        self.step_time_scale = 1.0
+        #: the configured factor on every step's time (``backend.step_time_scale``: a host known to be
+        #: that much slower or faster than the profile's, or a sensitivity check; 1.0 = the cost model as is)
+        self.base_step_time_scale = float(step_time_scale)
+        #: multiplies every step's compute time: the base, times the RL environments' per-episode
+        #: domain randomisation (``env.episode.step_time_sigma``) where they draw one
+        self.step_time_scale = self.base_step_time_scale
         self.host_speed = float(host_speed)
         self._block_bytes = 0
         self._clock = 0.0
