@@ -22,7 +22,8 @@ included; while the test runs go one by one, as on the live backend, ``results.p
 holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png``
 (bars with CIs), ``traces.png`` (watermark and KV usage over time, first seed), ``config.yaml``;
 with ``step_traces=all``, ``step_traces.npz``: every test job's per-step record (:func:`write_step_traces`;
-live or sim, for a policy's behaviour step by step, e.g. sim against live); prints the leaderboard. ``logger=wandb`` also logs the table and the plots.
+a policy's behaviour step by step, live or sim, e.g. one against the other); prints the leaderboard.
+``logger=wandb`` also logs the table and the plots.
 """
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def host_run(ex, g: dict, num_blocks: int, num_cpu_blocks: int, block_size: int,
         if prefixes and i % 2:   # every other request behind a shared prefix: prefix-hit steps
             prompt = np.concatenate([prefixes[int(rng.integers(len(prefixes)))], prompt])[:max_len - o]
         reqs.append(Request(f"h{i}", arrival, prompt, max(o, 1)))
-        if g.get("host_rate") and not burst:   # Poisson arrivals: queues like a server's, not one offline burst
+        if g.get("host_rate") and not burst:   # Poisson arrivals: queues like a server's
             arrival += float(rng.exponential(1.0 / g["host_rate"]))
     timed = StepTimer()
     engine = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,

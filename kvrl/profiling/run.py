@@ -58,8 +58,8 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     host = first.host
     # and under memory pressure (a pool of half the blocks that run had in use at its peak;
     # recompute, then swap victims; then swap under oracle SJF, kvrl-fidelity's sjf_swap kind of
-    # policy; then every request at once, a queue hundreds long): mixed steps of re-prefills beside decodes, preemptions, swaps, queued requests and
-    # re-admissions, and each policy kind's host time
+    # policy; then every request at once, a queue hundreds long): mixed steps of re-prefills beside
+    # decodes, preemptions, swaps, queued requests and re-admissions, and each policy kind's host time
     tight = pressure_pool(first.peak_blocks, grid, block_size)
     pool = {"peak_blocks": first.peak_blocks, "pressure_blocks": tight}
     if tight < nb:

@@ -81,7 +81,8 @@ from kvrl.executors.profile.registry import (ENV_PATH, PACKAGED_DIR, StepProfile
                                              search_paths)
 
 __all__ = ["ENV_PATH", "FEATURES", "FIT_VERSION", "FLOOR_TERMS", "FORMAT", "FORWARD_FEATURES", "HOST_WORK",
-           "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "QUEUE_STEP_TERM", "SHAPE_FIELDS", "VERSION",
+           "HOST_TERMS", "HOST_WORK_TERMS", "LOADABLE_FIT_VERSIONS", "Linear1D", "PACKAGED_DIR", "QUEUE_STEP_TERM",
+           "SHAPE_FIELDS", "VERSION",
            "ProfileError", "ProfileKey", "StepModel", "StepProfile", "batch_features", "choose_knots", "clear_cache",
            "device_key", "error_stats", "fit_engine_factor", "fit_errors", "fit_host", "fit_model", "hat_basis", "host_work",
            "load_cached", "matching_profiles", "nnls", "now_stamp", "prefill_tokens", "profile_file", "refit_report", "resolve_profile", "search_paths", "unidentified_host_terms"]

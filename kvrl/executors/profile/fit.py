@@ -209,8 +209,8 @@ def fit_host(rows: Sequence[Sequence[float]], exclude: Sequence[str] = ()) -> di
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
     sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
     finishes, queued sequences, prefill tokens of this and the previous step, swapped blocks, swap
-    steps) ``+ per_wait_step * [n_wait > 0]`` by NNLS on absolute error over the terms the rows identify (:func:`identified_terms`;
-    the others are 0), refitted once without gaps more than 5 MADs above the first fit (GC pauses,
+    steps) ``+ per_wait_step * [n_wait > 0]`` by NNLS on absolute error over the terms the rows
+    identify (:func:`identified_terms`; the others are 0), refitted once without gaps more than 5 MADs above the first fit (GC pauses,
     page faults). A row is ``[num_seqs, n_pre, gap_s, *HOST_WORK]``; shorter rows (profiles older
     than fit version 9 stored fewer counters, before version 8 none) are padded with zeros: the
     terms they lack fit as zero. ``exclude``: :data:`HOST_TERMS` held at 0 (a study of what a term
