@@ -98,10 +98,12 @@ def test_without_shared_mixed_samples_the_fit_keeps_one_shared_price():
     assert fit.predict_features(f, False) == pytest.approx(truth.predict_features(f, False), rel=0.005)
 
 
-def test_a_fit_10_model_round_trips_and_says_its_version():
+def test_a_model_with_mixed_shared_round_trips_and_says_its_version():
+    """A model with fit version 10's mixed_shared term saves the current fit version (11 since the
+    queue's per-step host term) and loads back pricing the same; version 10 files still load."""
     fit = P.StepModel.fit(_grid(_truth(2e-8, mixed_shared=4e-9)), [])
     d = fit.to_dict()
-    assert d["fit_version"] == P.FIT_VERSION == 10 and 10 in P.LOADABLE_FIT_VERSIONS
+    assert d["fit_version"] == P.FIT_VERSION == 11 and 10 in P.LOADABLE_FIT_VERSIONS
     again = P.StepModel.from_dict(json.loads(json.dumps(d)))
     f = step_features([700] * 33, pre=[(100, 50)], shared=256)
     assert again.predict_features(f, False) == fit.predict_features(f, False)
@@ -154,7 +156,7 @@ def test_pool_script_writes_a_pooled_profile_and_its_report(tmp_path):
     out = tmp_path / "pooled.json"
     assert fidelity_pool_profiles.main([*map(str, paths), "--out", str(out)]) == 0
     prof = P.StepProfile.load(out)
-    assert prof.model.to_dict()["fit_version"] == 10 and len(prof.meta["pooled_from"]) == 2
+    assert prof.model.to_dict()["fit_version"] == P.FIT_VERSION and len(prof.meta["pooled_from"]) == 2
     assert "mixed_shared, fit version 10" in out.with_suffix(".md").read_text()
 
 
