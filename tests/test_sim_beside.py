@@ -163,6 +163,12 @@ def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given(
     assert given["profile_choice"] == "given" and given["cost_source"] == f"profile:{shipped}"
     assert given["profile_replay_errors"] == {} and given["throughput_tok_s"] != chosen["throughput_tok_s"]
     assert chosen["throughput_tok_s"] == pytest.approx(served["throughput_tok_s"])
+    # the replay error of the cost model used, on the run's own steps: the chosen profile's is about 0;
+    # given another profile with the steps, that profile's (the host-speed gap kvrl-eval records per run)
+    assert chosen["replay_error"] == chosen["profile_replay_errors"][x4]
+    other = sim_beside.predict(cfg, engine, requests, steps=steps, profile=shipped)
+    assert other["replay_error"] == pytest.approx(chosen["profile_replay_errors"][shipped], rel=1e-9)
+    assert math.isnan(given["replay_error"])            # no steps, no replay
 
 
 def test_matching_profiles_counts_a_directory_on_the_path_and_shipped_once(monkeypatch):

@@ -116,6 +116,8 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     assert all(not r.get("sim_throughput_tok_s") for r in val)
     # ... every one priced by the cost model the first live run chose (no profile of tiny on CPU: roofline)
     assert {r["sim_cost_source"] for r in test} == {"roofline"}
+    # ... and how far that cost model prices each run's own executed steps from their live time
+    assert all(float(r["sim_replay_error"]) > -1.0 for r in test)
     markdown = (tmp_path / "live" / "leaderboard.md").read_text()
     assert "[val-best in sim]" in markdown
     assert "trained on the sim backend and runs here on the live backend" in markdown

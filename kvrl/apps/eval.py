@@ -152,8 +152,9 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     requests = cached_workload(cfg["workload"], engine.executor.vocab_size, engine.config.max_model_len)
     live = cfg["backend"]["name"] == "live"
     probes = HostProbes() if live else None   # the live host's speed (#16)
-    # the first live job's steps choose the sim's profile, kept for every later job of the process (#16)
-    step_log = sim_beside.StepLog() if live and "sim_profile" not in _LIVE else None
+    # the first live job's steps choose the sim's profile, kept for every later job of the process, and
+    # each job's steps give its replay error, the host's speed against that profile's (#16)
+    step_log = sim_beside.StepLog() if live else None
     metrics = engine.run(requests, callbacks=[c for c in (probes, step_log) if c is not None])
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
            "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
@@ -164,6 +165,7 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
         out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
         out["sim_cost_source"] = predicted["cost_source"]
         out["host_probe_ratio"] = predicted["host_probe_ratio"]
+        out["sim_replay_error"] = predicted["replay_error"]
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}

@@ -90,7 +90,10 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     """The sim's summary of serving ``requests`` as ``live_engine`` (a finished live run) did,
     plus ``cost_source`` and ``profile_staleness`` of the sim's cost model, ``profile_choice`` (how it
     was chosen: ``"given"``, ``"replay"`` with ``profile_replay_errors``, every candidate's
-    :func:`replay_error` on this run, or ``"auto"``), and ``host_probe_ratio``: the live run's host
+    :func:`replay_error` on this run, or ``"auto"``), ``replay_error``: the chosen cost model's
+    :func:`replay_error` on this run's own steps (NaN without ``steps``: a host that much faster or
+    slower than the profile's, what ``backend.step_time_scale = 1 / (1 + replay_error)`` corrects; docs/rl.md,
+    "Live again, on another VM"), and ``host_probe_ratio``: the live run's host
     measurement (``live_host``: :class:`~kvrl.executors.host_speed.HostProbes`' ``meter.stats()``)
     against the profile's (NaN where either is missing). The profile: ``profile`` where given (a
     :class:`~kvrl.executors.profile.StepProfile`, a profile path, or ``"roofline"``; kvrl-eval keeps
@@ -115,8 +118,17 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
                           step_graphs=step_graphs, host_cpus=os.cpu_count())
     else:
         sim = None
+    replay = float("nan")
+    if choice == "replay":
+        replay = errors.get(profile.path or "<in memory>", float("nan"))
+    elif reference is not None and steps is not None and steps.batches:
+        replay = replay_error(SimExecutor(reference.model, reference.device,
+                                          profile=profile if profile is not None else "auto", cuda_graphs=graphs,
+                                          step_graphs=step_graphs, host_cpus=os.cpu_count()),
+                              steps, live_engine.config)
     engine = build_engine(scfg, executor=sim, record_steps=False)
     summary = engine.run(list(requests))
+    summary["replay_error"] = replay
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness
     summary["profile_choice"] = choice
