@@ -36,7 +36,7 @@ from fidelity_scale_rule import profile_path, resim, unpack  # noqa: E402
 import numpy as np  # noqa: E402
 
 from kvrl.executors.profile import HOST_TERMS, HOST_WORK, QUEUE_STEP_TERM, StepModel, StepProfile, fit_host  # noqa: E402
-from kvrl.executors.profile.fit import host_design  # noqa: E402
+from kvrl.executors.profile.fit import gap_inliers, host_design  # noqa: E402
 from kvrl.fidelity.live_fit import host_rows  # noqa: E402
 from kvrl.fidelity.replay import read_replay_csv  # noqa: E402
 from kvrl.fidelity.report import resolved_rankings  # noqa: E402
@@ -73,12 +73,11 @@ def scores(live: dict, sims: dict[str, dict]) -> dict[str, dict]:
 
 
 def fit_mae(rows: list, host: dict) -> float:
-    """Mean absolute error (s) of ``host`` over ``rows``' gaps, without those more than 5 MADs above
-    (the gaps :func:`fit_host` leaves out of its refit)."""
+    """Mean absolute error (s) of ``host`` over ``rows``' gaps, without those :func:`fit_host` leaves
+    out of its refit (:func:`~kvrl.executors.profile.fit.gap_inliers`)."""
     A, y = host_design(rows)
     r = y - A @ np.array([host.get(k, 0.0) for k in HOST_TERMS])
-    mad = np.median(np.abs(r - np.median(r))) + 1e-9
-    return float(np.mean(np.abs(r[r < np.median(r) + 5 * mad])))
+    return float(np.mean(np.abs(r[gap_inliers(r)])))
 
 
 def step_term_table(work: Path) -> str:

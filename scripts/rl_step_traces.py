@@ -21,14 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from kvrl.apps.eval import read_step_traces
+from rl_tables import agent_dir   # scripts/ is on sys.path when this file runs as a script
 
 COLUMNS = ("steps", "engine_s", "decode_ms", "prefill_ms", "waiting", "running", "used", "watermark",
            "watermark_above_0.02", "preemptions")
-
-
-def short(policy: str) -> str:
-    """An agent's label by its directory; other policies as they are."""
-    return policy.split("agents/")[-1].split("/best_model")[0] if "agents/" in policy else policy
 
 
 def job_row(steps: dict[str, np.ndarray], num_blocks: int) -> dict[str, float]:
@@ -51,7 +47,7 @@ def summarise(entries: list[str], num_blocks: int) -> list[dict]:
         label, paths = entry.split("=", 1)
         for path in paths.split(","):
             for job, steps in read_step_traces(Path(path)):
-                rows.append({"label": label, "policy": short(job["policy"]), "seed": job["seed"],
+                rows.append({"label": label, "policy": agent_dir(job["policy"]), "seed": job["seed"],
                              **job_row(steps, num_blocks)})
     return rows
 

@@ -420,6 +420,12 @@ def live(sim: str, live_: str, name: str, reference: str = "fixed(fraction=0.01)
     return f"**{heading.removeprefix('## ')}**\n{rest}"
 
 
+def agent_dir(policy: str) -> str:
+    """An agent's policy label by its directory (``agent dqn (agents/x/best_model.zip)`` -> ``x``);
+    any other policy's label as it is."""
+    return policy.split("agents/")[-1].split("/best_model")[0] if "agents/" in policy else policy
+
+
 #: the metrics of :func:`sim_error`
 SIM_ERROR_METRICS = ("throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "preemptions")
 
@@ -440,7 +446,6 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
     ref = next((p for p in live_rows if p == reference or p.startswith(reference)), None)
     if ref is None:
         raise SystemExit(f"{live_path}: no policy {reference!r}")
-    short = lambda p: p.split("agents/")[-1].split("/best_model")[0] if "agents/" in p else p
     head = [f"{reference}: {m}" for m in SIM_ERROR_METRICS] + ["largest goodput error of any policy"]
     lines = ["| sim | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for entry in sims:
@@ -456,7 +461,7 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
 
         worst = max(live_rows, key=lambda p: abs(err(p, "goodput_tok_s")))
         cells = [f"{err(ref, m):+.1%}" for m in SIM_ERROR_METRICS]
-        cells.append(f"{err(worst, 'goodput_tok_s'):+.1%} ({short(worst)})")
+        cells.append(f"{err(worst, 'goodput_tok_s'):+.1%} ({agent_dir(worst)})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -118,16 +118,13 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
                           step_graphs=step_graphs, host_cpus=os.cpu_count())
     else:
         sim = None
+    engine = build_engine(scfg, executor=sim, record_steps=False)
+    summary = engine.run(list(requests))
     replay = float("nan")
     if choice == "replay":
         replay = errors.get(profile.path or "<in memory>", float("nan"))
-    elif reference is not None and steps is not None and steps.batches:
-        replay = replay_error(SimExecutor(reference.model, reference.device,
-                                          profile=profile if profile is not None else "auto", cuda_graphs=graphs,
-                                          step_graphs=step_graphs, host_cpus=os.cpu_count()),
-                              steps, live_engine.config)
-    engine = build_engine(scfg, executor=sim, record_steps=False)
-    summary = engine.run(list(requests))
+    elif sim is not None and steps is not None and steps.batches:
+        replay = replay_error(sim, steps, live_engine.config)     # after the run: it restarts the sim's clock
     summary["replay_error"] = replay
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness

@@ -205,6 +205,13 @@ def unidentified_host_terms(rows: Sequence[Sequence[float]]) -> list[str]:
     return [k for k, kept in zip(HOST_TERMS, keep) if not kept]
 
 
+def gap_inliers(residuals: np.ndarray) -> np.ndarray:
+    """Which gaps :func:`fit_host` keeps for its refit: those whose residual is at most 5 MADs above
+    the median residual (the others are GC pauses, page faults)."""
+    med = np.median(residuals)
+    return residuals < med + 5 * (np.median(np.abs(residuals - med)) + 1e-9)
+
+
 def fit_host(rows: Sequence[Sequence[float]], exclude: Sequence[str] = ()) -> dict:
     """The host model from an engine run's gaps: ``gap = h0 + h1 * num_seqs + h2 * n_pre +
     sum(term * count)`` over :data:`HOST_WORK_TERMS` / :data:`HOST_WORK` (admissions, preemptions,
@@ -225,9 +232,7 @@ def fit_host(rows: Sequence[Sequence[float]], exclude: Sequence[str] = ()) -> di
     keep = identified_terms(A)
     x = np.zeros(A.shape[1])
     x[keep] = nnls(A[:, keep], y)
-    r = y - A @ x
-    mad = np.median(np.abs(r - np.median(r))) + 1e-9
-    ok = r < np.median(r) + 5 * mad
+    ok = gap_inliers(y - A @ x)
     if ok.sum() >= 3:
         x[keep] = nnls(A[ok][:, keep], y[ok])
     return {k: float(v) for k, v in zip(HOST_TERMS, x)}
