@@ -27,6 +27,12 @@ with an agent found in neither place is skipped.
     python scripts/rerun_leaderboard.py docs/results/rl_sim_suite/pressure_leaderboard.md --workers 2
     python scripts/rerun_leaderboard.py docs/results/rl_*/**/*leaderboard.md --out rerun.jsonl
     python scripts/rerun_leaderboard.py docs/results/rl_sim_rcpi/pool512_leaderboard.md --regenerate
+
+``--profile P`` adds ``backend.profile=P`` to the re-run (replacing a recorded one): the committed sim leaderboards
+of sessions 26-31 ran on the fit-10 profiles shipped then, archived since session 32 (docs/rl.md, "Reproducing a
+committed leaderboard"). ``--into DIR`` (with ``--regenerate``) writes the regenerated files under
+``DIR/<the leaderboard's folder below docs/results>/`` instead of over the committed ones, e.g. the same leaderboards
+on another profile beside the committed ones.
 """
 from __future__ import annotations
 
@@ -121,6 +127,10 @@ def _rel(a: str, b: str) -> float:
     return abs(y - x) / max(abs(x), 1e-12)
 
 
+#: how results.csv writes a missing value
+EMPTY = ("", "nan")
+
+
 def compare(committed: dict, rerun: dict) -> dict:
     """Row-by-row comparison of two results tables (:func:`read_rows`)."""
     missing = [k for k in committed if k not in rerun]
@@ -128,7 +138,9 @@ def compare(committed: dict, rerun: dict) -> dict:
     for k, row in committed.items():
         if k not in rerun:
             continue
-        diff = [c for c, v in row.items() if rerun[k].get(c) != v]
+        # a column kvrl-eval no longer writes (session 31 moved ``steps`` out of results.csv) is no difference
+        # where the committed file held no value in it
+        diff = [c for c, v in row.items() if rerun[k].get(c) != v and not (c not in rerun[k] and v in EMPTY)]
         if diff:
             differing += 1
             columns.update(diff)
@@ -150,21 +162,30 @@ def regen_dir(leaderboard: Path) -> str:
     return f"runs/regen/{leaderboard.parent.name}/{stem or 'leaderboard'}"
 
 
-def replace_committed(leaderboard: Path, run_dir: Path) -> list[Path]:
+#: where committed result files live; ``--into`` mirrors the folders below it
+RESULTS = ROOT / "docs" / "results"
+
+
+def replace_committed(leaderboard: Path, run_dir: Path, into: "Path | None" = None) -> list[Path]:
     """Copy kvrl-eval's :data:`REGENERATED` files from ``run_dir`` over ``leaderboard``'s committed ones
-    (``x_leaderboard.md`` -> ``x_leaderboard.md``, ``x_leaderboard.csv``, ``x_results.csv``); the paths written."""
+    (``x_leaderboard.md`` -> ``x_leaderboard.md``, ``x_leaderboard.csv``, ``x_results.csv``), or with ``into``
+    to the same names under ``into/<leaderboard's folder relative to docs/results>``; the paths written."""
     prefix = leaderboard.name.removesuffix("leaderboard.md")
+    folder = leaderboard.parent if into is None else into / leaderboard.parent.relative_to(RESULTS)
+    folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name in REGENERATED:
-        target = leaderboard.parent / f"{prefix}{name}"
+        target = folder / f"{prefix}{name}"
         target.write_bytes((run_dir / name).read_bytes())
         written.append(target)
     return written
 
 
-def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
+def rerun(leaderboard: Path, workers: int, regenerate: bool = False, profile: "str | None" = None,
+          into: "Path | None" = None) -> dict:
     """Re-run one leaderboard's command and compare (see the module docstring); with ``regenerate``,
-    in ``runs/regen/<name>``, and the new files replace the committed ones."""
+    in ``runs/regen/<name>``, and the new files replace the committed ones (or go under ``into``). ``profile``:
+    the sim's ``backend.profile`` for the re-run, in place of the recorded one."""
     out = {"leaderboard": str(leaderboard.relative_to(ROOT) if leaderboard.is_absolute() else leaderboard)}
     overrides, remapped = remap_agents(recorded_command(leaderboard))
     if remapped:
@@ -175,7 +196,11 @@ def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
         return {**out, "verdict": "skipped", "reason": reason}
     committed_path, written, key = table
     out["compared"] = committed_path.name
-    kept = [o for o in overrides if o.partition("=")[0] not in REPLACED]
+    replaced = REPLACED + (("backend.profile",) if profile else ())
+    kept = [o for o in overrides if o.partition("=")[0] not in replaced]
+    if profile:
+        kept.append(f"backend.profile={profile}")
+        out["profile"] = profile
     with tempfile.TemporaryDirectory(prefix="kvrl-rerun-") as tmp:
         run_dir = regen_dir(leaderboard) if regenerate else f"{tmp}/run"
         cmd = [sys.executable, "-m", "kvrl.apps.eval", *kept, f"workers={workers}", "plots=false",
@@ -188,7 +213,7 @@ def rerun(leaderboard: Path, workers: int, regenerate: bool = False) -> dict:
             return {**out, "verdict": "failed", "tail": (proc.stdout + proc.stderr)[-800:]}
         out.update(compare(read_rows(committed_path, key), read_rows(new, key)))
         if regenerate:
-            replace_committed(leaderboard, ROOT / run_dir)
+            replace_committed(leaderboard, ROOT / run_dir, into)
             out["regenerated"] = True
         return out
 
@@ -200,10 +225,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="JSON-lines file to append each result to")
     ap.add_argument("--regenerate", action="store_true",
                     help="replace the committed leaderboard.md/.csv and results.csv with the re-run's")
+    ap.add_argument("--profile", help="backend.profile for every re-run (e.g. archive/<name>.json), "
+                                       "in place of the recorded command's")
+    ap.add_argument("--into", type=Path, help="with --regenerate: write the new files under this folder "
+                                                "(mirroring docs/results/), not over the committed ones")
     a = ap.parse_args()
+    if a.into and not a.regenerate:
+        ap.error("--into needs --regenerate")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     for lb in a.leaderboards:
-        res = {"commit": commit, **rerun(lb.resolve(), a.workers, a.regenerate)}
+        res = {"commit": commit, **rerun(lb.resolve(), a.workers, a.regenerate, a.profile,
+                                         a.into.resolve() if a.into else None)}
         line = json.dumps(res)
         print(line, flush=True)
         if a.out:

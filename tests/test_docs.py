@@ -423,6 +423,12 @@ def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(t
     assert res["max_goodput_rel_diff"] == pytest.approx(0.01)
     b.write_text(head + "p,test,0,100.0,3\n")
     assert rr.compare(rr.read_rows(a), rr.read_rows(b))["missing"] == 1
+    # a column the re-run no longer writes is no difference where the committed file held no value in it
+    a.write_text("policy,split,seed,goodput_tok_s,steps\np,test,0,100.0,nan\n")
+    b.write_text("policy,split,seed,goodput_tok_s\np,test,0,100.0\n")
+    assert rr.compare(rr.read_rows(a), rr.read_rows(b))["verdict"] == "reproduces"
+    a.write_text("policy,split,seed,goodput_tok_s,steps\np,test,0,100.0,7\n")
+    assert rr.compare(rr.read_rows(a), rr.read_rows(b))["columns"] == ["steps"]
     # --regenerate: where the command runs, and the committed files the run's replace (results.csv too,
     # where only the leaderboard was committed); a leaderboard named plain leaderboard.md keeps its names
     assert rr.regen_dir(tmp_path / "x_leaderboard.md") == f"runs/regen/{tmp_path.name}/x"
@@ -435,6 +441,11 @@ def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(t
     assert sorted(p.name for p in written) == ["x_leaderboard.csv", "x_leaderboard.md", "x_results.csv"]
     assert board.read_text() == "new leaderboard.md" and (tmp_path / "x_results.csv").read_text() == "new results.csv"
     assert [p.name for p in rr.replace_committed(tmp_path / "leaderboard.md", run)][2] == "results.csv"
+    # --into: the same names under <into>/<the leaderboard's folder below docs/results>, the committed ones untouched
+    committed = rr.RESULTS / "rl_sim_suite" / "pressure_leaderboard.md"
+    before = committed.read_bytes()
+    into = [p.relative_to(tmp_path) for p in rr.replace_committed(committed, run, tmp_path / "fit11")]
+    assert into[0] == Path("fit11/rl_sim_suite/pressure_leaderboard.md") and committed.read_bytes() == before
 
 
 def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):

@@ -304,6 +304,26 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
     return policies, notes
 
 
+def sim_cost_note(run: dict) -> str:
+    """The leaderboard line naming what priced a sim evaluation's steps: the profile file the sim resolves
+    for ``run`` (its path, the first 12 hex digits of the file's SHA-256 and its fit version) or the
+    roofline, so that a result says which cost model it stands on after the shipped profile changes."""
+    import hashlib
+    from kvrl.builder import build_executor
+    sim = build_executor(OmegaConf.create({**run, "seed": 0}))
+    if sim.profile is None or not sim.profile.path:
+        return f"Sim cost model: {sim.cost_source}"
+    path = Path(sim.profile.path)
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    fit = json.loads(raw)["model"]["fit_version"]
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = path
+    return f"Sim cost model: profile {shown} (sha256 {digest}, fit version {fit})"
+
+
 def sim_backend() -> dict:
     """The sim backend's config (``conf/backend/sim.yaml``)."""
     from kvrl import conf
@@ -444,6 +464,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
              f"backend={run['backend']['name']}, model={run['model']['name']}, device={run['device']['name']}, "
              f"engine.num_blocks={run['engine']['num_blocks']}, workload={describe_workload(run['workload'])} "
              f"rate_scale={run['workload']['rate_scale']}, slo={run['slo']}",
+             *([sim_cost_note(run)] if run["backend"]["name"] == "sim" else []),
              "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
              "difference to the reference policy (same requests), mean ± 95% CI.", *notes]
     atomic_write(out_dir / "leaderboard.md", lambda f: f.write(markdown(rows, f"Leaderboard: {env_id}", notes)))
