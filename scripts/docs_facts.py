@@ -751,6 +751,27 @@ def rerun_s28() -> dict[str, str]:
     return out
 
 
+REGEN_S32 = "docs/results/reproduce/regen_fit11_s32.jsonl"
+RERUN_S32 = "docs/results/reproduce/rerun_s32.jsonl"
+
+
+@source("rerun_s32", "cheap", REGEN_S32, RERUN_S32)
+def rerun_s32() -> dict[str, str]:
+    """Session 32: the verdict table's sim leaderboards regenerated on the fit-11 profile into docs/results/fit11/
+    (``regen_*``: each line compares the new run with the fit-10 one committed; ``regen_moved_span``: the range over
+    leaderboards of the largest change in one run's goodput), and plain re-runs afterwards on this machine (the
+    fit-11 copies as recorded, and committed fit-10 ones with ``--profile`` naming the archived fit-10 profile)."""
+    out = _rerun_facts(RERUN_S32)
+    out.update({f"regen_{k}": v for k, v in _rerun_facts(REGEN_S32).items()})
+    moved = sorted(r["max_goodput_rel_diff"] for r in _jsonl(REGEN_S32))
+    out["regen_moved_span"] = f"{100 * moved[0]:.0f}% to {100 * moved[-1]:.0f}%"
+    runs = _jsonl(RERUN_S32)
+    for side, pinned in (("fit11", False), ("fit10", True)):
+        mine = [r for r in runs if bool(r.get("profile")) == pinned]
+        out[f"{side}_reproduces"] = f"{sum(r['verdict'] == 'reproduces' for r in mine)} of {len(mine)}"
+    return out
+
+
 def _live_beside_sim(directory: str) -> dict[str, str]:
     """The facts of one scenario served live on an H200 beside its sim stage (``directory`` holds
     scripts/merge_eval.py's ``{live,sim}_{leaderboard,results}.csv``, reference the constant 0.01):

@@ -5,7 +5,8 @@
 #      docs/rl.md's scenario tables (scripts/rl_scenario_table.py; the session-4 ones, docs/results.md's
 #      session-4 leaderboards and the sim beside its live H200 run (kvrl-eval), on the archived
 #      profile d5ff5ad, the task-suite regime on the profile shipped at 0ffecd4, which the suite's
-#      results used, archived as kvrl/executors/profiles/archive/h200_qwen3-0.6b_bfloat16_0ffecd4.json) and
+#      results used, archived as kvrl/executors/profiles/archive/h200_qwen3-0.6b_bfloat16_0ffecd4.json, the
+#      tenants and joint regimes on the fit-10 profile their leaderboards ran on, archived in session 32) and
 #      docs/tiers.md's CPU/disk-tier and swap-prefetch studies (scripts/tiers_study.py, swap_prefetch_study.py)
 #      and docs/security.md's
 #      fill-and-squeeze and benign-cost runs (kvrl-attack, ~5 min);
@@ -49,8 +50,9 @@ if [ -z "${SKIP_RESULTS:-}" ]; then
   step rerun $scenario/d5ff5ad/preemption.txt python scripts/rl_scenario_table.py --task preemption "$archived"
   step rerun $scenario/pressure.txt python scripts/rl_scenario_table.py --task pressure --splits val,test "$suite"
   step rerun $scenario/phased.txt python scripts/rl_scenario_table.py --task phased --splits val,test "$suite"
-  step rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test
-  step rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test
+  fit10=backend.profile=archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit10.json   # the profile the tasks' leaderboards ran on
+  step rerun $scenario/tenants.txt python scripts/rl_scenario_table.py --task tenants --splits val,test "$fit10"
+  step rerun $scenario/joint.txt python scripts/rl_scenario_table.py --task joint --splits val,test "$fit10"
   live_sim() {   # the sim beside docs/results.md's live H200 watermark run
     local dir; dir=$(mktemp -d)
     python -m kvrl.apps.eval env=watermark "$archived" 'agents=[docs/results/agents/watermark-dqn]' 'seeds=[0,1]' \
