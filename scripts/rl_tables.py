@@ -17,6 +17,7 @@
         --agents mixture=pressure_mix-dqn50k,single=pressure-dqn50k
     python scripts/rl_tables.py sim_error docs/results/rl_live_h200/pressure_mix_mooncake_s30/live_results.csv \
         shipped=docs/results/rl_live_h200/pressure_mix_mooncake_s30/sim_results.csv
+    python scripts/rl_tables.py host_adjusted docs/results/rl_live_h200/pressure_mix_mooncake_s32/live_results.csv
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -46,6 +47,11 @@ reference columns, and the strongest policy must then be one of its references (
 ``groups``: agents grouped by how they were trained (``--agents name=directory-prefix,...``), a row per
 ``label=leaderboard.csv``: per group, the range of its agents' paired % change to the val-picked constant
 and to fixed 0.01, with how many are significantly better / not / worse (the leaderboard's own columns).
+``host_adjusted``: live results (kvrl-eval ``results.csv`` with ``sim_replay_error``, the host's speed during
+each run against the sim's cost model: negative where the live steps ran slower than priced), a row per
+policy against ``--reference``: the raw paired goodput difference, the mean difference in the runs' replay
+error, and the difference at equal host speed (:func:`kvrl.analysis.stats.paired_adjusted`), with the
+fitted slope and R².
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
@@ -466,6 +472,33 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
     return "\n".join(lines)
 
 
+def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)") -> str:
+    """The ``host_adjusted`` table (module docs) of one live ``results.csv``."""
+    from kvrl.analysis.stats import paired_adjusted
+
+    rows = defaultdict(dict)
+    for r in csv.DictReader(open(path)):
+        if r["split"] == "test":
+            rows[r["policy"]][int(r["seed"])] = r
+    ref = next((p for p in rows if p == reference or p.startswith(reference)), None)
+    if ref is None:
+        raise SystemExit(f"{path}: no policy {reference!r}")
+    col = lambda policy, name: {s: float(r[name]) for s, r in rows[policy].items() if r.get(name) not in (None, "")}
+    lines = [f"| policy (vs {ref}) | pairs | Δ goodput tok/s, raw | Δ replay error (host speed) | "
+             "tok/s per unit replay error | R² | Δ goodput tok/s at equal host speed |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    for policy in rows:
+        if policy == ref:
+            continue
+        c = paired_adjusted(col(policy, "goodput_tok_s"), col(ref, "goodput_tok_s"),
+                            col(policy, "sim_replay_error"), col(ref, "sim_replay_error"))
+        tag = lambda d, p: "n.s." if not p < 0.05 else ("better" if d > 0 else "worse")
+        lines.append(f"| {agent_dir(policy)} | {c.n} | {c.raw:+,.0f} ± {c.raw_ci:,.0f} (p {c.raw_p:.2g}, "
+                     f"{tag(c.raw, c.raw_p)}) | {100 * c.covariate_delta:+.2f}% | {c.slope:,.0f} | {c.r2:.2f} | "
+                     f"{c.adjusted:+,.0f} ± {c.adjusted_ci:,.0f} (p {c.adjusted_p:.2g}, {tag(c.adjusted, c.adjusted_p)}) |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="table", required=True)
@@ -495,6 +528,9 @@ def main() -> None:
     se = sub.add_parser("sim_error")
     se.add_argument("live")
     se.add_argument("sims", nargs="+", help="label=results.csv of the sim")
+    ha = sub.add_parser("host_adjusted")
+    ha.add_argument("live", help="kvrl-eval results.csv of a live run, with sim_replay_error")
+    ha.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the reference policy")
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -516,6 +552,8 @@ def main() -> None:
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     elif a.table == "sim_error":
         print(sim_error(a.live, a.sims))
+    elif a.table == "host_adjusted":
+        print(host_adjusted(a.live, a.reference))
     else:
         print(live(a.sim, a.live, a.scenario, a.reference))
 

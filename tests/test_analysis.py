@@ -95,3 +95,32 @@ def test_sign_holds_checks_only_significant_sim_differences_and_needs_a_strict_l
     assert stats.sign_holds(stats.WORSE, -3.0, -0.1) is True
     assert stats.sign_holds(stats.BETTER, 3.0, -0.1) is False
     assert stats.sign_holds(stats.BETTER, 3.0, 0.0) is False      # a live tie does not hold the sign
+
+
+def test_paired_adjusted_removes_a_covariate_that_differs_between_the_runs_of_a_pair():
+    """Each run's value moves with a per-run covariate (live: the host's speed). The raw paired difference
+    carries the covariate's difference; the adjusted one is the difference at equal covariate: the
+    regression's intercept, with its t-interval on n - 2 degrees of freedom, matching statsmodels-style OLS."""
+    rng = np.random.default_rng(0)
+    n = 12
+    host_a, host_b = rng.normal(0.0, 0.02, n), rng.normal(-0.015, 0.02, n)    # b's runs on a slower host
+    base = {s: 3000.0 + 20000.0 * host_a[s] + rng.normal(0, 5) for s in range(n)}
+    same = {s: 3000.0 + 20000.0 * host_b[s] + rng.normal(0, 5) for s in range(n)}   # the same policy
+    cov_b, cov_a = dict(enumerate(host_b)), dict(enumerate(host_a))
+    c = stats.paired_adjusted(same, base, cov_b, cov_a)
+    assert c.n == n and c.raw < -150                                     # raw: looks like a loss
+    assert abs(c.adjusted) < c.adjusted_ci and c.adjusted_p > 0.05       # at equal host speed: none
+    assert c.slope == pytest.approx(20000.0, rel=0.05) and c.r2 > 0.95
+    d = np.array([same[s] - base[s] for s in range(n)])
+    x = host_b - host_a
+    fit = sps.linregress(x, d)
+    assert c.adjusted == pytest.approx(fit.intercept) and c.covariate_delta == pytest.approx(x.mean())
+    # a real difference survives the adjustment
+    better = {s: v + 100.0 for s, v in same.items()}
+    assert stats.paired_adjusted(better, base, cov_b, cov_a).adjusted == pytest.approx(c.adjusted + 100.0)
+    # too few pairs, or no spread in the covariate: no adjustment (NaN), the raw difference still reported
+    few = stats.paired_adjusted({0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.0}, {0: 0.1, 1: 0.2}, {0: 0.0, 1: 0.0})
+    assert few.n == 2 and math.isnan(few.adjusted) and few.raw == pytest.approx(1.5)
+    flat = stats.paired_adjusted(dict(enumerate([1.0, 2.0, 3.0])), dict.fromkeys(range(3), 0.0),
+                                 dict.fromkeys(range(3), 0.1), dict.fromkeys(range(3), 0.0))
+    assert math.isnan(flat.adjusted)

@@ -570,3 +570,18 @@ def test_an_optuna_study_tunes_dqn_on_the_val_return(tmp_path):
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert [float(r["value"]) for r in rows] == pytest.approx(sorted(values, reverse=True))
     assert rows[0]["state"] == "COMPLETE" and "agent.kwargs.gamma" in rows[0]
+
+
+def test_live_jobs_rotate_the_policy_order_by_seed():
+    """``job_order=auto``: live, seed i's policies run rotated by i, so every policy runs in every position of
+    a seed's jobs equally often (the host's speed drifts between jobs); in the sim they run as listed."""
+    from kvrl.apps.eval import job_order
+
+    policies = ["fixed", "agent1", "agent2"]
+    live = [job_order(policies, i, "auto", "live") for i in range(3)]
+    assert live == [["fixed", "agent1", "agent2"], ["agent1", "agent2", "fixed"], ["agent2", "fixed", "agent1"]]
+    assert all(sorted(order) == sorted(policies) for order in live)
+    assert [order.index("fixed") for order in live] == [0, 2, 1]
+    assert job_order(policies, 1, "auto", "sim") == policies == job_order(policies, 1, "listed", "live")
+    assert job_order(policies, 4, "rotate", "sim") == ["agent1", "agent2", "fixed"]
+    assert job_order([], 3, "rotate", "live") == []

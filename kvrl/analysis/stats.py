@@ -7,7 +7,9 @@ kvrl-report, kvrl-attack, kvrl-fidelity), on ``scipy.stats``.
   t-interval, % change against the baseline's mean, the paired t-test's p-value and a
   :func:`verdict` read in the metric's direction (docs/design.md §5, :mod:`kvrl.analysis.metrics`);
 * :func:`compare_to_baseline`: every setting against one baseline, optionally with Holm's
-  step-down correction of the p-values (:func:`holm`) when many settings are compared at once.
+  step-down correction of the p-values (:func:`holm`) when many settings are compared at once;
+* :func:`paired_adjusted`: a paired comparison adjusted for a per-run covariate that differs between
+  the two runs of a pair (live: the host's speed during each run, which the policy does not choose).
 
 Values that are None or not finite are left out of every statistic (a missing p99 of a run that
 finished nothing); a comparison counts only the seeds where both sides have a finite value.
@@ -119,6 +121,55 @@ def paired_compare(values: Mapping[Hashable, Optional[float]], baseline: Mapping
     p = _paired_p(diff)
     return Comparison(metric, int(diff.size), delta, half, pct, p, p,
                       verdict(delta, p, spec(metric).direction, 1 - confidence))
+
+
+@dataclass(frozen=True)
+class AdjustedComparison:
+    """:func:`paired_adjusted`'s result over ``n`` pairs: the raw mean difference and its CI half-width,
+    and the difference at equal covariate (the intercept of the per-pair regression of the difference on
+    the covariate's difference) with its CI half-width and two-sided p-value (``n - 2`` degrees of
+    freedom), the fitted slope (difference per unit of covariate), the regression's R², and the mean
+    covariate difference."""
+
+    n: int
+    raw: float
+    raw_ci: float
+    raw_p: float
+    adjusted: float
+    adjusted_ci: float
+    adjusted_p: float
+    slope: float
+    r2: float
+    covariate_delta: float
+
+
+def paired_adjusted(values: Mapping[Hashable, Optional[float]], baseline: Mapping[Hashable, Optional[float]],
+                    covariate: Mapping[Hashable, Optional[float]],
+                    covariate_baseline: Mapping[Hashable, Optional[float]],
+                    confidence: float = CONFIDENCE) -> AdjustedComparison:
+    """``values`` against ``baseline`` (seed -> value) on the seeds where all four maps have a finite value,
+    adjusted for a covariate measured on each run (``covariate`` for ``values``' runs, ``covariate_baseline``
+    for the baseline's): regress the per-seed difference d on the covariate's per-seed difference x,
+    d = a + b x, and report ``a``, the difference expected where both runs had the same covariate. Valid where
+    the covariate is not itself an effect of the setting (live: the host's speed during a run, read off
+    the run's own steps against a fixed cost model). Needs at least three pairs (NaN otherwise)."""
+    seeds = [k for k in values if k in baseline and k in covariate and k in covariate_baseline
+             and _finite([values[k], baseline[k], covariate[k], covariate_baseline[k]]).size == 4]
+    d = np.asarray([values[k] - baseline[k] for k in seeds], dtype=np.float64)
+    x = np.asarray([covariate[k] - covariate_baseline[k] for k in seeds], dtype=np.float64)
+    n = int(d.size)
+    raw, raw_ci = mean_ci(d, confidence)
+    nan = math.nan
+    if n < 3 or float(np.ptp(x)) == 0.0:
+        return AdjustedComparison(n, raw, raw_ci, _paired_p(d), nan, nan, nan, nan, nan,
+                                  float(x.mean()) if n else nan)
+    fit = sps.linregress(x, d)
+    resid = d - (fit.intercept + fit.slope * x)
+    s2 = float(resid @ resid) / (n - 2)
+    se = math.sqrt(s2 * (1.0 / n + float(x.mean()) ** 2 / float(((x - x.mean()) ** 2).sum())))
+    p = 2.0 * float(sps.t.sf(abs(fit.intercept) / se, n - 2)) if se > 0 else (1.0 if fit.intercept == 0 else 0.0)
+    return AdjustedComparison(n, raw, raw_ci, _paired_p(d), float(fit.intercept), t_quantile(n - 2, confidence) * se,
+                              p, float(fit.slope), float(fit.rvalue ** 2), float(x.mean()))
 
 
 def sign_holds(sim_verdict: str, sim_delta: float, live_delta: float) -> Optional[bool]:

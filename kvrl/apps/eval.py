@@ -14,7 +14,8 @@ test as ``name(params) [val-tuned]``. With ``oracle`` (watermark task), the ``sw
 on test and its best mean is a reference line (kind ``oracle``: hindsight, not a competitor).
 Besides the first baseline and the val-picked watermark, every row gets a paired difference to
 the strongest competitor (the heuristic, val-best or val-tuned policy with the best mean test
-goodput) and to the oracle.
+goodput) and to the oracle. Live, a seed's policies run one after another on one host whose speed drifts
+between jobs: ``job_order=auto`` (the default) rotates their order by seed (:func:`job_order`).
 
 Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
 ``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
@@ -304,6 +305,23 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
     return policies, notes
 
 
+#: ``job_order``: the order of one seed's policies. ``listed``: as listed (baselines, then the val picks, then the
+#: agents); ``rotate``: the ``i``-th seed's list rotated by ``i``, so each policy runs in every position equally often;
+#: ``auto``: ``rotate`` on the live backend, ``listed`` in the sim (where order changes nothing)
+JOB_ORDERS = ("auto", "listed", "rotate")
+
+
+def job_order(policies: Sequence["Policy"], seed_index: int, order: str, backend: str) -> list["Policy"]:
+    """One seed's policies in the order they run (:data:`JOB_ORDERS`). Live, the jobs of a seed run one after
+    another on one host, whose speed drifts between jobs; in session 32 the first job of each seed ran on a
+    1-2% faster host than the later ones (docs/rl.md, "A control: the same policy three times"), so a fixed
+    order would favour the policies listed first (the baselines) in every live comparison."""
+    if order == "listed" or (order == "auto" and backend != "live") or not policies:
+        return list(policies)
+    k = seed_index % len(policies)
+    return list(policies[k:]) + list(policies[:k])
+
+
 def sim_cost_note(run: dict) -> str:
     """The leaderboard line naming what priced a sim evaluation's steps: the profile file the sim resolves
     for ``run`` (its path, the first 12 hex digits of the file's SHA-256 and its fit version) or the
@@ -401,6 +419,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     """Run the evaluation ``cfg`` describes into ``out_dir``; returns the leaderboard rows."""
     if cfg.step_traces not in ("first", "all"):
         raise ValueError(f"step_traces={cfg.step_traces!r}: expected first (the first seed's, for the plots) or all")
+    if cfg.job_order not in JOB_ORDERS:
+        raise ValueError(f"job_order={cfg.job_order!r}: expected one of {', '.join(JOB_ORDERS)}")
     env_id, env_cfg = env_config_from_app(cfg, split="test")
     role = ROLES[env_id]
     run = env_cfg.run
@@ -434,7 +454,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents, role)     # one row per distinct plugin config
     jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0], steps=cfg.step_traces == "all")
-            for seed in seeds for p in policies]
+            for i, seed in enumerate(seeds) for p in job_order(policies, i, cfg.job_order, run["backend"]["name"])]
     journal = out_dir / JOURNAL
     out_dir.mkdir(parents=True, exist_ok=True)
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies), live_warmup=cfg.live_warmup,

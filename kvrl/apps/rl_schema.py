@@ -92,6 +92,7 @@ class EvalSchema(_RunKeys):
     workers: int = 2
     plots: bool = True
     step_traces: str = "first"
+    job_order: str = "auto"
 
 
 @dataclass
