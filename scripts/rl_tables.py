@@ -472,8 +472,9 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
     return "\n".join(lines)
 
 
-def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)") -> str:
-    """The ``host_adjusted`` table (module docs) of one live ``results.csv``."""
+def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)", per_seed: bool = False) -> str:
+    """The ``host_adjusted`` table (module docs) of one live ``results.csv``; with ``per_seed``, instead, each
+    policy's goodput per test seed with its run's replay error in brackets."""
     from kvrl.analysis.stats import paired_adjusted
 
     rows = defaultdict(dict)
@@ -484,6 +485,15 @@ def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)") -> str:
     if ref is None:
         raise SystemExit(f"{path}: no policy {reference!r}")
     col = lambda policy, name: {s: float(r[name]) for s, r in rows[policy].items() if r.get(name) not in (None, "")}
+    if per_seed:
+        seeds = sorted({s for runs in rows.values() for s in runs})
+        lines = ["| policy | " + " | ".join(f"seed {s}: goodput tok/s (replay error)" for s in seeds) + " |",
+                 "|---|" + "---:|" * len(seeds)]
+        for policy in rows:
+            g, e = col(policy, "goodput_tok_s"), col(policy, "sim_replay_error")
+            lines.append(f"| {agent_dir(policy)} | " + " | ".join(
+                f"{g[s]:,.0f} ({100 * e[s]:+.1f}%)" if s in g and s in e else "" for s in seeds) + " |")
+        return "\n".join(lines)
     lines = [f"| policy (vs {ref}) | pairs | Δ goodput tok/s, raw | Δ replay error (host speed) | "
              "tok/s per unit replay error | R² | Δ goodput tok/s at equal host speed |",
              "|---|---:|---|---:|---:|---:|---|"]
@@ -531,6 +541,7 @@ def main() -> None:
     ha = sub.add_parser("host_adjusted")
     ha.add_argument("live", help="kvrl-eval results.csv of a live run, with sim_replay_error")
     ha.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the reference policy")
+    ha.add_argument("--per-seed", action="store_true", help="each policy's goodput and replay error per seed instead")
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -553,7 +564,7 @@ def main() -> None:
     elif a.table == "sim_error":
         print(sim_error(a.live, a.sims))
     elif a.table == "host_adjusted":
-        print(host_adjusted(a.live, a.reference))
+        print(host_adjusted(a.live, a.reference, a.per_seed))
     else:
         print(live(a.sim, a.live, a.scenario, a.reference))
 
