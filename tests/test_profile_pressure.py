@@ -107,12 +107,11 @@ def test_fit_host_tells_a_per_step_queue_cost_from_a_per_request_one():
 
 
 def test_a_profile_without_the_queue_step_term_prices_as_before():
-    """A fit-version-10 model (the shipped profiles before fit version 11) has no ``per_wait_step``:
-    a queued step's host time is its per-request terms alone, as before."""
-    prof = P.StepProfile.load(P.PACKAGED_DIR / "h200_qwen3-0.6b_bfloat16_step_graphs.json")
+    """A fit-version-10 model (the shipped profiles before fit version 11, archived since session 32) has no
+    ``per_wait_step``: a queued step's host time is its per-request terms alone, as before."""
+    prof = P.StepProfile.load(P.PACKAGED_DIR / "archive" / "h200_qwen3-0.6b_bfloat16_step_graphs_fit10.json")
     m = prof.model
-    if P.QUEUE_STEP_TERM in m.host:
-        pytest.skip("the shipped profile has the fit-version-11 term")
+    assert P.QUEUE_STEP_TERM not in m.host
     h = m.host
     expect = h["base"] + 64 * h["per_seq"] + 300 * h["per_waiting"]
     assert m.host_s(64, 0, 0, 0, 0, 300, 0, 0, 0, 0) == pytest.approx(expect, rel=1e-12)

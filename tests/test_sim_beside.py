@@ -142,7 +142,8 @@ def test_select_profile_picks_the_profile_that_prices_the_runs_own_steps(host_cl
     assert best.path == want and set(errors) == set(candidates)
     # re-priced after the run (the batches' sequences have moved on by then): within 0.1%, not exact
     assert abs(errors[want]) < 1e-3
-    assert all(abs(e) > abs(errors[want]) + 0.01 for p, e in errors.items() if p != want), errors
+    # the other host class's profile prices these steps measurably off (0.7% since session 32's fit-11 defaults)
+    assert all(abs(e) > abs(errors[want]) + 0.003 for p, e in errors.items() if p != want), errors
 
 
 def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given():
