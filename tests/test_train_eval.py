@@ -575,7 +575,7 @@ def test_an_optuna_study_tunes_dqn_on_the_val_return(tmp_path):
 def test_live_jobs_rotate_the_policy_order_by_seed():
     """``job_order=auto``: live, seed i's policies run rotated by i, so every policy runs in every position of
     a seed's jobs equally often (the host's speed drifts between jobs); in the sim they run as listed."""
-    from kvrl.apps.eval import job_order
+    from kvrl.apps.job_order import job_order
 
     policies = ["fixed", "agent1", "agent2"]
     live = [job_order(policies, i, "auto", "live") for i in range(3)]
@@ -585,3 +585,24 @@ def test_live_jobs_rotate_the_policy_order_by_seed():
     assert job_order(policies, 1, "auto", "sim") == policies == job_order(policies, 1, "listed", "live")
     assert job_order(policies, 4, "rotate", "sim") == ["agent1", "agent2", "fixed"]
     assert job_order([], 3, "rotate", "live") == []
+
+
+def test_sim_leaderboards_name_their_cost_model():
+    """kvrl-eval's leaderboard.md names the profile a sim evaluation ran on (path, SHA-256 prefix, fit version),
+    so a result says which cost model it stands on after the shipped profile changes."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    import kvrl.apps.run  # noqa: F401  (stores run_schema and the plugin options)
+    from kvrl.apps.cost_note import sim_cost_note
+
+    with initialize_config_module("kvrl.conf", version_base="1.3"):
+        cfg = compose("run", overrides=["backend=sim", "model=qwen3-0.6b", "device=h200"])
+    run = OmegaConf.to_container(cfg, resolve=True)
+    note = sim_cost_note(run)
+    assert note.startswith("Sim cost model: profile ") and "h200_qwen3-0.6b_bfloat16_step_graphs.json" in note
+    assert "fit version 11" in note and "sha256 " in note
+    run["backend"]["profile"] = "archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit10.json"
+    assert "fit version 10" in sim_cost_note(run)
+    run["backend"]["profile"] = "none"
+    assert sim_cost_note(run) == "Sim cost model: roofline"

@@ -50,6 +50,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvrl.apps import sim_beside, tracking
 from kvrl.executors.host_speed import HostProbes
+from kvrl.apps.cost_note import sim_cost_note
+from kvrl.apps.job_order import JOB_ORDERS, job_order
 from kvrl.apps.baselines import VAL_TUNED, label_of, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
@@ -303,43 +305,6 @@ def agent_policies(paths: Sequence[Path], env_id: str, run: dict) -> tuple[list[
                          f"{run['backend']['name']} backend")
         policies.append(Policy(label, "agent", agent_plugin(role, path, run)))
     return policies, notes
-
-
-#: ``job_order``: the order of one seed's policies. ``listed``: as listed (baselines, then the val picks, then the
-#: agents); ``rotate``: the ``i``-th seed's list rotated by ``i``, so each policy runs in every position equally often;
-#: ``auto``: ``rotate`` on the live backend, ``listed`` in the sim (where order changes nothing)
-JOB_ORDERS = ("auto", "listed", "rotate")
-
-
-def job_order(policies: Sequence["Policy"], seed_index: int, order: str, backend: str) -> list["Policy"]:
-    """One seed's policies in the order they run (:data:`JOB_ORDERS`). Live, the jobs of a seed run one after
-    another on one host, whose speed drifts between jobs; in session 32 the first job of each seed ran on a
-    1-2% faster host than the later ones (docs/rl.md, "A control: the same policy three times"), so a fixed
-    order would favour the policies listed first (the baselines) in every live comparison."""
-    if order == "listed" or (order == "auto" and backend != "live") or not policies:
-        return list(policies)
-    k = seed_index % len(policies)
-    return list(policies[k:]) + list(policies[:k])
-
-
-def sim_cost_note(run: dict) -> str:
-    """The leaderboard line naming what priced a sim evaluation's steps: the profile file the sim resolves
-    for ``run`` (its path, the first 12 hex digits of the file's SHA-256 and its fit version) or the
-    roofline, so that a result says which cost model it stands on after the shipped profile changes."""
-    import hashlib
-    from kvrl.builder import build_executor
-    sim = build_executor(OmegaConf.create({**run, "seed": 0}))
-    if sim.profile is None or not sim.profile.path:
-        return f"Sim cost model: {sim.cost_source}"
-    path = Path(sim.profile.path)
-    raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()[:12]
-    fit = json.loads(raw)["model"]["fit_version"]
-    try:
-        shown = path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        shown = path
-    return f"Sim cost model: profile {shown} (sha256 {digest}, fit version {fit})"
 
 
 def sim_backend() -> dict:
