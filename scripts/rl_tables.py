@@ -18,6 +18,7 @@
     python scripts/rl_tables.py sim_error docs/results/rl_live_h200/pressure_mix_mooncake_s30/live_results.csv \
         shipped=docs/results/rl_live_h200/pressure_mix_mooncake_s30/sim_results.csv
     python scripts/rl_tables.py host_adjusted docs/results/rl_live_h200/pressure_mix_mooncake_s32/live_results.csv
+    python scripts/rl_tables.py job_position docs/results/rl_live_h200/*/live_results.csv
 
 ``leaderboard``: a kvrl-eval ``leaderboard.csv`` (the command that made it heads the
 ``leaderboard.md`` beside it) as one row per policy: goodput mean ± 95% CI over seeds and, for each
@@ -52,6 +53,12 @@ each run against the sim's cost model: negative where the live steps ran slower 
 policy against ``--reference``: the raw paired goodput difference, the mean difference in the runs' replay
 error, and the difference at equal host speed (:func:`kvrl.analysis.stats.paired_adjusted`), with the
 fitted slope and R².
+``job_position``: live results files, a row per file: how much slower the host ran for a seed's later jobs than for
+its first (kvrl-eval ran a seed's policies in listed order until session 32: heuristics, then the val-best and
+val-tuned policies, then the agents; a merged file's rows are put back in that order by kind). The host's speed of a
+run is its replay error where recorded (``sim_replay_error``), else its sim-beside throughput over its live
+throughput, minus 1 (which also carries the sim's error for that policy). Mean of (later job - first job) over every
+later job of every seed with its 95% CI, and on how many the later job ran slower; a last row pools the files.
 ``headroom``: the JSON lines of
 scripts/rl_rollout_oracle.py as one row per scenario: the best constant (by mean goodput over the
 seeds), the planner, and the planner's paired gain over that constant (kvrl.analysis.stats).
@@ -509,6 +516,43 @@ def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)", per_seed: 
     return "\n".join(lines)
 
 
+#: the order kvrl-eval lists a seed's policies in (``job_order=listed``), by their kind
+LISTED_KINDS = {"heuristic": 0, "val-best": 1, "val-tuned": 2, "agent": 3}
+
+
+def job_position(paths: list[str]) -> str:
+    """The ``job_position`` table (module docs)."""
+    from kvrl.analysis.stats import mean_ci
+
+    def slowness(r: dict) -> float:
+        if r.get("sim_replay_error") not in (None, ""):
+            return -float(r["sim_replay_error"])
+        return float(r["sim_throughput_tok_s"]) / float(r["throughput_tok_s"]) - 1.0
+
+    lines = ["| live results | seeds | jobs per seed | later job - first job: host slower by | later job slower |",
+             "|---|---:|---:|---|---:|"]
+    pooled: list[float] = []
+    for path in paths:
+        rows = [r for r in csv.DictReader(open(path)) if r["split"] == "test" and r.get("sim_throughput_tok_s")]
+        by_seed = defaultdict(list)
+        for i, r in enumerate(rows):
+            by_seed[r["seed"]].append((LISTED_KINDS.get(r["kind"], len(LISTED_KINDS)), i, r))
+        diffs = []
+        for jobs in by_seed.values():
+            ordered = [r for _, _, r in sorted(jobs, key=lambda t: t[:2])]
+            diffs += [slowness(r) - slowness(ordered[0]) for r in ordered[1:]]
+        if not diffs:
+            continue
+        pooled += diffs
+        mean, half = mean_ci(diffs)
+        per_seed = max(len(j) for j in by_seed.values())
+        lines.append(f"| {Path(path).parent.name}/{Path(path).name} | {len(by_seed)} | {per_seed} | "
+                     f"{100 * mean:+.2f}% ± {100 * half:.2f} | {sum(d > 0 for d in diffs)} of {len(diffs)} |")
+    mean, half = mean_ci(pooled)
+    lines.append(f"| all | | | {100 * mean:+.2f}% ± {100 * half:.2f} | {sum(d > 0 for d in pooled)} of {len(pooled)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="table", required=True)
@@ -542,6 +586,8 @@ def main() -> None:
     ha.add_argument("live", help="kvrl-eval results.csv of a live run, with sim_replay_error")
     ha.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the reference policy")
     ha.add_argument("--per-seed", action="store_true", help="each policy's goodput and replay error per seed instead")
+    jp = sub.add_parser("job_position")
+    jp.add_argument("paths", nargs="+", help="live results.csv files (kvrl-eval backend=live, merged or not)")
     a = p.parse_args()
     if a.table == "leaderboard":
         print(leaderboard(a.path))
@@ -563,6 +609,8 @@ def main() -> None:
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     elif a.table == "sim_error":
         print(sim_error(a.live, a.sims))
+    elif a.table == "job_position":
+        print(job_position(a.paths))
     elif a.table == "host_adjusted":
         print(host_adjusted(a.live, a.reference, a.per_seed))
     else:
