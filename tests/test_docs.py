@@ -466,3 +466,26 @@ def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
     mean, half = 0.5, 3.182446305284263 * np.std([1.0, -1.0, 2.0, 0.0], ddof=1) / 2
     assert out[-1] == (f"Mean policy on fresh training windows, every generation after the first of every run: "
                        f"+{mean:.2f}% (95% CI {mean - half:+.2f} to {mean + half:+.2f}, 4 generations).")
+
+
+def test_live_tables_adjust_for_host_speed_and_put_merged_rows_back_in_run_order(tmp_path):
+    """rl_tables host_adjusted: the raw paired difference and the one at equal host speed (each run's
+    sim_replay_error); job_position: a merged file's rows back in kvrl-eval's listed order by kind (heuristics
+    first, agents last), and the later jobs' host slowness against the first's."""
+    head = "policy,kind,split,seed,goodput_tok_s,throughput_tok_s,sim_throughput_tok_s,sim_replay_error\n"
+    rows = []
+    for seed, (host_f, host_a) in enumerate([(0.0, -0.01), (-0.01, -0.03), (0.01, 0.0), (0.0, -0.02)]):
+        # the agent is the same policy: its goodput differs only by the host (200 tok/s per point of replay error)
+        rows.append(f"agent dqn (agents/x/best_model.zip),agent,test,{seed},{3000 + 20000 * host_a},100,100,{host_a}")
+        rows.append(f"fixed(fraction=0.01),heuristic,test,{seed},{3000 + 20000 * host_f},100,100,{host_f}")
+    path = tmp_path / "live_results.csv"
+    path.write_text(head + "\n".join(rows) + "\n")
+    table = rl_tables.host_adjusted(str(path)).splitlines()
+    assert len(table) == 3 and table[2].startswith("| x | 4 | -300 ± ")
+    assert "| 20,000 | 1.00 | +0 ± 0 " in table[2]
+    per_seed = rl_tables.host_adjusted(str(path), per_seed=True).splitlines()
+    assert "3,000 (+0.0%)" in per_seed[3] and "2,800 (-1.0%)" in per_seed[2]
+    position = rl_tables.job_position([str(path)]).splitlines()
+    # listed order puts fixed first although the merged file has the agent first: later (agent) slower by 1.5 points
+    assert position[2].startswith("| ") and "| 4 | 2 | +1.50% ± " in position[2] and position[2].endswith("| 4 of 4 |")
+    assert position[-1].startswith("| all |")

@@ -167,7 +167,10 @@ def paired_adjusted(values: Mapping[Hashable, Optional[float]], baseline: Mappin
     resid = d - (fit.intercept + fit.slope * x)
     s2 = float(resid @ resid) / (n - 2)
     se = math.sqrt(s2 * (1.0 / n + float(x.mean()) ** 2 / float(((x - x.mean()) ** 2).sum())))
-    p = 2.0 * float(sps.t.sf(abs(fit.intercept) / se, n - 2)) if se > 0 else (1.0 if fit.intercept == 0 else 0.0)
+    if se > 0:
+        p = 2.0 * float(sps.t.sf(abs(fit.intercept) / se, n - 2))
+    else:      # a perfect fit: no evidence either way where the intercept is 0 up to rounding
+        p = 1.0 if math.isclose(fit.intercept, 0.0, abs_tol=1e-9 * max(1.0, float(np.abs(d).max()))) else 0.0
     return AdjustedComparison(n, raw, raw_ci, _paired_p(d), float(fit.intercept), t_quantile(n - 2, confidence) * se,
                               p, float(fit.slope), float(fit.rvalue ** 2), float(x.mean()))
 
