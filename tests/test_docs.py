@@ -489,3 +489,29 @@ def test_live_tables_adjust_for_host_speed_and_put_merged_rows_back_in_run_order
     # listed order puts fixed first although the merged file has the agent first: later (agent) slower by 1.5 points
     assert position[2].startswith("| ") and "| 4 | 2 | +1.50% ± " in position[2] and position[2].endswith("| 4 of 4 |")
     assert position[-1].startswith("| all |")
+
+
+def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):
+    """scripts/rl_host_scaled.py: a live run's policy is re-served alone (a fixed watermark, or a committed agent
+    by its directory); the table gives the per-run goodput errors of the plain and the host-speed sim and the
+    paired live and sim differences with their residual."""
+    spec = importlib.util.spec_from_file_location("rl_host_scaled", ROOT / "scripts" / "rl_host_scaled.py")
+    hs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hs)
+    assert hs.policy_overrides("fixed(fraction=0.0100001)") == [
+        "agents=[]", "baselines.watermark=[{name: fixed, fraction: 0.0100001}]"]
+    assert hs.policy_overrides("agent dqn (agents/pressure-dqn-seed0/best_model.zip)")[0] == \
+        "agents=[docs/results/agents/pressure-dqn-seed0]"
+    with pytest.raises(SystemExit, match="only fixed"):
+        hs.policy_overrides("pi")
+    lines = []
+    for seed in range(3):
+        for policy, live, host in (("fixed(fraction=0.01)", 1000.0, 1010.0), ("fixed(fraction=0.02)", 900.0 + seed, 905.0 + 2 * seed)):
+            lines.append(json.dumps({"results": "x/live_results.csv", "policy": policy, "seed": seed, "scale": 1.0,
+                                     "live_goodput_tok_s": live, "beside_goodput_tok_s": 1.2 * live,
+                                     "host_goodput_tok_s": host}))
+    path = tmp_path / "hs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    table = hs.table(path).splitlines()
+    assert len(table) == 3 and table[2].startswith("| x | 6 | 20.0% | ")
+    assert "| fixed(fraction=0.02) | -99 | -103 | 1.00 | " in table[2] and table[2].endswith("| +4 ± 2 |")
