@@ -38,6 +38,9 @@ def test_live_kvrl_run_records_the_sims_prediction_of_the_same_run(tmp_path):
     assert predicted["output_tokens"] == metrics["output_tokens"]
     assert predicted["num_blocks"] == metrics["num_blocks"] == 64 if "num_blocks" in predicted else True
     assert set(sim_beside.METRICS) <= set(predicted["error"]) and metrics["sim_error"] == predicted["error"]
+    # ... and the same run at the run's own host speed (the roofline's replay error on its steps), with its error
+    assert set(sim_beside.METRICS) <= set(predicted["at_host_speed"]) <= set(predicted["error_at_host_speed"]) | {""}
+    assert predicted["host_speed_scale"] > 0 and "at this run's host speed" in proc.stderr + proc.stdout
     assert "host_probe_ratio" in predicted         # NaN here: no shipped profile of the tiny model on CPU
     # no profile matches the tiny model on CPU, so the live steps choose nothing and auto (roofline) prices it
     assert predicted["profile_choice"] == "auto" and predicted["profile_replay_errors"] == {}
@@ -170,6 +173,13 @@ def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given(
     other = sim_beside.predict(cfg, engine, requests, steps=steps, profile=shipped)
     assert other["replay_error"] == pytest.approx(chosen["profile_replay_errors"][shipped], rel=1e-9)
     assert math.isnan(given["replay_error"])            # no steps, no replay
+    # at the run's own host speed (step_time_scale = 1 / (1 + replay_error)): the other profile, scaled to the speed
+    # the run's steps show, lands closer to what was served than unscaled; without steps there is no such run
+    assert other["host_speed_scale"] == pytest.approx(1.0 / (1.0 + other["replay_error"]))
+    off = lambda pred: abs(pred["throughput_tok_s"] / served["throughput_tok_s"] - 1)
+    assert off(other["at_host_speed"]) < off(other)
+    assert chosen["at_host_speed"]["throughput_tok_s"] == pytest.approx(served["throughput_tok_s"], rel=2e-3)
+    assert math.isnan(given["host_speed_scale"]) and all(math.isnan(v) for v in given["at_host_speed"].values())
 
 
 def test_matching_profiles_counts_a_directory_on_the_path_and_shipped_once(monkeypatch):

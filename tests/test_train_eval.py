@@ -118,6 +118,8 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     assert {r["sim_cost_source"] for r in test} == {"roofline"}
     # ... and how far that cost model prices each run's own executed steps from their live time
     assert all(float(r["sim_replay_error"]) > -1.0 for r in test)
+    # ... and the same run in the sim at that run's own host speed
+    assert all(float(r["sim_host_throughput_tok_s"]) > 0 for r in test)
     markdown = (tmp_path / "live" / "leaderboard.md").read_text()
     assert "[val-best in sim]" in markdown
     assert "trained on the sim backend and runs here on the live backend" in markdown

@@ -169,6 +169,7 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
         out["sim_cost_source"] = predicted["cost_source"]
         out["host_probe_ratio"] = predicted["host_probe_ratio"]
         out["sim_replay_error"] = predicted["replay_error"]
+        out.update({f"sim_host_{k}": v for k, v in predicted["at_host_speed"].items()})   # at this run's host speed
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}

@@ -54,9 +54,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     if live:    # the sim's prediction of this run, beside it (#16)
         predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=step_log)
         predicted["error"] = sim_beside.compare(metrics, predicted)
+        predicted["error_at_host_speed"] = sim_beside.compare(metrics, predicted["at_host_speed"])
         write_json(out_dir / "sim_prediction.json", predicted)
         metrics["sim_error"] = predicted["error"]
         log.info("%s (%s)", sim_beside.describe(predicted["error"]), predicted["cost_source"])
+        log.info("at this run's host speed (x%.3f), %s", predicted["host_speed_scale"],
+                 sim_beside.describe(predicted["error_at_host_speed"]))
     write_json(out_dir / "metrics.json", metrics)
     atomic_write(out_dir / "steps.csv", engine.metrics.write_steps_csv)
     atomic_write(out_dir / "requests.csv", engine.metrics.write_requests_csv)

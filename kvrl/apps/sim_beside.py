@@ -100,7 +100,10 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     its first run's choice, so every run of a process is priced alike), else :func:`select_profile` on ``steps`` (the live run's
     :class:`StepLog`), else ``profile=auto`` for this host's CPU count. The sim prices host terms as
     profiled (``host_speed`` 1.0): the ratio is recorded, not applied, until a GPU run shows it helps
-    (docs/fidelity.md, "Host speed")."""
+    (docs/fidelity.md, "Host speed"). ``at_host_speed``: the same run in the sim at this run's own host speed
+    (``step_time_scale = 1 / (1 + replay_error)``, kept as ``host_speed_scale``), its :data:`METRICS`; NaN without
+    a replay error. A calibration after the fact, not a prediction: its error is the cost model's shape alone
+    (docs/rl.md, "A third VM, and a control")."""
     from kvrl.builder import build_engine
     from kvrl.executors.sim import SimExecutor
 
@@ -112,12 +115,10 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     if reference is not None and profile is None and steps is not None:
         profile, errors = select_profile(reference, steps, live_engine.config, graphs, step_graphs)
         choice = "replay" if profile is not None else "auto"
-    if reference is not None:
-        sim = SimExecutor(reference.model, reference.device, seed=int(scfg.seed),
-                          profile=profile if profile is not None else "auto", cuda_graphs=graphs,
-                          step_graphs=step_graphs, host_cpus=os.cpu_count())
-    else:
-        sim = None
+    make_sim = lambda scale=1.0: SimExecutor(reference.model, reference.device, seed=int(scfg.seed),
+                                             profile=profile if profile is not None else "auto", cuda_graphs=graphs,
+                                             step_graphs=step_graphs, host_cpus=os.cpu_count(), step_time_scale=scale)
+    sim = make_sim() if reference is not None else None
     engine = build_engine(scfg, executor=sim, record_steps=False)
     summary = engine.run(list(requests))
     replay = float("nan")
@@ -126,6 +127,12 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     elif sim is not None and steps is not None and steps.batches:
         replay = replay_error(sim, steps, live_engine.config)     # after the run: it restarts the sim's clock
     summary["replay_error"] = replay
+    summary["host_speed_scale"] = scale = 1.0 / (1.0 + replay) if math.isfinite(replay) and replay > -1.0 else math.nan
+    at_host = dict.fromkeys(METRICS, math.nan)
+    if reference is not None and math.isfinite(scale):
+        at_host.update({k: v for k, v in build_engine(scfg, executor=make_sim(scale), record_steps=False)
+                        .run(list(requests)).items() if k in METRICS})
+    summary["at_host_speed"] = at_host
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness
     summary["profile_choice"] = choice
