@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_tables import agent_dir   # scripts/ is on sys.path when this file runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = re.compile(r"fixed\(fraction=([^)]+)\)")
 
@@ -40,8 +42,7 @@ def policy_overrides(policy: str) -> list[str]:
     if m:
         return ["agents=[]", f"baselines.watermark=[{{name: fixed, fraction: {m.group(1)}}}]"]
     if "agents/" in policy:
-        name = policy.split("agents/")[1].split("/best_model")[0]
-        return [f"agents=[docs/results/agents/{name}]", "baselines.watermark=[]"]
+        return [f"agents=[docs/results/agents/{agent_dir(policy)}]", "baselines.watermark=[]"]
     raise SystemExit(f"{policy!r}: only fixed watermarks and committed agents are re-served")
 
 
@@ -72,7 +73,7 @@ def run(paths: list[str], env: str, extra: list[str], out: Path, workers: int) -
 
 
 def table(path: Path, reference: str = "fixed(fraction=0.01)") -> str:
-    from scipy import stats
+    from kvrl.analysis.stats import mean_ci
 
     by_file: dict[str, list[dict]] = defaultdict(list)
     for line in open(path):
@@ -90,11 +91,9 @@ def table(path: Path, reference: str = "fixed(fraction=0.01)") -> str:
             seeds = sorted(s for p, s in at if p == policy and (reference, s) in at)
             live = np.array([at[(policy, s)]["live_goodput_tok_s"] - at[(reference, s)]["live_goodput_tok_s"] for s in seeds])
             sim = np.array([at[(policy, s)]["host_goodput_tok_s"] - at[(reference, s)]["host_goodput_tok_s"] for s in seeds])
-            resid = live - sim
-            half = stats.t.ppf(0.975, len(seeds) - 1) * resid.std(ddof=1) / np.sqrt(len(seeds))
-            name = policy.split("agents/")[1].split("/best_model")[0] if "agents/" in policy else policy
-            lines.append(f"{head} {name} | {live.mean():+,.0f} | {sim.mean():+,.0f} | {np.corrcoef(live, sim)[0, 1]:.2f} | "
-                         f"{resid.mean():+,.0f} ± {half:,.0f} |")
+            resid, half = mean_ci(live - sim)
+            lines.append(f"{head} {agent_dir(policy)} | {live.mean():+,.0f} | {sim.mean():+,.0f} | "
+                         f"{np.corrcoef(live, sim)[0, 1]:.2f} | {resid:+,.0f} ± {half:,.0f} |")
             head = "| | | | |"
     return "\n".join(lines)
 

@@ -497,7 +497,11 @@ def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):
     paired live and sim differences with their residual."""
     spec = importlib.util.spec_from_file_location("rl_host_scaled", ROOT / "scripts" / "rl_host_scaled.py")
     hs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hs)
+    sys.path.insert(0, str(ROOT / "scripts"))         # as when run as a script: it imports rl_tables
+    try:
+        spec.loader.exec_module(hs)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
     assert hs.policy_overrides("fixed(fraction=0.0100001)") == [
         "agents=[]", "baselines.watermark=[{name: fixed, fraction: 0.0100001}]"]
     assert hs.policy_overrides("agent dqn (agents/pressure-dqn-seed0/best_model.zip)")[0] == \
