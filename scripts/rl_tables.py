@@ -54,8 +54,9 @@ policy against ``--reference``: the raw paired goodput difference, the mean diff
 error, and the difference at equal host speed (:func:`kvrl.analysis.stats.paired_adjusted`), with the
 fitted slope and R².
 ``job_position``: live results files, a row per file: how much slower the host ran for a seed's later jobs than for
-its first (kvrl-eval ran a seed's policies in listed order until session 32: heuristics, then the val-best and
-val-tuned policies, then the agents; a merged file's rows are put back in that order by kind). The host's speed of a
+its first. The order is the file's ``seed_position`` where it has one (kvrl-eval records it since session 33, when
+its live jobs began to run in rotated order); else the listed order kvrl-eval used until session 32 (heuristics, then
+the val-best and val-tuned policies, then the agents; a merged file's rows are put back in that order by kind). The host's speed of a
 run is its replay error where recorded (``sim_replay_error``), else its sim-beside throughput over its live
 throughput, minus 1 (which also carries the sim's error for that policy). Mean of (later job - first job) over every
 later job of every seed with its 95% CI, and on how many the later job ran slower; a last row pools the files.
@@ -536,7 +537,9 @@ def job_position(paths: list[str]) -> str:
         rows = [r for r in csv.DictReader(open(path)) if r["split"] == "test" and r.get("sim_throughput_tok_s")]
         by_seed = defaultdict(list)
         for i, r in enumerate(rows):
-            by_seed[r["seed"]].append((LISTED_KINDS.get(r["kind"], len(LISTED_KINDS)), i, r))
+            recorded = r.get("seed_position") not in (None, "")
+            by_seed[r["seed"]].append((int(r["seed_position"]) if recorded
+                                       else LISTED_KINDS.get(r["kind"], len(LISTED_KINDS)), i, r))
         diffs = []
         for jobs in by_seed.values():
             ordered = [r for _, _, r in sorted(jobs, key=lambda t: t[:2])]

@@ -471,7 +471,8 @@ def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
 def test_live_tables_adjust_for_host_speed_and_put_merged_rows_back_in_run_order(tmp_path):
     """rl_tables host_adjusted: the raw paired difference and the one at equal host speed (each run's
     sim_replay_error); job_position: a merged file's rows back in kvrl-eval's listed order by kind (heuristics
-    first, agents last), and the later jobs' host slowness against the first's."""
+    first, agents last), or in the order its seed_position column records, and the later jobs' host slowness
+    against the first's."""
     head = "policy,kind,split,seed,goodput_tok_s,throughput_tok_s,sim_throughput_tok_s,sim_replay_error\n"
     rows = []
     for seed, (host_f, host_a) in enumerate([(0.0, -0.01), (-0.01, -0.03), (0.01, 0.0), (0.0, -0.02)]):
@@ -489,6 +490,15 @@ def test_live_tables_adjust_for_host_speed_and_put_merged_rows_back_in_run_order
     # listed order puts fixed first although the merged file has the agent first: later (agent) slower by 1.5 points
     assert position[2].startswith("| ") and "| 4 | 2 | +1.50% ± " in position[2] and position[2].endswith("| 4 of 4 |")
     assert position[-1].startswith("| all |")
+    # a recorded seed_position (rotated order) wins over the listed order: here the agent ran first in every seed
+    lines = path.read_text().splitlines()
+    recorded = [lines[0].replace(",seed,", ",seed,seed_position,")]
+    for line in lines[1:]:
+        cells = line.split(",")
+        recorded.append(",".join(cells[:4] + ["0" if cells[1] == "agent" else "1"] + cells[4:]))
+    path.write_text("\n".join(recorded) + "\n")
+    position = rl_tables.job_position([str(path)]).splitlines()
+    assert "| 4 | 2 | -1.50% ± " in position[2] and position[2].endswith("| 0 of 4 |")
 
 
 def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):

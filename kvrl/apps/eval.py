@@ -15,7 +15,7 @@ on test and its best mean is a reference line (kind ``oracle``: hindsight, not a
 Besides the first baseline and the val-picked watermark, every row gets a paired difference to
 the strongest competitor (the heuristic, val-best or val-tuned policy with the best mean test
 goodput) and to the oracle. Live, a seed's policies run one after another on one host whose speed drifts
-between jobs: ``job_order=auto`` (the default) rotates their order by seed (:func:`job_order`).
+between jobs: ``job_order=auto`` (the default) rotates their order by seed; ``seed_position`` records it.
 
 Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard.csv`` and
 ``leaderboard.md`` (mean and 95% CI per policy), ``results.csv`` (every run, val sweep
@@ -81,13 +81,15 @@ class Policy:
 @dataclass(frozen=True)
 class Job:
     """One engine run: a policy on a split with a seed; ``trace`` keeps the per-step record the
-    plots show, ``steps`` the whole record (every :data:`~kvrl.engine.metrics.STEP_COLUMNS` column)."""
+    plots show, ``steps`` the whole record (every :data:`~kvrl.engine.metrics.STEP_COLUMNS` column);
+    ``position``: its place among its seed's test jobs in the order they run (0 first; :func:`job_order`)."""
 
     policy: Policy
     split: str
     seed: int
     trace: bool = False
     steps: bool = False
+    position: Optional[int] = None
 
 
 def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
@@ -160,7 +162,8 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
     step_log = sim_beside.StepLog() if live else None
     metrics = engine.run(requests, callbacks=[c for c in (probes, step_log) if c is not None])
     out = {"policy": job.policy.label, "kind": job.policy.kind, "split": job.split, "seed": job.seed,
-           "backend": cfg["backend"]["name"], "workload": describe_workload(cfg["workload"]), **metrics}
+           "seed_position": job.position, "backend": cfg["backend"]["name"],
+           "workload": describe_workload(cfg["workload"]), **metrics}
     if live:      # the sim's prediction of the same run, beside it (#16)
         predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=step_log,
                                        profile=_LIVE.get("sim_profile"))
@@ -419,8 +422,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
     policies = dedupe_policies(policies + agents, role)     # one row per distinct plugin config
-    jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0], steps=cfg.step_traces == "all")
-            for i, seed in enumerate(seeds) for p in job_order(policies, i, cfg.job_order, run["backend"]["name"])]
+    jobs = [Job(p, "test", seed, trace=cfg.plots and seed == seeds[0], steps=cfg.step_traces == "all", position=k)
+            for i, seed in enumerate(seeds) for k, p in enumerate(job_order(policies, i, cfg.job_order, run["backend"]["name"]))]
     journal = out_dir / JOURNAL
     out_dir.mkdir(parents=True, exist_ok=True)
     test_results = run_jobs(run, role, jobs, resample, cfg.workers, chunk=len(policies), live_warmup=cfg.live_warmup,
