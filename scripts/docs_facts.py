@@ -808,17 +808,17 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
     return out
 
 
-def _beside_targets(runs: list[dict]) -> tuple[int, int]:
-    """Per policy of a live results.csv: does the sim beside its runs (``sim_*`` columns) meet every one of
-    issue 16's targets (``kvrl.fidelity.compare.TARGETS``), mean over its seeds against the live mean?
-    (policies meeting all, policies)."""
+def _beside_targets(runs: list[dict], prefix: str = "sim_") -> tuple[int, int]:
+    """Per policy of a live results.csv: does the sim beside its runs (``<prefix>*`` columns: ``sim_`` as priced,
+    ``sim_host_`` at each run's host speed) meet every one of issue 16's targets (``kvrl.fidelity.compare.TARGETS``),
+    mean over its seeds against the live mean? (policies meeting all, policies)."""
     from kvrl.fidelity.compare import TARGETS, rel_err
 
     by: dict[str, list[dict]] = {}
     for r in runs:
         by.setdefault(r["policy"], []).append(r)
     mean = lambda rows, col: sum(float(r[col]) for r in rows) / len(rows)
-    met = sum(all(abs(rel_err(mean(rows, m), mean(rows, f"sim_{m}"))) < tol for m, tol in TARGETS.items())
+    met = sum(all(abs(rel_err(mean(rows, m), mean(rows, f"{prefix}{m}"))) < tol for m, tol in TARGETS.items())
               for rows in by.values())
     return met, len(by)
 
@@ -849,6 +849,69 @@ def pressure_live() -> dict[str, str]:
 def phased_live() -> dict[str, str]:
     """docs/rl.md's bullets on `phased` live on an H200 on the current profile (session 28)."""
     return _live_beside_sim(PHASED_LIVE)
+
+
+def _live_rotated(directory: str) -> dict[str, str]:
+    """The facts of one scenario served live with its jobs in rotated order (session 33): those of
+    :func:`_live_beside_sim`, the agents' paired differences to fixed 0.01 at equal host speed (each run's
+    ``sim_replay_error`` as the covariate, :func:`kvrl.analysis.stats.paired_adjusted`: the span in tok/s and how
+    many are significantly worse / better), the median absolute per-run goodput error of the sim beside the
+    runs as priced and at each run's own host speed (``sim_host_goodput_tok_s``), how many policies the sim beside
+    meets issue 16's targets for at host speed, and the agents against the other policy with the best live mean
+    (``rival``): their paired % span and how many are significantly worse, raw and at equal host speed."""
+    from kvrl.analysis.stats import paired_adjusted, paired_compare
+
+    out = _live_beside_sim(directory)
+    runs = _csv(f"{directory}/live_results.csv")
+    col = lambda policy, name: {r["seed"]: float(r[name]) for r in runs if r["policy"] == policy}
+    ref = "fixed(fraction=0.01)"
+    agents = sorted({r["policy"] for r in runs if r["kind"] == "agent"})
+    adjusted = [paired_adjusted(col(a, "goodput_tok_s"), col(ref, "goodput_tok_s"), col(a, "sim_replay_error"),
+                                col(ref, "sim_replay_error")) for a in agents]
+    out["agents_adjusted"] = f"{min(c.adjusted for c in adjusted):+,.0f} to {max(c.adjusted for c in adjusted):+,.0f} tok/s"
+    for tag, sign in (("worse", -1), ("better", 1)):
+        n = sum(c.adjusted_p < 0.05 and sign * c.adjusted > 0 for c in adjusted)
+        out[f"agents_adjusted_{tag}"] = f"{n} of {len(adjusted)}"
+    for key, prefix in (("priced", "sim_"), ("host", "sim_host_")):
+        errors = sorted(abs(float(r[prefix + "goodput_tok_s"]) / float(r["goodput_tok_s"]) - 1) for r in runs)
+        out[f"goodput_err_{key}"] = f"{100 * statistics.median(errors):.1f}%"
+    met, policies = _beside_targets(runs, "sim_host_")
+    out["host_targets_met"] = f"{met} of {policies}"
+    # against the other policy with the best live mean (the agents' strongest rival live), raw and at equal host speed
+    others = {r["policy"] for r in runs if r["kind"] != "agent"}
+    live_mean = lambda policy: statistics.mean(col(policy, "goodput_tok_s").values())
+    rival = max(others, key=live_mean)
+    out["rival"] = f"`{rival}`"
+    raw = [paired_compare(col(a, "goodput_tok_s"), col(rival, "goodput_tok_s"), "goodput_tok_s") for a in agents]
+    out["agents_vs_rival"] = f"{min(c.pct_change for c in raw):+.1f}% to {max(c.pct_change for c in raw):+.1f}%"
+    out["agents_worse_rival"] = f"{sum(c.verdict == 'worse' for c in raw)} of {len(raw)}"
+    adjusted = [paired_adjusted(col(a, "goodput_tok_s"), col(rival, "goodput_tok_s"), col(a, "sim_replay_error"),
+                                col(rival, "sim_replay_error")) for a in agents]
+    out["agents_worse_rival_adjusted"] = f"{sum(c.adjusted_p < 0.05 and c.adjusted < 0 for c in adjusted)} of {len(adjusted)}"
+    return out
+
+
+TENANTS_LIVE_S33 = "docs/results/rl_live_h200/tenants_s33"
+PHASED_LIVE_S33 = "docs/results/rl_live_h200/phased_s33"
+PRESSURE_LIVE_S33 = "docs/results/rl_live_h200/pressure_s33"
+
+
+@source("tenants_live_s33", "cheap", *_live_sources(TENANTS_LIVE_S33))
+def tenants_live_s33() -> dict[str, str]:
+    """docs/rl.md's bullets on `tenants` live again with the job order rotated (session 33)."""
+    return _live_rotated(TENANTS_LIVE_S33)
+
+
+@source("phased_live_s33", "cheap", *_live_sources(PHASED_LIVE_S33))
+def phased_live_s33() -> dict[str, str]:
+    """docs/rl.md's bullets on `phased` live again with the job order rotated (session 33)."""
+    return _live_rotated(PHASED_LIVE_S33)
+
+
+@source("pressure_live_s33", "cheap", *_live_sources(PRESSURE_LIVE_S33))
+def pressure_live_s33() -> dict[str, str]:
+    """docs/rl.md's bullets on `pressure` live again with the job order rotated (session 33)."""
+    return _live_rotated(PRESSURE_LIVE_S33)
 
 
 SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"

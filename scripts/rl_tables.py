@@ -53,6 +53,10 @@ each run against the sim's cost model: negative where the live steps ran slower 
 policy against ``--reference``: the raw paired goodput difference, the mean difference in the runs' replay
 error, and the difference at equal host speed (:func:`kvrl.analysis.stats.paired_adjusted`), with the
 fitted slope and R².
+``beside_error``: live results files (kvrl-eval ``backend=live`` since session 32), a row per file: per metric of
+:data:`BESIDE_METRICS`, the per-run error of the sim beside each live run (``sim_<metric>`` / live - 1), as priced
+and at the run's own host speed (``sim_host_<metric>``), as the median over runs with the median absolute error in
+brackets, and the median of the runs' replay errors.
 ``job_position``: live results files, a row per file: how much slower the host ran for a seed's later jobs than for
 its first. The order is the file's ``seed_position`` where it has one (kvrl-eval records it since session 33, when
 its live jobs began to run in rotated order); else the listed order kvrl-eval used until session 32 (heuristics, then
@@ -517,6 +521,30 @@ def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)", per_seed: 
     return "\n".join(lines)
 
 
+#: the metrics of :func:`beside_error`
+BESIDE_METRICS = ("throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "tpot_p50_s")
+
+
+def beside_error(paths: list[str]) -> str:
+    """The ``beside_error`` table (module docs). Runs whose live value of a metric is 0 are left out of it."""
+    head = [f"{m}: {how}" for m in BESIDE_METRICS for how in ("as priced", "at host speed")]
+    lines = ["| live results | runs | median replay error | " + " | ".join(head) + " |",
+             "|---|---:|---:|" + "---:|" * len(head)]
+    for path in paths:
+        rows = [r for r in csv.DictReader(open(path)) if r["split"] == "test" and r.get("sim_host_goodput_tok_s")]
+        if not rows:
+            raise SystemExit(f"{path}: no test run with sim_host_ columns (kvrl-eval backend=live since session 32)")
+        cells = []
+        for m in BESIDE_METRICS:
+            for prefix in ("sim_", "sim_host_"):
+                e = np.array([float(r[prefix + m]) / float(r[m]) - 1 for r in rows if float(r[m]) > 0])
+                cells.append(f"{100 * np.median(e):+.1f}% ({100 * np.median(np.abs(e)):.1f}%)")
+        replay = np.median([float(r["sim_replay_error"]) for r in rows])
+        lines.append(f"| {Path(path).parent.name}/{Path(path).name} | {len(rows)} | {100 * replay:+.1f}% | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 #: the order kvrl-eval lists a seed's policies in (``job_order=listed``), by their kind
 LISTED_KINDS = {"heuristic": 0, "val-best": 1, "val-tuned": 2, "agent": 3}
 
@@ -589,6 +617,7 @@ def main() -> None:
     ha.add_argument("live", help="kvrl-eval results.csv of a live run, with sim_replay_error")
     ha.add_argument("--reference", default="fixed(fraction=0.01)", help="label (prefix) of the reference policy")
     ha.add_argument("--per-seed", action="store_true", help="each policy's goodput and replay error per seed instead")
+    sub.add_parser("beside_error").add_argument("paths", nargs="+", help="live results.csv files with sim_host_ columns")
     jp = sub.add_parser("job_position")
     jp.add_argument("paths", nargs="+", help="live results.csv files (kvrl-eval backend=live, merged or not)")
     a = p.parse_args()
@@ -612,6 +641,8 @@ def main() -> None:
         print(cells(a.path, a.split, [f.strip() for f in a.fields.split(",")]))
     elif a.table == "sim_error":
         print(sim_error(a.live, a.sims))
+    elif a.table == "beside_error":
+        print(beside_error(a.paths))
     elif a.table == "job_position":
         print(job_position(a.paths))
     elif a.table == "host_adjusted":
