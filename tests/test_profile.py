@@ -420,6 +420,22 @@ def test_shipped_and_archived_profiles_load_by_name_and_keep_their_fit():
     assert archived.profile.model.token_sizes == []
 
 
+def test_a_loaded_older_fit_saved_again_keeps_its_fit_version(tmp_path):
+    """A profile of an older fit (the archived fit-10 one) saved again is still labelled with its own fit version,
+    not relabelled as the current fit, and prices every step as it did; a fresh fit is the current version."""
+    name = "archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit10.json"
+    old = P.StepProfile.load(P.PACKAGED_DIR / name)
+    assert old.model.fit_version == 10 < P.FIT_VERSION
+    old.save(tmp_path / "again.json")
+    again = P.StepProfile.load(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text())["model"]["fit_version"] == 10
+    assert again.model.fit_version == 10
+    step = dict(n_pre=1, pre_tok=512, n_dec=64, dec_kv=64 * 900, dec_max=1500)
+    assert again.model.predict_features(step) == old.model.predict_features(step)
+    fresh = P.StepModel.fit([dict(step, graph=False, t=1e-3), dict(step, n_dec=8, dec_kv=8 * 900, graph=False, t=5e-4)])
+    assert fresh.fit_version == fresh.to_dict()["fit_version"] == P.FIT_VERSION
+
+
 def test_sim_swap_stream_overlaps_swap_outs_and_delays_the_step_after_a_swap_in():
     """Swap transfers run on a modelled side stream: a swap-out costs its step only the gather and
     the next step ends after the transfer; a swap-in delays the next step's forward pass until it

@@ -75,7 +75,11 @@ class StepModel:
     OPS = ("copy", "swap_out", "swap_in", "swap_out_xfer", "swap_in_xfer")
 
     def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
-                 host: dict, engine_factor: Optional[dict] = None, token_sizes: Sequence[int] = ()) -> None:
+                 host: dict, engine_factor: Optional[dict] = None, token_sizes: Sequence[int] = (),
+                 fit_version: int = FIT_VERSION) -> None:
+        #: the fit version that made these terms (:data:`FIT_VERSION` for a fresh fit; a loaded profile keeps its
+        #: own, so saving it again does not relabel an older fit as the current one)
+        self.fit_version = int(fit_version)
         self.graph_sizes = sorted(int(b) for b in graph_sizes)
         self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
         #: token buckets of the live executor's piecewise graphs: a non-graph step of N tokens
@@ -235,7 +239,7 @@ class StepModel:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
-        return {"fit_version": FIT_VERSION, "graph_sizes": self.graph_sizes, "graph": self.graph,
+        return {"fit_version": self.fit_version, "graph_sizes": self.graph_sizes, "graph": self.graph,
                 "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor,
                 "token_sizes": self.token_sizes}
 
@@ -243,7 +247,7 @@ class StepModel:
     def from_dict(cls, d: dict) -> "StepModel":
         try:
             return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["host"], d.get("engine_factor"),
-                       d.get("token_sizes", ()))
+                       d.get("token_sizes", ()), int(d.get("fit_version", FIT_VERSION)))
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
