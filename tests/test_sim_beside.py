@@ -180,6 +180,14 @@ def test_predict_prices_with_the_profile_the_live_steps_choose_or_the_one_given(
     assert off(other["at_host_speed"]) < off(other)
     assert chosen["at_host_speed"]["throughput_tok_s"] == pytest.approx(served["throughput_tok_s"], rel=2e-3)
     assert math.isnan(given["host_speed_scale"]) and all(math.isnan(v) for v in given["at_host_speed"].values())
+    # calibrated on earlier runs of the host (their mean replay error; non-finite ones left out): at the same speed
+    # as this run's own, the same prediction as at_host_speed; with no finite earlier error, none
+    err = other["replay_error"]
+    cal = sim_beside.predict(cfg, engine, requests, steps=steps, profile=shipped,
+                             earlier_replay_errors=(err - 0.01, float("nan"), err + 0.01))
+    assert cal["calibration_scale"] == pytest.approx(other["host_speed_scale"])
+    assert cal["calibrated"] == pytest.approx(other["at_host_speed"])
+    assert math.isnan(other["calibration_scale"]) and all(math.isnan(v) for v in other["calibrated"].values())
 
 
 def test_matching_profiles_counts_a_directory_on_the_path_and_shipped_once(monkeypatch):

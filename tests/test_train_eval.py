@@ -120,6 +120,9 @@ def test_live_eval_takes_the_val_pick_from_the_sim(trained, tmp_path):
     assert all(float(r["sim_replay_error"]) > -1.0 for r in test)
     # ... and the same run in the sim at that run's own host speed
     assert all(float(r["sim_host_throughput_tok_s"]) > 0 for r in test)
+    # ... and, a prediction, at the host speed of the process's earlier live jobs (none before the first)
+    assert test[0]["sim_cal_throughput_tok_s"] in ("", "nan")
+    assert all(float(r["sim_cal_throughput_tok_s"]) > 0 for r in test[1:])
     # the place of each test job among its seed's, in the order they ran (seed 0: as listed; job_order=auto)
     assert [int(r["seed_position"]) for r in test] == [0, 1, 2]
     assert all(r["seed_position"] == "" for r in val)

@@ -110,12 +110,11 @@ def job_workload(workload: dict, split: str, seed: int, resample: Optional[float
     the seeded share of its requests over the same share of the time: the same request rate."""
     wl = {**workload, "split": split, "seed": seed}
     if resample is not None:
-        wl["subsample"] = resample
-        wl["rate_scale"] = wl["rate_scale"] / resample
+        wl.update(subsample=resample, rate_scale=wl["rate_scale"] / resample)
     return wl
 
 
-_LIVE: dict[str, Any] = {}      # this process's live executor: key, executor, the pool's num_blocks
+_LIVE: dict[str, Any] = {}      # this process's live executor: key, executor, pool's num_blocks, sim profile, replay errors
 
 
 def live_executor(cfg: dict, warmup_requests: int):
@@ -165,14 +164,15 @@ def run_job(run: dict, role: str, job: Job, resample: Optional[float], live_warm
            "seed_position": job.position, "backend": cfg["backend"]["name"],
            "workload": describe_workload(cfg["workload"]), **metrics}
     if live:      # the sim's prediction of the same run, beside it (#16)
+        earlier = _LIVE.setdefault("replay_errors", [])     # this process's earlier jobs: the calibrated sim
         predicted = sim_beside.predict(cfg, engine, requests, probes.meter.stats(), steps=step_log,
-                                       profile=_LIVE.get("sim_profile"))
+                                       profile=_LIVE.get("sim_profile"), earlier_replay_errors=tuple(earlier))
         _LIVE.setdefault("sim_profile", predicted["cost_source"].removeprefix("profile:"))   # "roofline": none
-        out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS})
-        out["sim_cost_source"] = predicted["cost_source"]
-        out["host_probe_ratio"] = predicted["host_probe_ratio"]
-        out["sim_replay_error"] = predicted["replay_error"]
-        out.update({f"sim_host_{k}": v for k, v in predicted["at_host_speed"].items()})   # at this run's host speed
+        earlier.append(predicted["replay_error"])
+        out.update({f"sim_{k}": predicted[k] for k in sim_beside.METRICS}, sim_cost_source=predicted["cost_source"],
+                   host_probe_ratio=predicted["host_probe_ratio"], sim_replay_error=predicted["replay_error"])
+        for prefix, key in (("sim_host_", "at_host_speed"), ("sim_cal_", "calibrated")):   # own / earlier host speed
+            out.update({prefix + k: v for k, v in predicted[key].items()})
     if job.trace and engine.metrics.steps:
         steps = np.asarray(engine.metrics.steps, dtype=np.float64)
         col = {name: i for i, name in enumerate(STEP_COLUMNS)}

@@ -86,7 +86,7 @@ def select_profile(reference, steps: StepLog, engine_config, cuda_graphs: bool, 
 
 
 def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict] = None,
-            steps: Optional[StepLog] = None, profile=None) -> dict:
+            steps: Optional[StepLog] = None, profile=None, earlier_replay_errors: Sequence[float] = ()) -> dict:
     """The sim's summary of serving ``requests`` as ``live_engine`` (a finished live run) did,
     plus ``cost_source`` and ``profile_staleness`` of the sim's cost model, ``profile_choice`` (how it
     was chosen: ``"given"``, ``"replay"`` with ``profile_replay_errors``, every candidate's
@@ -103,7 +103,10 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     (docs/fidelity.md, "Host speed"). ``at_host_speed``: the same run in the sim at this run's own host speed
     (``step_time_scale = 1 / (1 + replay_error)``, kept as ``host_speed_scale``), its :data:`METRICS`; NaN without
     a replay error. A calibration after the fact, not a prediction: its error is the cost model's shape alone
-    (docs/rl.md, "A third VM, and a control")."""
+    (docs/rl.md, "A third VM, and a control"). ``calibrated``: a prediction, the same run in the sim at the host
+    speed measured on earlier live runs of the same host (``earlier_replay_errors``, e.g. this process's earlier
+    jobs: ``step_time_scale = 1 / (1 + their mean)``, kept as ``calibration_scale``), its :data:`METRICS`; NaN without
+    a finite earlier replay error (docs/fidelity.md, "The sim calibrated on earlier runs")."""
     from kvrl.builder import build_engine
     from kvrl.executors.sim import SimExecutor
 
@@ -128,11 +131,17 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
         replay = replay_error(sim, steps, live_engine.config)     # after the run: it restarts the sim's clock
     summary["replay_error"] = replay
     summary["host_speed_scale"] = scale = 1.0 / (1.0 + replay) if math.isfinite(replay) and replay > -1.0 else math.nan
-    at_host = dict.fromkeys(METRICS, math.nan)
-    if reference is not None and math.isfinite(scale):
-        at_host.update({k: v for k, v in build_engine(scfg, executor=make_sim(scale), record_steps=False)
+    earlier = [e for e in earlier_replay_errors if math.isfinite(e) and e > -1.0]
+    summary["calibration_scale"] = 1.0 / (1.0 + sum(earlier) / len(earlier)) if earlier else math.nan
+
+    def at_scale(scale: float) -> dict:
+        out = dict.fromkeys(METRICS, math.nan)
+        if reference is not None and math.isfinite(scale):
+            out.update({k: v for k, v in build_engine(scfg, executor=make_sim(scale), record_steps=False)
                         .run(list(requests)).items() if k in METRICS})
-    summary["at_host_speed"] = at_host
+        return out
+    summary["at_host_speed"] = at_scale(scale)
+    summary["calibrated"] = at_scale(summary["calibration_scale"])
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness
     summary["profile_choice"] = choice
