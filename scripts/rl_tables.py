@@ -54,9 +54,10 @@ policy against ``--reference``: the raw paired goodput difference, the mean diff
 error, and the difference at equal host speed (:func:`kvrl.analysis.stats.paired_adjusted`), with the
 fitted slope and R².
 ``beside_error``: live results files (kvrl-eval ``backend=live`` since session 32), a row per file: per metric of
-:data:`BESIDE_METRICS`, the per-run error of the sim beside each live run (``sim_<metric>`` / live - 1), as priced
-and at the run's own host speed (``sim_host_<metric>``), as the median over runs with the median absolute error in
-brackets, and the median of the runs' replay errors.
+:data:`BESIDE_METRICS`, the per-run error of the sim beside each live run (``sim_<metric>`` / live - 1), as priced,
+calibrated on the process's earlier runs (``sim_cal_<metric>``, a prediction, where any file has it) and at the
+run's own host speed (``sim_host_<metric>``, after the fact), as the median over runs with the median absolute error
+and the number of runs in brackets, and the median of the runs' replay errors.
 ``job_position``: live results files, a row per file: how much slower the host ran for a seed's later jobs than for
 its first. The order is the file's ``seed_position`` where it has one (kvrl-eval records it since session 33, when
 its live jobs began to run in rotated order); else the listed order kvrl-eval used until session 32 (heuristics, then
@@ -526,19 +527,25 @@ BESIDE_METRICS = ("throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "tpot_p50_s
 
 
 def beside_error(paths: list[str]) -> str:
-    """The ``beside_error`` table (module docs). Runs whose live value of a metric is 0 are left out of it."""
-    head = [f"{m}: {how}" for m in BESIDE_METRICS for how in ("as priced", "at host speed")]
-    lines = ["| live results | runs | median replay error | " + " | ".join(head) + " |",
-             "|---|---:|---:|" + "---:|" * len(head)]
-    for path in paths:
-        rows = [r for r in csv.DictReader(open(path)) if r["split"] == "test" and r.get("sim_host_goodput_tok_s")]
+    """The ``beside_error`` table (module docs). Runs whose live value of a metric is 0, or without a value of a
+    sim (the calibrated sim has none for a process's first job), are left out of that cell."""
+    tables = [(path, [r for r in csv.DictReader(open(path)) if r["split"] == "test" and r.get("sim_host_goodput_tok_s")])
+              for path in paths]
+    for path, rows in tables:
         if not rows:
             raise SystemExit(f"{path}: no test run with sim_host_ columns (kvrl-eval backend=live since session 32)")
+    sims = [("as priced", "sim_")] + [("calibrated on earlier runs", "sim_cal_")] * any(
+        "sim_cal_goodput_tok_s" in rows[0] for _, rows in tables) + [("at host speed", "sim_host_")]
+    head = [f"{m}: {how}" for m in BESIDE_METRICS for how, _ in sims]
+    lines = ["| live results | runs | median replay error | " + " | ".join(head) + " |",
+             "|---|---:|---:|" + "---:|" * len(head)]
+    for path, rows in tables:
         cells = []
         for m in BESIDE_METRICS:
-            for prefix in ("sim_", "sim_host_"):
-                e = np.array([float(r[prefix + m]) / float(r[m]) - 1 for r in rows if float(r[m]) > 0])
-                cells.append(f"{100 * np.median(e):+.1f}% ({100 * np.median(np.abs(e)):.1f}%)")
+            for _, prefix in sims:
+                e = np.array([float(r[prefix + m]) / float(r[m]) - 1 for r in rows
+                              if float(r[m]) > 0 and r.get(prefix + m) not in (None, "", "nan")])
+                cells.append(f"{100 * np.median(e):+.1f}% ({100 * np.median(np.abs(e)):.1f}%, {e.size})" if e.size else "")
         replay = np.median([float(r["sim_replay_error"]) for r in rows])
         lines.append(f"| {Path(path).parent.name}/{Path(path).name} | {len(rows)} | {100 * replay:+.1f}% | "
                      + " | ".join(cells) + " |")

@@ -501,25 +501,31 @@ def test_live_tables_adjust_for_host_speed_and_put_merged_rows_back_in_run_order
     assert "| 4 | 2 | -1.50% ± " in position[2] and position[2].endswith("| 0 of 4 |")
 
 
-def test_beside_error_gives_the_per_run_error_as_priced_and_at_host_speed(tmp_path):
-    """rl_tables beside_error: per metric the median per-run error of the sim beside each live run and of the same
-    run at its host speed, with the median absolute error; a run whose live value is 0 is left out of that metric."""
+def test_beside_error_gives_the_per_run_error_as_priced_calibrated_and_at_host_speed(tmp_path):
+    """rl_tables beside_error: per metric the median per-run error of the sim beside each live run, of the sim
+    calibrated on the process's earlier runs (where the file has it: none for the first job) and of the same run at
+    its host speed, with the median absolute error and the runs counted; a run whose live value is 0 is left out."""
     metrics = rl_tables.BESIDE_METRICS
-    head = ["policy", "kind", "split", "seed", "sim_replay_error"] + [p + m for p in ("", "sim_", "sim_host_")
+    head = ["policy", "kind", "split", "seed", "sim_replay_error"] + [p + m for p in ("", "sim_", "sim_cal_", "sim_host_")
                                                                         for m in metrics]
     rows = []
-    for seed, (priced, host) in enumerate([(0.10, 0.00), (0.20, -0.02), (0.30, 0.02)]):
+    for seed, (priced, cal, host) in enumerate([(0.10, None, 0.00), (0.20, 0.04, -0.02), (0.30, 0.08, 0.02)]):
         rows.append(["fixed(fraction=0.01)", "heuristic", "test", str(seed), str(-priced / 2)]
                     + ["100"] * len(metrics) + [str(100 * (1 + priced))] * len(metrics)
-                    + [str(100 * (1 + host))] * len(metrics))
+                    + ["" if cal is None else str(100 * (1 + cal))] * len(metrics) + [str(100 * (1 + host))] * len(metrics))
     rows[0][5 + 3] = "0"                     # seed 0's live tpot is 0: left out of that metric
     path = tmp_path / "live_results.csv"
     path.write_text("\n".join(",".join(r) for r in [head] + rows) + "\n")
     line = rl_tables.beside_error([str(path)]).splitlines()[2]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1:3] == ["3", "-10.0%"]
-    assert cells[3:5] == ["+20.0% (20.0%)", "+0.0% (2.0%)"]          # throughput: as priced, at host speed
-    assert cells[9:11] == ["+25.0% (25.0%)", "+0.0% (2.0%)"]          # tpot: seeds 1 and 2 only
+    # throughput: as priced, calibrated (seeds 1 and 2), at host speed
+    assert cells[3:6] == ["+20.0% (20.0%, 3)", "+6.0% (6.0%, 2)", "+0.0% (2.0%, 3)"]
+    assert cells[12:15] == ["+25.0% (25.0%, 2)", "+6.0% (6.0%, 2)", "+0.0% (2.0%, 2)"]          # tpot: seeds 1 and 2
+    plain = tmp_path / "plain.csv"               # a file without sim_cal_ columns: no calibrated column
+    plain.write_text("\n".join(",".join(c for i, c in enumerate(r) if not 5 + len(metrics) * 2 <= i < 5 + len(metrics) * 3)
+                               for r in [head] + rows) + "\n")
+    assert len(rl_tables.beside_error([str(plain)]).splitlines()[2].strip("|").split("|")) == 3 + 2 * len(metrics)
     with pytest.raises(SystemExit, match="no test run with sim_host_"):
         path.write_text("policy,split,goodput_tok_s\nx,test,1\n")
         rl_tables.beside_error([str(path)])
