@@ -546,8 +546,16 @@ def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):
         "agents=[]", "baselines.watermark=[{name: fixed, fraction: 0.0100001}]"]
     assert hs.policy_overrides("agent dqn (agents/pressure-dqn-seed0/best_model.zip)")[0] == \
         "agents=[docs/results/agents/pressure-dqn-seed0]"
-    with pytest.raises(SystemExit, match="only fixed"):
-        hs.policy_overrides("pi")
+    assert hs.policy_overrides("pi") == ["agents=[]", "baselines.watermark=[{name: pi}]"]
+    assert hs.policy_overrides("bandit(epoch_s=4.0, exploration=0.2)")[1] == \
+        "baselines.watermark=[{name: bandit, epoch_s: 4.0, exploration: 0.2}]"
+    with pytest.raises(SystemExit, match="only watermark baselines"):
+        hs.policy_overrides("Fixed 0.01")
+    # the scale of each run: its own replay error, or (a prediction) the mean of the earlier runs' of its process
+    rows = [{"sim_replay_error": e} for e in ("-0.1", "-0.3", "0.0")]
+    assert hs.scales(rows, "own") == pytest.approx([1 / 0.9, 1 / 0.7, 1.0])
+    earlier = hs.scales(rows, "earlier")
+    assert np.isnan(earlier[0]) and earlier[1:] == pytest.approx([1 / 0.9, 1 / 0.8])
     lines = []
     for seed in range(3):
         for policy, live, host in (("fixed(fraction=0.01)", 1000.0, 1010.0), ("fixed(fraction=0.02)", 900.0 + seed, 905.0 + 2 * seed)):
@@ -556,6 +564,19 @@ def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):
                                      "host_goodput_tok_s": host}))
     path = tmp_path / "hs.jsonl"
     path.write_text("\n".join(lines) + "\n")
+    # targets: per-run errors and the policies whose mean meets every target, as priced and re-served
+    runs = []
+    for seed in range(2):
+        for policy, priced, served in (("a", 1.05, 1.01), ("b", 1.02, 1.0)):
+            run = {"policy": policy, "seed": seed}
+            for m in hs.TARGET_METRICS:
+                run.update({f"live_{m}": 100.0, f"beside_{m}": 100.0 * priced, f"host_{m}": 100.0 * served})
+            runs.append(json.dumps(run))
+    task = tmp_path / "task" / "calibrated.jsonl"
+    task.parent.mkdir()
+    task.write_text("\n".join(runs) + "\n")
+    row = hs.targets([task]).splitlines()[2]
+    assert row.startswith("| task | 4 | 3.5% | 0.5% | ") and row.endswith("| 1 of 2 | 2 of 2 |")
     table = hs.table(path).splitlines()
     assert len(table) == 3 and table[2].startswith("| x | 6 | 20.0% | ")
     assert "| fixed(fraction=0.02) | -99 | -103 | 1.00 | " in table[2] and table[2].endswith("| +4 ± 2 |")
