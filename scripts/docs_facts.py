@@ -804,22 +804,23 @@ def _live_beside_sim(directory: str) -> dict[str, str]:
         staged = [float(stage[(r["policy"], r["seed"])][metric]) / float(r[metric]) - 1 for r in runs]
         out[f"err_{key}_beside"] = f"{100 * sum(beside) / len(beside):+.1f}%"
         out[f"err_{key}_stage"] = f"{100 * sum(staged) / len(staged):+.1f}%"
-    met, policies = _beside_targets(runs)
+    met, policies = _targets_met(runs)
     out["beside_targets_met"] = f"{met} of {policies}"
     return out
 
 
-def _beside_targets(runs: list[dict], prefix: str = "sim_") -> tuple[int, int]:
-    """Per policy of a live results.csv: does the sim beside its runs (``<prefix>*`` columns: ``sim_`` as priced,
-    ``sim_host_`` at each run's host speed) meet every one of issue 16's targets (``kvrl.fidelity.compare.TARGETS``),
-    mean over its seeds against the live mean? (policies meeting all, policies)."""
-    from kvrl.fidelity.compare import TARGETS, rel_err
+def _targets_met(runs: list[dict], sim: str = "sim_{}", live: str = "{}") -> tuple[int, int]:
+    """Per policy of ``runs`` (rows of a live results.csv, or the JSON lines of scripts/rl_host_scaled.py): does the
+    sim's mean over its runs meet every one of issue 16's targets against the live mean
+    (:func:`kvrl.fidelity.compare.within_targets`)? ``sim`` and ``live`` name each metric's column (``sim_{}``: the
+    sim beside as priced, ``sim_host_{}`` at each run's host speed). (policies meeting all, policies)."""
+    from kvrl.fidelity.compare import TARGETS, within_targets
 
     by: dict[str, list[dict]] = {}
     for r in runs:
         by.setdefault(r["policy"], []).append(r)
     mean = lambda rows, col: sum(float(r[col]) for r in rows) / len(rows)
-    met = sum(all(abs(rel_err(mean(rows, m), mean(rows, f"{prefix}{m}"))) < tol for m, tol in TARGETS.items())
+    met = sum(within_targets({m: mean(rows, live.format(m)) for m in TARGETS}, {m: mean(rows, sim.format(m)) for m in TARGETS})
               for rows in by.values())
     return met, len(by)
 
@@ -876,7 +877,7 @@ def _live_rotated(directory: str) -> dict[str, str]:
     for key, prefix in (("priced", "sim_"), ("host", "sim_host_")):
         errors = sorted(abs(float(r[prefix + "goodput_tok_s"]) / float(r["goodput_tok_s"]) - 1) for r in runs)
         out[f"goodput_err_{key}"] = f"{100 * statistics.median(errors):.1f}%"
-    met, policies = _beside_targets(runs, "sim_host_")
+    met, policies = _targets_met(runs, "sim_host_{}")
     out["host_targets_met"] = f"{met} of {policies}"
     # against the other policy with the best live mean (the agents' strongest rival live), raw and at equal host speed
     others = {r["policy"] for r in runs if r["kind"] != "agent"}
@@ -908,26 +909,18 @@ def calibrated_s33() -> dict[str, str]:
     (``scripts/rl_host_scaled.py run --scale earlier``): per task the median absolute per-run throughput and goodput
     error as priced and so calibrated, and the policies whose mean meets every issue-16 target either way; ``all_*``
     pools the tasks."""
-    from kvrl.fidelity.compare import TARGETS, rel_err
-
     out, pooled = {}, {"runs": 0, "met_priced": 0, "met_cal": 0, "policies": 0}
     for task, path in CALIBRATED_S33.items():
-        runs = [json.loads(line) for line in open(path)]
-        for metric, key in (("throughput_tok_s", "throughput"), ("goodput_tok_s", "goodput")):
-            for side, name in (("beside", "priced"), ("host", "cal")):
+        runs = _jsonl(path)
+        for side, name in (("beside", "priced"), ("host", "cal")):
+            for metric, key in (("throughput_tok_s", "throughput"), ("goodput_tok_s", "goodput")):
                 e = [abs(r[f"{side}_{metric}"] / r[f"live_{metric}"] - 1) for r in runs if r[f"live_{metric}"] > 0]
                 out[f"{task}_{key}_{name}"] = f"{100 * statistics.median(e):.1f}%"
-        by: dict[str, list[dict]] = {}
-        for r in runs:
-            by.setdefault(r["policy"], []).append(r)
-        mean = lambda rows, key: statistics.mean(r[key] for r in rows)
-        for side, name in (("beside", "priced"), ("host", "cal")):
-            met = sum(all(abs(rel_err(mean(rows, f"live_{m}"), mean(rows, f"{side}_{m}"))) < tol
-                          for m, tol in TARGETS.items()) for rows in by.values())
-            out[f"{task}_met_{name}"] = f"{met} of {len(by)}"
+            met, policies = _targets_met(runs, side + "_{}", "live_{}")
+            out[f"{task}_met_{name}"] = f"{met} of {policies}"
             pooled[f"met_{name}"] += met
         pooled["runs"] += len(runs)
-        pooled["policies"] += len(by)
+        pooled["policies"] += policies
     out["all_runs"] = str(pooled["runs"])
     for name in ("priced", "cal"):
         out[f"all_met_{name}"] = f"{pooled[f'met_{name}']} of {pooled['policies']}"

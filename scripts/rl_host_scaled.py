@@ -56,14 +56,13 @@ def policy_overrides(policy: str) -> list[str]:
 
 
 def scales(rows: list[dict], how: str) -> list[float]:
-    """Each run's ``step_time_scale``: from its own replay error (``own``), or from the mean of the finite ones of the
-    runs before it in ``rows`` (``earlier``, NaN where there is none: a process's first run), as kvrl-eval's
-    ``sim_cal_`` columns."""
+    """Each run's ``step_time_scale`` (:func:`kvrl.apps.sim_beside.speed_scale`): from its own replay error
+    (``own``), or from those of the runs before it in ``rows`` (``earlier``, NaN where there is none: a process's
+    first run), as kvrl-eval's ``sim_cal_`` columns."""
+    from kvrl.apps.sim_beside import speed_scale
+
     errors = [float(r["sim_replay_error"]) for r in rows]
-    if how == "own":
-        return [1.0 / (1.0 + e) for e in errors]
-    finite = [np.asarray([e for e in errors[:i] if np.isfinite(e) and e > -1.0]) for i in range(len(errors))]
-    return [1.0 / (1.0 + float(f.mean())) if f.size else float("nan") for f in finite]
+    return [speed_scale([e] if how == "own" else errors[:i]) for i, e in enumerate(errors)]
 
 
 def serve(results: str, row: dict, env: str, extra: list[str], scale: float, how: str = "own") -> dict:
@@ -91,7 +90,7 @@ def targets(paths: list[Path]) -> str:
     them as priced and of the re-served sim, per metric of :data:`TARGET_METRICS`, and on how many policies each
     meets every one of issue 16's targets (``kvrl.fidelity.compare.TARGETS``: the sim's mean over a policy's runs
     against the live mean)."""
-    from kvrl.fidelity.compare import TARGETS, rel_err
+    from kvrl.fidelity.compare import within_targets
 
     head = [f"{m}: {side}" for m in TARGET_METRICS for side in ("as priced", "re-served")]
     lines = ["| runs of | runs | " + " | ".join(head) + " | policies meeting every target: as priced | re-served |",
@@ -106,9 +105,9 @@ def targets(paths: list[Path]) -> str:
         by_policy = defaultdict(list)
         for r in runs:
             by_policy[r["policy"]].append(r)
-        mean = lambda rows, key: float(np.mean([r[key] for r in rows]))
-        met = {side: sum(all(abs(rel_err(mean(rows, f"live_{m}"), mean(rows, f"{side}_{m}"))) < tol
-                             for m, tol in TARGETS.items()) for rows in by_policy.values()) for side in ("beside", "host")}
+        means = lambda rows, side: {m: float(np.mean([r[f"{side}_{m}"] for r in rows])) for m in TARGET_METRICS}
+        met = {side: sum(within_targets(means(rows, "live"), means(rows, side)) for rows in by_policy.values())
+               for side in ("beside", "host")}
         lines.append(f"| {Path(path).parent.name} | {len(runs)} | " + " | ".join(cells)
                      + f" | {met['beside']} of {len(by_policy)} | {met['host']} of {len(by_policy)} |")
     return "\n".join(lines)

@@ -164,9 +164,7 @@ def paired_adjusted(values: Mapping[Hashable, Optional[float]], baseline: Mappin
         return AdjustedComparison(n, raw, raw_ci, _paired_p(d), nan, nan, nan, nan, nan,
                                   float(x.mean()) if n else nan)
     fit = sps.linregress(x, d)
-    resid = d - (fit.intercept + fit.slope * x)
-    s2 = float(resid @ resid) / (n - 2)
-    se = math.sqrt(s2 * (1.0 / n + float(x.mean()) ** 2 / float(((x - x.mean()) ** 2).sum())))
+    se = float(fit.intercept_stderr)
     if se > 0:
         p = 2.0 * float(sps.t.sf(abs(fit.intercept) / se, n - 2))
     else:      # a perfect fit: no evidence either way where the intercept is 0 up to rounding

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -10,16 +9,15 @@ from omegaconf import OmegaConf
 
 def sim_cost_note(run: dict) -> str:
     """The leaderboard line naming what priced a sim evaluation's steps: the profile file the sim resolves
-    for ``run`` (its path, the first 12 hex digits of the file's SHA-256 and its fit version) or the
+    for ``run`` (its path, the first 12 hex digits of the file's SHA-256 and its model's fit version) or the
     roofline, so that a result says which cost model it stands on after the shipped profile changes."""
     from kvrl.builder import build_executor
     sim = build_executor(OmegaConf.create({**run, "seed": 0}))
     if sim.profile is None or not sim.profile.path:
         return f"Sim cost model: {sim.cost_source}"
     path = Path(sim.profile.path)
-    raw = path.read_bytes()
-    digest = hashlib.sha256(raw).hexdigest()[:12]
-    fit = json.loads(raw)["model"]["fit_version"]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    fit = sim.profile.model.fit_version
     try:
         shown = path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:

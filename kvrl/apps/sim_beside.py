@@ -85,6 +85,13 @@ def select_profile(reference, steps: StepLog, engine_config, cuda_graphs: bool, 
     return best, errors
 
 
+def speed_scale(replay_errors: Sequence[float]) -> float:
+    """The sim's ``step_time_scale`` for a host whose live runs had these replay errors (:func:`replay_error`):
+    ``1 / (1 + their mean)`` over the finite ones above -1 (NaN where there is none)."""
+    usable = [e for e in replay_errors if math.isfinite(e) and e > -1.0]
+    return 1.0 / (1.0 + sum(usable) / len(usable)) if usable else math.nan
+
+
 def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict] = None,
             steps: Optional[StepLog] = None, profile=None, earlier_replay_errors: Sequence[float] = ()) -> dict:
     """The sim's summary of serving ``requests`` as ``live_engine`` (a finished live run) did,
@@ -130,9 +137,8 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
     elif sim is not None and steps is not None and steps.batches:
         replay = replay_error(sim, steps, live_engine.config)     # after the run: it restarts the sim's clock
     summary["replay_error"] = replay
-    summary["host_speed_scale"] = scale = 1.0 / (1.0 + replay) if math.isfinite(replay) and replay > -1.0 else math.nan
-    earlier = [e for e in earlier_replay_errors if math.isfinite(e) and e > -1.0]
-    summary["calibration_scale"] = 1.0 / (1.0 + sum(earlier) / len(earlier)) if earlier else math.nan
+    summary["host_speed_scale"] = speed_scale([replay])
+    summary["calibration_scale"] = speed_scale(earlier_replay_errors)
 
     def at_scale(scale: float) -> dict:
         out = dict.fromkeys(METRICS, math.nan)
@@ -140,7 +146,7 @@ def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict]
             out.update({k: v for k, v in build_engine(scfg, executor=make_sim(scale), record_steps=False)
                         .run(list(requests)).items() if k in METRICS})
         return out
-    summary["at_host_speed"] = at_scale(scale)
+    summary["at_host_speed"] = at_scale(summary["host_speed_scale"])
     summary["calibrated"] = at_scale(summary["calibration_scale"])
     summary["cost_source"] = engine.executor.cost_source
     summary["profile_staleness"] = engine.executor.profile_staleness

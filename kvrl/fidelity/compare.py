@@ -4,6 +4,7 @@ issue's targets, a run's summary and the sim's relative error against live.
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
 
@@ -47,3 +48,9 @@ def rel_err(live: float, sim: float) -> float:
     if live == 0:
         return 0.0 if sim == 0 else float("inf")
     return (sim - live) / abs(live)
+
+
+def within_targets(live: Mapping[str, float], sim: Mapping[str, float]) -> bool:
+    """Whether ``sim``'s value of every :data:`TARGETS` metric is within that metric's bound of ``live``'s (both
+    e.g. means over a pair's or a policy's runs); a missing or non-finite value misses."""
+    return all(abs(rel_err(live.get(k, math.nan), sim.get(k, math.nan))) < bound for k, bound in TARGETS.items())

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kvrl.fidelity.compare import METRICS, RANK_METRICS, TARGETS, rel_err
+from kvrl.fidelity.compare import METRICS, RANK_METRICS, TARGETS, rel_err, within_targets
 
 
 log = logging.getLogger("kvrl.fidelity")
@@ -236,8 +236,7 @@ def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
 def meets_every_target(live_pair: dict, sim: dict) -> bool:
     """Whether ``sim`` (a pair's sim metrics) is within every bound of :data:`TARGETS` of the mean of
     ``live_pair``'s live runs (:func:`live_mean_and_spread`); a missing sim metric misses."""
-    return all(abs(rel_err(live_mean_and_spread(live_pair, k)[0], sim.get(k, float("nan")))) < bound
-               for k, bound in TARGETS.items())
+    return within_targets({k: live_mean_and_spread(live_pair, k)[0] for k in TARGETS}, sim)
 
 
 def resolved_rankings(live: dict[str, dict], sims: dict[str, dict[str, dict]]) -> list[dict]:
