@@ -51,13 +51,14 @@ COLUMNS = (("every target", "every_target"), ("throughput within 3%", "throughpu
            ("TPOT p50 within 10%", "tpot_p50_within"), ("resolved orders reversed", "reversed"))
 
 
-def table(path: Path) -> str:
-    """An ``--out`` file as Markdown: per run and per shape's total, each column shipped -> candidate."""
-    lines = ["| run | shape | " + " | ".join(f"{t}: shipped -> candidate" for t, _ in COLUMNS) + " |",
+def table(path: Path, names: tuple[str, ...] = ("shipped", "candidate")) -> str:
+    """An ``--out`` file as Markdown: per run and per shape's total, each column ``names[0] -> names[1] ...``
+    (the sims' keys in each line)."""
+    lines = ["| run | shape | " + " | ".join(f"{t}: {' -> '.join(names)}" for t, _ in COLUMNS) + " |",
              "|---|---|" + "---:|" * len(COLUMNS)]
     for row in map(json.loads, path.read_text().splitlines()):
         name, shape = (row["run"], row["shape"]) if "run" in row else ("**all**", row["total"])
-        cells = [f"{row['shipped'][k]} -> {row['candidate'][k]}" for _, k in COLUMNS]
+        cells = [" -> ".join(row[n][k] for n in names) for _, k in COLUMNS]
         lines.append(f"| {name} | {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

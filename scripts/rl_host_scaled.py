@@ -56,10 +56,10 @@ def policy_overrides(policy: str) -> list[str]:
 
 
 def scales(rows: list[dict], how: str) -> list[float]:
-    """Each run's ``step_time_scale`` (:func:`kvrl.apps.sim_beside.speed_scale`): from its own replay error
+    """Each run's ``step_time_scale`` (:func:`kvrl.fidelity.compare.speed_scale`): from its own replay error
     (``own``), or from those of the runs before it in ``rows`` (``earlier``, NaN where there is none: a process's
     first run), as kvrl-eval's ``sim_cal_`` columns."""
-    from kvrl.apps.sim_beside import speed_scale
+    from kvrl.fidelity.compare import speed_scale
 
     errors = [float(r["sim_replay_error"]) for r in rows]
     return [speed_scale([e] if how == "own" else errors[:i]) for i, e in enumerate(errors)]

@@ -541,6 +541,19 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
     for r in first.values():
         assert r["live_host_probe"]["median_s"] > 0 and np.isfinite(r["host_probe_ratio"]) and r["host_speed"] == 1.0
     assert "sim host speed (live / profile host probe)" in table and "| x1.00 (" in table
+    # every pair after the first is also served at the host speed the pairs before it measured (a
+    # prediction): the first has no earlier replay to calibrate on
+    (p0, r0), (p1, r1) = first.items()
+    assert "sim_cal" not in r0 and "calibration_scale" not in r0
+    assert r1["calibration_scale"] == pytest.approx(1 / (1 + r0["replay"]["total_rel_err"]), rel=1e-12)
+    assert r1["sim_cal"]["finished"] == 8 and (r1["sim_cal"] != r1["sim"]) == (r1["calibration_scale"] != 1.0)
+    # and each pair at its own replay's host speed, after the fact
+    for r in (r0, r1):
+        assert r["host_speed_scale"] == pytest.approx(1 / (1 + r["replay"]["total_rel_err"]), rel=1e-12)
+        assert r["sim_host"]["finished"] == 8
+    assert r1["sim_host"] == r1["sim_cal"] or r1["host_speed_scale"] != r1["calibration_scale"]
+    section = table.split("## The sim calibrated on earlier pairs: a prediction")[1]
+    assert "- every target at once: " in section and " of 1 at its own host speed." in section
 
     # the sim side again, offline, against this run's live results: the same sim metrics (the sim
     # is deterministic and gets the same requests, engine configuration and profile), live kept
@@ -555,6 +568,16 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         assert second[pair]["replay"]["steps"] == r["replay"]["steps"]
     table = (again / "fidelity.md").read_text()
     assert "re-simulated offline" in table and "## Sim vs the mean of the live runs" in table
+    # resim calibrates the same way on its own re-priced replays, and its calibrated sim is exactly
+    # the sim at that step-time scale
+    scale = second[p1]["calibration_scale"]
+    assert "sim_cal" not in second[p0] and scale == pytest.approx(1 / (1 + second[p0]["replay"]["total_rel_err"]))
+    _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", f"sim_step_scale={scale!r}",
+         "only_workloads=[tiny]", f"only_policies=[{p1.split('/')[1]}]", f"hydra.run.dir={tmp_path / 'scaled'}",
+         "plots=false", cwd=tmp_path)    # only_*: the names of the run re-simulated (tiny is not in conf/)
+    scaled = json.loads((tmp_path / "scaled" / "fidelity.json").read_text())
+    assert scaled[p1]["sim"] == second[p1]["sim_cal"] and "sim_cal" not in scaled[p1]
+    assert scaled[p1]["sim_host"] == second[p1]["sim_host"]     # its own replay, whatever sim_step_scale
     _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "refit=true", "only_policies=[vllm]",
          f"hydra.run.dir={tmp_path / 'refit'}", "plots=false", cwd=tmp_path)
     assert "(refitted)" in (tmp_path / "refit" / "fidelity.md").read_text()
@@ -589,6 +612,10 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "need the output directory of a kvrl-fidelity run" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={out}", "only_workloads=[tiny,tinny]",
+                          f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "unknown name(s) ['tinny'] in the run re-simulated" in bad.stderr
 
 
 def test_fidelity_profile_select_prices_with_the_profile_closest_on_the_first_live_run(cpu_profile, tmp_path):

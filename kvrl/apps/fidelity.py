@@ -15,7 +15,10 @@ per-metric summary; whether the policy ranking agrees), ``runs/<workload>/<polic
 (``metrics.json``, ``steps.csv``), ``replay.csv`` per pair, and ``steps_<workload>_<policy>.png``
 (per-step time live vs sim over engine time, and replayed sim vs live step times).
 The library is :mod:`kvrl.fidelity`; this app composes the config, builds the live executor and
-the sim, and runs every pair.
+the sim, and runs every pair. Each pair is also served in the sim at its own live run's host speed
+(``sim_host``, after the fact) and, after the first, at the host speed the pairs before it measured
+(``sim_cal``, a prediction; :func:`kvrl.fidelity.pairs.add_speed_sims`), both in ``fidelity.json`` and the
+report's calibrated section.
 """
 from __future__ import annotations
 
@@ -58,8 +61,9 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                         step_graphs=steps)
     #: the sim's profile; with profile=select, replaced once by the first live run's choice (select_once)
     chosen: dict = {"spec": first.profile if first.profile is not None else "none"}
-    make_sim = lambda host_speed=1.0: SimExecutor(shape, dev, seed, profile=chosen["spec"], cuda_graphs=graphs,
-                                                  step_graphs=steps, host_speed=host_speed)
+    make_sim = lambda host_speed=1.0, step_time_scale=1.0: SimExecutor(
+        shape, dev, seed, profile=chosen["spec"], cuda_graphs=graphs, step_graphs=steps, host_speed=host_speed,
+        step_time_scale=step_time_scale)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
 
     def select_once(recorder, engine, pair: str) -> None:
@@ -85,6 +89,8 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
         policies = {k: policies[k] for k in cfg["only_policies"]}
 
     results: dict[tuple[str, str], dict] = {}
+    #: the replay errors of the pairs served so far in this process: the host's measured speed
+    earlier: list[float] = []
     warmed: Optional[tuple] = None
     t_all = time.perf_counter()
     gpu = device_name(live)
@@ -129,7 +135,9 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             out = out_dir / "runs" / wname / pname
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg["max_live_wall_s"],
                            cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"],
-                           on_first_live=lambda rec, eng, pair=f"{wname}/{pname}": select_once(rec, eng, pair))
+                           on_first_live=lambda rec, eng, pair=f"{wname}/{pname}": select_once(rec, eng, pair),
+                           earlier=earlier)
+            earlier.append(res.get("replay", {}).get("total_rel_err", float("nan")))
             if select:
                 res["profile_select"] = {"profile": getattr(chosen["spec"], "path", None) or "roofline",
                                          "chosen_on": chosen.get("pair"), "replay_errors": chosen.get("errors", {})}

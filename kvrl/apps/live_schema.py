@@ -330,8 +330,9 @@ def _fidelity_checks(cfg: dict) -> None:
         _check_fidelity_workload(name, entry, engine)
     for name, entry in cfg["policies"].items():
         _check_policy(name, entry)
-    _check_subset("only_workloads", cfg["only_workloads"], cfg["workloads"])
-    _check_subset("only_policies", cfg["only_policies"], cfg["policies"])
+    if not cfg["resim"]:      # with resim the names are the earlier run's: kvrl.apps.resim checks them there
+        _check_subset("only_workloads", cfg["only_workloads"], cfg["workloads"])
+        _check_subset("only_policies", cfg["only_policies"], cfg["policies"])
     if not cfg["workloads"] or not cfg["policies"] or cfg["only_workloads"] == [] or cfg["only_policies"] == []:
         raise ValueError("need at least one workload and one policy (workloads, policies, only_workloads, only_policies)")
     if cfg["max_requests"] is not None:

@@ -12,7 +12,10 @@ without spending GPU time on the live side again.
 The replay prices each recorded step from its features as the sim does
 (:func:`kvrl.executors.profile.StepModel.predict_features`, host term included, on the sim's swap
 stream), so with the run's own profile it reproduces the run's replay column; the sim serves the
-model shape and device of the profile's key (stated in the report header).
+model shape and device of the profile's key (stated in the report header). As live
+(:func:`kvrl.fidelity.pairs.add_speed_sims`), each pair is also served at its own re-priced replay's host
+speed (``sim_host``) and, after the first re-simulated, at the speed the re-priced replays of the pairs
+before it measure (``sim_cal``), in the recorded order.
 """
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.fidelity.compare import summarize
-    from kvrl.fidelity.pairs import pair_engine, pair_host_speed, workload_requests
+    from kvrl.fidelity.pairs import add_speed_sims, pair_engine, pair_host_speed, serve_sim, workload_requests
     from kvrl.fidelity.replay import replay_summary
     from kvrl.fidelity.report import plot_pair, write_report
 
@@ -116,8 +119,13 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     seed = int(old_cfg.get("seed", 0))
     slo = dict(old_cfg.get("slo") or {})
     only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
+    for key, names, known in (("only_workloads", only_w, old_cfg["workloads"]), ("only_policies", only_p, old_cfg["policies"])):
+        unknown = sorted(set(names or ()) - set(known))
+        if unknown:
+            raise ResimError(f"{key}: unknown name(s) {unknown} in the run re-simulated; known: {sorted(known)}")
 
     results: dict[tuple[str, str], dict] = {}
+    earlier: list[float] = []       # the re-priced replay errors of the pairs before, in the recorded order
     t_all = time.perf_counter()
     header = [f"# kvrl-fidelity (re-simulated offline): sim vs the live runs of {run_dir}", "",
               f"model {old_cfg['model'].get('name')}; CUDA graphs {graphs}; sim cost model: profile "
@@ -140,10 +148,9 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
         speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe"), profile)
-        sim = SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps,
-                          host_speed=speed["host_speed"])
-        sim.step_time_scale = float(cfg.get("sim_step_scale", 1.0))
-        seng = pair_engine(ecfg, sim, pcfg, slo)
+        make_sim = lambda scale: SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs,
+                                             step_graphs=steps, host_speed=speed["host_speed"], step_time_scale=scale)
+        seng = pair_engine(ecfg, make_sim(float(cfg.get("sim_step_scale", 1.0))), pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
         res = {k: old_res[k] for k in ("live", "live_again", "live_repeats", "live_wall_s", "live_gc")
@@ -157,6 +164,8 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
                 live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])
                 plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
                           f"{wname} / {pname} (re-simulated)")
+        add_speed_sims(res, earlier, lambda scale: serve_sim(requests, ecfg, make_sim(scale), pcfg, slo))
+        earlier.append(res.get("replay", {}).get("total_rel_err", float("nan")))
         results[(wname, pname)] = res
     if not results:
         raise ResimError(f"resim={run_dir}: no pair left to re-simulate (only_workloads={only_w}, only_policies={only_p})")

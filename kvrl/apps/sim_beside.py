@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from kvrl.engine.callbacks import EngineCallback
+from kvrl.fidelity.compare import speed_scale
 
 #: metrics compared (docs/design.md section 5)
 METRICS = ("throughput_tok_s", "goodput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "preemptions")
@@ -83,13 +84,6 @@ def select_profile(reference, steps: StepLog, engine_config, cuda_graphs: bool, 
         if abs(err) < best_err:
             best, best_err = prof, abs(err)
     return best, errors
-
-
-def speed_scale(replay_errors: Sequence[float]) -> float:
-    """The sim's ``step_time_scale`` for a host whose live runs had these replay errors (:func:`replay_error`):
-    ``1 / (1 + their mean)`` over the finite ones above -1 (NaN where there is none)."""
-    usable = [e for e in replay_errors if math.isfinite(e) and e > -1.0]
-    return 1.0 / (1.0 + sum(usable) / len(usable)) if usable else math.nan
 
 
 def predict(cfg: Any, live_engine, requests: Sequence, live_host: Optional[dict] = None,

@@ -1,10 +1,11 @@
 """What ``kvrl-fidelity`` compares: the metrics (with the direction in which each is better), the
-issue's targets, a run's summary and the sim's relative error against live.
+issue's targets, a run's summary, the sim's relative error against live, and the step-time scale
+that calibrates the sim to a host's measured speed.
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -54,3 +55,11 @@ def within_targets(live: Mapping[str, float], sim: Mapping[str, float]) -> bool:
     """Whether ``sim``'s value of every :data:`TARGETS` metric is within that metric's bound of ``live``'s (both
     e.g. means over a pair's or a policy's runs); a missing or non-finite value misses."""
     return all(abs(rel_err(live.get(k, math.nan), sim.get(k, math.nan))) < bound for k, bound in TARGETS.items())
+
+
+def speed_scale(replay_errors: Sequence[float]) -> float:
+    """The sim's ``step_time_scale`` for a host whose live runs had these replay errors (the total
+    relative error of the sim pricing a live run's own executed steps, ``sum(sim) / sum(live) - 1``):
+    ``1 / (1 + their mean)`` over the finite ones above -1 (NaN where there is none)."""
+    usable = [e for e in replay_errors if math.isfinite(e) and e > -1.0]
+    return 1.0 / (1.0 + sum(usable) / len(usable)) if usable else math.nan

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from kvrl.fidelity.compare import summarize
+from kvrl.fidelity.compare import speed_scale, summarize
 from kvrl.fidelity.replay import GcPauses, StepRecorder, replay_summary
 from kvrl.fidelity.report import plot_pair
 
@@ -60,13 +61,16 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
 
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
-             plots: bool, title: str, live_repeats: int = 1, host_speed=1.0, on_first_live=None) -> dict:
-    """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed)``
-    builds one; ``make_sim()`` one at the profile's host speed), replay the first live run's
+             plots: bool, title: str, live_repeats: int = 1, host_speed=1.0, on_first_live=None,
+             earlier: Sequence[float] = ()) -> dict:
+    """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed,
+    step_time_scale)`` builds one; ``make_sim()`` one at the profile's speeds), replay the first live run's
     batches through the sim's cost model, and write the pair's files into ``out``; ``host_speed``
     as :func:`pair_host_speed` takes it, the live side's host probes pooled over every live run of
     the pair (the sim is compared with their mean). ``on_first_live(recorder, engine)``, if given, runs
-    after the first live run, before anything is priced (kvrl-fidelity's ``profile=select``)."""
+    after the first live run, before anything is priced (kvrl-fidelity's ``profile=select``).
+    ``earlier``: the replay errors of the pairs served before this one on the same host, for
+    :func:`add_speed_sims`."""
     from kvrl.files import atomic_write, write_json
 
     res: dict[str, Any] = {}
@@ -126,11 +130,33 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     if replay:
         res["replay"] = replay_summary(replay)
     res.update(live=live_m, sim=sim_m, engine=resolved)
+    add_speed_sims(res, earlier, lambda scale: serve_sim(requests, resolved, make_sim(res["host_speed"], scale), pcfg, slo))
     if plots:
         live_t, sim_t = np.asarray([r["live_s"] for r in replay]), np.asarray([r["sim_s"] for r in replay])
         plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
                   f"steps_{out.parent.name}_{out.name}.png", title)
     return res
+
+
+def serve_sim(requests, ecfg: dict, sim, pcfg: dict, slo: dict) -> dict:
+    """:func:`~kvrl.fidelity.compare.summarize` of ``requests`` served on ``sim`` with the pair's engine."""
+    engine = pair_engine(ecfg, sim, pcfg, slo)
+    engine.run(requests)
+    return summarize(engine)
+
+
+def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float], dict]) -> None:
+    """The pair's sim again at two host speeds (``serve(step_time_scale)``: the pair's requests on a sim
+    whose every step takes that factor longer, its summary), where the replay errors give one
+    (:func:`~kvrl.fidelity.compare.speed_scale`): ``sim_host`` at ``host_speed_scale``, from this pair's own
+    replay (``res["replay"]``), a calibration after the fact whose error is the cost model's shape alone;
+    ``sim_cal`` at ``calibration_scale``, from ``earlier`` (the replay errors of the pairs served before
+    this one on the same host), a prediction of the live run (docs/fidelity.md, "The sim calibrated on
+    earlier runs")."""
+    own = speed_scale([res.get("replay", {}).get("total_rel_err", math.nan)])
+    for key, sim, scale in (("host_speed_scale", "sim_host", own), ("calibration_scale", "sim_cal", speed_scale(earlier))):
+        if math.isfinite(scale):
+            res[key], res[sim] = scale, serve(scale)
 
 
 def shared_engine(cfg: dict, live) -> dict:

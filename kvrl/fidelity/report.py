@@ -165,6 +165,7 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
             lines.append(f"| {w} | {p} | " + " | ".join(pct(rel_err(a, b)) for _, a, b in pairs) + " |")
             csv_rows += [[w, p, f"{k}_live_again", a, b, rel_err(a, b)] for k, a, b in pairs]
     lines += mean_section(results)
+    lines += calibrated_section(results)
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
     agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):
@@ -297,6 +298,45 @@ def mean_section(results: dict) -> list[str]:
     for k, bound in TARGETS.items():
         lines.append(f"- {labels[k]} against the live mean: {within[k]} of {len(done)} pairs within {bound:.0%}.")
     lines.append(f"- every target at once: {every} of {len(done)} pairs.")
+    return lines
+
+
+#: the sims of a pair compared in :func:`calibrated_section`: its result's key and the name shown
+SPEED_SIMS = (("sim", "as priced"), ("sim_cal", "calibrated on earlier pairs"), ("sim_host", "at its own host speed"))
+
+
+def calibrated_section(results: dict) -> list[str]:
+    """The pairs with a calibrated sim (``sim_cal``, a prediction; :func:`kvrl.fidelity.pairs.add_speed_sims`):
+    each target metric against the mean of the live runs, as priced, calibrated and at the pair's own
+    host speed (``sim_host``, after the fact)."""
+    done = [(w, p, r) for (w, p), r in results.items() if r.get("sim_cal") and r.get("sim_host") and "error" not in r]
+    if not done:
+        return []
+    labels = {k: lab for k, lab, _ in METRICS}
+    names = " -> ".join(name for _, name in SPEED_SIMS)
+    lines = ["", "## The sim calibrated on earlier pairs: a prediction", "",
+             "Each pair after the first served again in the sim with every step scaled by 1 / (1 + the mean replay "
+             "error of the pairs before it in this run): the host's speed as measured before the pair; and at its "
+             "own replay's speed, after the fact (the cost model's shape alone). Cells: relative error against the "
+             f"mean of the live runs, {names}.", "",
+             "| workload | policy | scale: calibrated, own | " + " | ".join(labels[k] for k in TARGETS) + " |",
+             "|---|---|---:|" + "---:|" * len(TARGETS)]
+    within = {side: {k: 0 for k in TARGETS} for side, _ in SPEED_SIMS}
+    every = {side: 0 for side, _ in SPEED_SIMS}
+    for w, p, r in done:
+        mean = {k: live_mean_and_spread(r, k)[0] for k in TARGETS}
+        for side in every:
+            every[side] += within_targets(mean, r[side])
+            for k, bound in TARGETS.items():
+                within[side][k] += abs(rel_err(mean[k], r[side].get(k, math.nan))) < bound
+        cells = [" -> ".join(pct(rel_err(mean[k], r[side].get(k, math.nan))) for side, _ in SPEED_SIMS) for k in TARGETS]
+        lines.append(f"| {w} | {p} | x{r['calibration_scale']:.3f}, x{r['host_speed_scale']:.3f} | "
+                     + " | ".join(cells) + " |")
+    lines.append("")
+    for k, bound in [*TARGETS.items(), ("every target at once", None)]:
+        counts = every if bound is None else {side: within[side][k] for side in within}
+        what = k if bound is None else f"{labels[k]} within {bound:.0%}"
+        lines.append(f"- {what}: " + ", ".join(f"{counts[side]} of {len(done)} {name}" for side, name in SPEED_SIMS) + ".")
     return lines
 
 
