@@ -927,6 +927,37 @@ def calibrated_s33() -> dict[str, str]:
     return out
 
 
+CALIBRATED_S34 = {"offline": "docs/results/fidelity_same_host/calibrated_s34.jsonl",
+                  "live": "docs/results/fidelity_same_host/calibrated_live_s34.jsonl"}
+
+
+@source("calibrated_s34", "cheap", *CALIBRATED_S34.values())
+def calibrated_s34() -> dict[str, str]:
+    """The fidelity set's sim as priced, calibrated on earlier pairs and at each pair's own host speed
+    (``scripts/fidelity_calibrated.py``): offline on the committed single-H200 runs and as recorded live in
+    session 34, per shape's totals: ``<set>_<qwen|llama>_<every|throughput|ttft_p50>_<priced|cal|own>``, e.g.
+    ``offline_llama_every_cal`` = ``"32 of 50"``; the spans over the runs' shares of the replay error's standard
+    deviation and of the two policies' median difference (``<set>_<shape>_replay_sd``, ``_policy_diff``, points),
+    and of the decode steps' share of the live time (``<set>_decode_share``)."""
+    names = {"as priced": "priced", "calibrated": "cal", "own speed": "own"}
+    keys = {"every_target": "every", "throughput_within": "throughput", "ttft_p50_within": "ttft_p50"}
+    out = {}
+    for tag, path in CALIBRATED_S34.items():
+        rows = _jsonl(path)
+        for shape in ("qwen", "llama"):
+            runs = [r for r in rows if r.get("shape", "").startswith(shape)]
+            for key in ("replay_sd", "policy_diff"):
+                out[f"{tag}_{shape}_{key}"] = _span([100 * v for r in runs for v in r[key]], ".1f")
+        out[f"{tag}_decode_share"] = _span([100 * r["decode_share"] for r in rows if "run" in r], ".0f") + "%"
+        for row in rows:
+            if "total" in row:
+                shape = "qwen" if row["total"].startswith("qwen") else "llama"
+                for name, short in names.items():
+                    for key, k in keys.items():
+                        out[f"{tag}_{shape}_{k}_{short}"] = row[name][key]
+    return out
+
+
 SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"
 
 

@@ -2,6 +2,7 @@
 live steps: does the host speed measured before a pair predict that pair's live run?
 
     python scripts/fidelity_calibrated.py [--work DIR] [--out FILE] [run ...]
+    python scripts/fidelity_calibrated.py --live NAME=DIR ... [--out FILE]   # as recorded live, no resim
     python scripts/fidelity_calibrated.py --table FILE    # an --out file as a Markdown table
 
 The runs of ``fidelity_candidate.RUNS`` (the pressure set, the blind set and the Mooncake workloads; the
@@ -13,13 +14,17 @@ pairs, against the mean of each pair's live runs: the sim as priced and calibrat
 target at once, and the resolved live orders each reverses (``fidelity_candidate.scores``); beside them the
 sim at each pair's own replay's host speed (``sim_host``), a calibration after the fact that bounds what any
 host-speed calibration could do. One JSON line per
-run to ``--out``, then one per shape with the totals. CPU, about a minute per run.
+run to ``--out``, then one per shape with the totals. CPU, about a minute per run. ``--live`` scores runs
+that recorded the three sims themselves (kvrl-fidelity since session 34) as they recorded them, in seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,20 +36,61 @@ SIMS = {"as priced": "sim", "calibrated": "sim_cal", "own speed": "sim_host"}
 NAMES = tuple(SIMS)
 
 
-def score_run(run: str, shape: str, work: Path) -> dict:
-    """One run's JSON line: its pairs after each share's first, scored as priced and calibrated."""
-    dst, shares, _ = unpack(run, work)
-    live, sims = {}, {name: {} for name in NAMES}
-    scales = []
-    for share in shares:
-        for pair, res in resim(dst / share, profile_path(shape, "shipped"), 1.0, dst / f"cal_{share}").items():
+def score(run: str, shape: str, shares: dict[str, dict]) -> dict:
+    """One JSON line: the pairs of ``shares`` (share -> its fidelity.json) that have a calibrated sim,
+    each of :data:`SIMS` scored against the mean of their live runs."""
+    live, sims, scales = {}, {name: {} for name in NAMES}, []
+    for results in shares.values():
+        for pair, res in results.items():
             if "sim_cal" in res:
                 live[pair] = res
                 for name, key in SIMS.items():
                     sims[name][pair] = {"sim": res[key]}
                 scales.append(res["calibration_scale"])
     return {"run": run, "shape": shape, "pairs": len(live), "shares": len(shares),
-            "scales": [min(scales), max(scales)], **scores(live, sims)}
+            "scales": [min(scales), max(scales)], **replay_spread(shares), **scores(live, sims)}
+
+
+def replay_spread(shares: dict[str, dict]) -> dict:
+    """How the pairs' replay errors (total, sum(sim) / sum(live) - 1) spread within each share: their standard
+    deviation (``replay_sd``, per share), the median absolute difference between the two policies of one workload
+    (``policy_diff``, per share) and the decode steps' share of the live time (``decode_share``, over the run)."""
+    sd, diff, decode, total = [], [], 0.0, 0.0
+    for results in shares.values():
+        errors, by_workload = [], {}
+        for pair, res in results.items():
+            if "replay" in res:
+                errors.append(res["replay"]["total_rel_err"])
+                by_workload.setdefault(pair.split("/")[0], []).append(errors[-1])
+                kinds = res["replay"]["by_kind"]
+                decode += kinds.get("decode", {}).get("live_s", 0.0)
+                total += sum(k["live_s"] for k in kinds.values())
+        sd.append(statistics.pstdev(errors))
+        diff.append(statistics.median([abs(v[0] - v[1]) for v in by_workload.values() if len(v) == 2] or [math.nan]))
+    return {"replay_sd": sd, "policy_diff": diff, "decode_share": decode / total}
+
+
+def resimulated(run: str, shape: str, work: Path) -> dict[str, dict]:
+    """A committed run's shares re-simulated with the shipped profile of ``shape`` (cached in ``work``)."""
+    dst, shares, _ = unpack(run, work)
+    return {share: resim(dst / share, profile_path(shape, "shipped"), 1.0, dst / f"cal_{share}") for share in shares}
+
+
+def recorded(directory: Path) -> tuple[str, dict[str, dict]]:
+    """The shape and shares of a kvrl-fidelity run that recorded its calibrated sims live (``pressure_<i>/``)."""
+    import yaml
+
+    shares = sorted(directory.glob("pressure_[0-9]"))
+    if not shares:
+        raise SystemExit(f"{directory}: no pressure_<i>/ share")
+    with tarfile.open(directory / "replay.tar.xz") as t:
+        cfg = yaml.safe_load(t.extractfile(f"./{shares[0].name}/.hydra/config.yaml"))
+    return cfg["model"]["name"], {d.name: json.loads((d / "fidelity.json").read_text()) for d in shares}
+
+
+def totals(rows: list[dict], shape: str) -> dict:
+    keys = [k for k in rows[0][NAMES[0]] if k.endswith("_within") or k in ("every_target", "reversed")]
+    return {"total": shape, **{name: {k: count(rows, name, k) for k in keys} for name in NAMES}}
 
 
 def main() -> None:
@@ -52,25 +98,25 @@ def main() -> None:
     ap.add_argument("runs", nargs="*", help="runs of fidelity_candidate.RUNS (default: all)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/kvrl-calibrated"))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--live", nargs="+", default=None, metavar="NAME=DIR",
+                    help="score these runs' calibrated sims as kvrl-fidelity recorded them live instead (DIR: pressure_<i>/ "
+                         "shares with fidelity.json, and replay.tar.xz with their configs)")
     ap.add_argument("--table", type=Path, default=None, help="print this --out file as a Markdown table and stop")
     args = ap.parse_args()
     if args.table:
         print(table(args.table, NAMES))
         return
     lines = []
-    for shape, runs in RUNS.items():
-        rows = []
-        for run in runs:
-            if args.runs and run not in args.runs:
-                continue
-            rows.append(score_run(run, shape, args.work))
-            print(json.dumps(rows[-1]), flush=True)
-        if not rows:
-            continue
-        keys = [k for k in rows[0][NAMES[0]] if k.endswith("_within") or k in ("every_target", "reversed")]
-        total = {"total": shape, **{name: {k: count(rows, name, k) for k in keys} for name in NAMES}}
-        print(json.dumps(total), flush=True)
-        lines += [*rows, total]
+    if args.live:
+        rows = [score(name, *recorded(Path(d))) for name, d in (spec.split("=", 1) for spec in args.live)]
+        by_shape = {r["shape"]: [x for x in rows if x["shape"] == r["shape"]] for r in rows}
+    else:
+        by_shape = {shape: [score(run, shape, resimulated(run, shape, args.work))
+                            for run in runs if not args.runs or run in args.runs] for shape, runs in RUNS.items()}
+    for shape, rows in by_shape.items():
+        if rows:
+            lines += [*rows, totals(rows, shape)]
+    print("".join(json.dumps(r) + "\n" for r in lines), end="")
     if args.out:
         args.out.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
