@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -580,3 +581,23 @@ def test_host_scaled_reserves_each_live_policy_and_compares_per_run(tmp_path):
     table = hs.table(path).splitlines()
     assert len(table) == 3 and table[2].startswith("| x | 6 | 20.0% | ")
     assert "| fixed(fraction=0.02) | -99 | -103 | 1.00 | " in table[2] and table[2].endswith("| +4 ± 2 |")
+
+
+def test_fidelity_calibrated_rescores_a_recorded_live_run_as_committed():
+    """scripts/fidelity_calibrated.py --live: a run's calibrated sims as kvrl-fidelity recorded them, scored again,
+    give the committed line; the replay spread is the per-share standard deviation and the two policies' difference."""
+    spec = importlib.util.spec_from_file_location("fidelity_calibrated", ROOT / "scripts" / "fidelity_calibrated.py")
+    fc = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "scripts"))         # as when run as a script: it imports its siblings
+    try:
+        spec.loader.exec_module(fc)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    committed = {r["run"]: r for r in map(json.loads, (ROOT / "docs/results/fidelity_same_host/calibrated_live_s34.jsonl")
+                                          .read_text().splitlines()) if "run" in r}
+    row = fc.score("run57", *fc.recorded(ROOT / "docs/results/fidelity_same_host/run57_llama_pressure"))
+    assert json.loads(json.dumps(row)) == committed["run57"] and row["shape"] == "llama-3-8b"
+    replay = lambda e: {"replay": {"total_rel_err": e, "by_kind": {"decode": {"live_s": 3.0}, "host": {"live_s": 1.0}}}}
+    spread = fc.replay_spread({"pressure_0": {"a/x": replay(0.0), "a/y": replay(0.04), "b/x": replay(-0.02)}})
+    assert spread["replay_sd"] == pytest.approx([statistics.pstdev([0.0, 0.04, -0.02])])
+    assert spread["policy_diff"] == pytest.approx([0.04]) and spread["decode_share"] == pytest.approx(0.75)
