@@ -81,9 +81,16 @@ class EngineSession:
                 raise ValueError("reset(options={'workload': ...}) got no requests")
             return requests, None
         ep = self.config.episode
-        self.family = self._next_family(rng)
+        turn = self._turn
+        if ep.window_s is None:
+            self._turn += 1
+        self.family = self._next_family(rng, turn)
         rates = self._rate_scales[self.family]
-        rate = rates[int(rng.integers(len(rates)))] if rates is not None else None
+        rate = None
+        if rates is not None and ep.window_s is None:       # whole-split episodes: each load in turn
+            rate = rates[turn // len(self.families) % len(rates)]
+        elif rates is not None:
+            rate = rates[int(rng.integers(len(rates)))]
         everything, arrivals = self._pool(self.family, rate)
         if ep.window_s is None:
             return everything, None
@@ -102,15 +109,15 @@ class EngineSession:
                 return requests, start + ep.window_s
         raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
 
-    def _next_family(self, rng: np.random.Generator) -> int:
+    def _next_family(self, rng: np.random.Generator, turn: int) -> int:
         """The next episode's workload family: drawn with ``rng`` for windowed episodes, in turn for
-        whole-split ones; 0 (and no draw) without a mixture."""
+        whole-split ones (``turn``: how many whole-split episodes came before); 0 (and no draw) without a
+        mixture."""
         n = len(self.families)
         if n == 1:
             return 0
         if self.config.episode.window_s is None:
-            family, self._turn = self._turn % n, self._turn + 1
-            return family
+            return turn % n
         return int(rng.integers(n))
 
     def perturb_cost(self, rng: np.random.Generator) -> float:

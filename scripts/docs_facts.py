@@ -958,6 +958,28 @@ def calibrated_s34() -> dict[str, str]:
     return out
 
 
+VAL_LOADS_S34 = "docs/results/rl_val_loads_s34/evaluations.json"
+
+
+@source("val_loads_s34", "cheap", VAL_LOADS_S34)
+def val_loads_s34() -> dict[str, str]:
+    """kvrl-train's validation at the training loads (``scripts/train_evaluations.py``): per task the span of the
+    val returns over every run, evaluation and load (``<task>_returns``), how many runs' evaluations all gave the
+    same returns (``<task>_same_every_eval``: the same multiset of returns, each evaluation starting at another
+    load), and the val and test splits' requests and arrival spans (``<task>_<split>_requests``, ``_span_s``)."""
+    data = _json(VAL_LOADS_S34)
+    out = {}
+    for task, split in data["splits"].items():
+        runs = [r for r in data["runs"].values() if r["task"] == task]
+        out[f"{task}_returns"] = _span([v for r in runs for row in r["results"] for v in row], ".1f")
+        same = sum(all(sorted(row) == sorted(r["results"][0]) for row in r["results"]) for r in runs)
+        out[f"{task}_same_every_eval"] = f"{same} of {len(runs)}"
+        for name, stats in split.items():
+            out[f"{task}_{name}_requests"] = str(stats["requests"])
+            out[f"{task}_{name}_span_s"] = f"{stats['last_s'] - stats['first_s']:.1f}"
+    return out
+
+
 SLO_SHIFT_CEMRULE = "docs/results/rl_live_h200/slo_shift_cemrule"
 
 

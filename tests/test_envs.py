@@ -174,17 +174,23 @@ def test_replay_of_a_fixed_slice_and_of_a_given_workload():
         env.reset(options={"start": 1.0})
 
 
-def test_rate_scales_draw_each_episodes_load_from_the_list():
+def test_rate_scales_draw_each_windowed_episodes_load_and_take_them_in_turn_for_whole_splits():
     env = make("watermark", "env.episode.window_s=null", "env.episode.rate_scales=[1.0,4.0]").unwrapped
     whole = env.session.requests                     # the scenario's rate scale (1.0 in SMALL)
     span = whole[-1].arrival_s - whole[0].arrival_s
     spans = []
-    for seed in range(8):
+    for seed in range(6):
         env.reset(seed=seed)
         served = env.driver.pending
         assert len(served) == len(whole)
         spans.append(served[-1].arrival_s - served[0].arrival_s)
-    assert set(np.round(spans, 9)) == {round(span, 9), round(span / 4.0, 9)}
+    assert spans == pytest.approx([span, span / 4.0] * 3)      # validation at the training loads: each in turn
+    windowed = make("watermark", "env.episode.window_s=0.5", "env.episode.rate_scales=[1.0,4.0]").unwrapped
+    drawn, pool = [], windowed.session._pool
+    windowed.session._pool = lambda family, rate: (drawn.append(rate), pool(family, rate))[1]
+    for seed in range(8):
+        windowed.reset(seed=seed)
+    assert set(drawn) == {1.0, 4.0} and drawn != [1.0, 4.0] * 4     # drawn with the episode's seed
     with pytest.raises(ValueError, match="rate_scales"):
         make("watermark", "env.episode.rate_scales=[]")
 
@@ -221,6 +227,17 @@ def test_whole_split_episodes_take_the_families_in_turn():
         sizes.setdefault(env.session.family, set()).add(len(env.driver.pending))
         assert env.session.family == seed % 3
     assert sizes[0] == {80} and sizes[1] == {40} and len(sizes[2]) == 1 and sizes[2] != {80}
+
+
+def test_whole_split_episodes_take_every_family_at_each_load_in_turn():
+    env = make("watermark", "env.episode.rate_scales=[1.0,2.0]", "+env.episode.workloads=[{},{num_requests: 40}]").unwrapped
+    seen = []
+    for seed in range(8):
+        env.reset(seed=seed)
+        served = env.driver.pending
+        seen.append((env.session.family, round(served[-1].arrival_s - served[0].arrival_s, 6)))
+    assert [f for f, _ in seen] == [0, 1] * 4 and seen[:4] == seen[4:]
+    assert seen[2][1] == pytest.approx(seen[0][1] / 2) and seen[3][1] == pytest.approx(seen[1][1] / 2)
 
 
 def test_windowed_episodes_draw_their_family_with_the_env_seed():

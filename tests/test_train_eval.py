@@ -434,6 +434,20 @@ def test_a_mixture_is_validated_on_every_familys_val_split(tmp_path):
     assert meta["env"]["episode"]["workloads"][1]["max_requests"] == 60
 
 
+def test_validation_at_the_training_loads_serves_the_val_split_at_each(tmp_path):
+    import numpy as np
+
+    run = tmp_path / "loads"
+    app("train", f"hydra.run.dir={run}", *DQN, "train.total_timesteps=16", "train.val_loads=training",
+        "env.episode.rate_scales=[0.5,2.0]")
+    with np.load(run / "evaluations.npz") as ev:
+        assert ev["results"].shape == (1, 2)                      # the whole val split once per training load
+        assert ev["results"][0, 0] != ev["results"][0, 1]
+    assert "val_loads: training" in (run / "config.yaml").read_text()
+    bad = app("train", f"hydra.run.dir={tmp_path / 'bad'}", *DQN, "train.val_loads=test", check=False)
+    assert bad.returncode != 0 and "train.val_loads" in bad.stderr
+
+
 @pytest.mark.parametrize("steps", [0, -5])
 def test_train_rejects_a_non_positive_total_timesteps(tmp_path, steps):
     proc = app("train", f"hydra.run.dir={tmp_path / 't'}", *TRAIN, f"train.total_timesteps={steps}", check=False)

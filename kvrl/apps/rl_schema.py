@@ -24,6 +24,11 @@ class TrainSettings:
         vec_env: ``subproc`` (one process per env) or ``dummy`` (all in this process).
         eval_every: timesteps between evaluations on the whole ``val`` split (EvalCallback; the
             best model is kept as ``best_model.zip``); 0 = no evaluation.
+        val_loads: the loads of each evaluation: ``scenario`` = the val split once at the scenario's
+            ``workload.rate_scale``; ``training`` = once at each of the training loads
+            (``env.episode.rate_scales``), the return averaged over them, so that a split too light at
+            the scenario's rate to tell agents apart is also served where they differ (docs/rl.md,
+            "Validation at the training loads").
         checkpoint_every: timesteps between checkpoints in ``checkpoints/`` (for ``resume``).
         torch_threads: intra-op threads of torch in each process (1 = no oversubscription).
         init_logits: a prior over a discrete action space, ``{action index: logit}``, added to the
@@ -44,6 +49,7 @@ class TrainSettings:
     n_envs: int = 2
     vec_env: str = "subproc"
     eval_every: int = 4096
+    val_loads: str = "scenario"
     checkpoint_every: int = 4096
     torch_threads: int = 1
     init_logits: Any = None    # {action index: logit}; a typed Dict would refuse new keys on the command line
@@ -116,6 +122,7 @@ def validate_train(cfg: Any) -> None:
         plugins.check_range("train.n_envs", t.n_envs, 1)
         plugins.check_choice("train.vec_env", t.vec_env, ("subproc", "dummy"))
         plugins.check_range("train.eval_every", t.eval_every, 0)
+        plugins.check_choice("train.val_loads", t.val_loads, ("scenario", "training"))
         plugins.check_range("train.checkpoint_every", t.checkpoint_every, 1)
         plugins.check_range("train.torch_threads", t.torch_threads, 1)
         if t.max_wall_s is not None:

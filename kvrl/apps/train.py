@@ -3,7 +3,7 @@
 Trains on windows of the workload's ``train`` split in ``train.n_envs`` vectorised environments,
 evaluates on the whole ``val`` split every ``train.eval_every`` timesteps (EvalCallback; the best
 model is kept; with a mixture of workload families, ``env.episode.workloads``, on each family's val
-split, the return averaged over them), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
+split, and with ``train.val_loads=training`` at each training load, the return averaged over them), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
 run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_model.zip``,
 ``checkpoints/``, ``agent.json`` (what :func:`kvrl.envs.agent_io.load_agent` needs),
 ``progress.csv`` (SB3's log), ``evaluations.npz``, ``config.yaml``, ``summary.json``.
@@ -120,8 +120,9 @@ def _callbacks(cfg: DictConfig, out_dir: Path, algo: str, env_id: str, eval_cfg:
         cls = EvalCallback
         if algo == "maskable_ppo":
             from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback as cls
-        families = len(eval_cfg.episode.workloads or [None])    # a mixture: one whole val split per family
-        evaluator = cls(eval_env, n_eval_episodes=families, eval_freq=max(t.eval_every // n, 1), deterministic=True,
+        # one whole val split per family of a mixture and per validation load, each once (in turn)
+        episodes = len(eval_cfg.episode.workloads or [None]) * len(eval_cfg.episode.rate_scales or [None])
+        evaluator = cls(eval_env, n_eval_episodes=episodes, eval_freq=max(t.eval_every // n, 1), deterministic=True,
                         best_model_save_path=str(out_dir), log_path=str(out_dir), verbose=0)
         resume.restore_evaluations(evaluator, evaluations)     # resumed: appends; the best so far stays to beat
         callbacks.append(evaluator)
@@ -206,8 +207,9 @@ def train(cfg: DictConfig, out_dir: Path, tracker) -> dict:
     if cfg.env.get("action", {}).get("bins") == AUTO_BINS and cfg.env.action.get("type", "discrete") == "discrete":
         resolve_bins(cfg, out_dir)
     env_id, env_cfg = env_config_from_app(cfg)
-    # validation: the whole val split at the scenario's rate (no load randomisation)
-    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=None,
+    # validation: the whole val split at the scenario's rate, or at each training load in turn (val_loads)
+    val_rates = None if cfg.train.val_loads == "scenario" else cfg.env.episode.get("rate_scales")
+    _, eval_cfg = env_config_from_app(cfg, split="val", window_s=None, start_s=None, rate_scales=val_rates,
                                       step_time_sigma=0.0)
     algo = cfg.agent.name
     check_compatible(algo, env_id, env_cfg)
