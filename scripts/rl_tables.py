@@ -254,13 +254,19 @@ def cells(path: str, split: str, fields: list[str]) -> str:
     return "\n".join(out)
 
 
-def _per_seed(path: str, metric: str) -> dict[str, dict[int, float]]:
-    out: dict[str, dict[int, float]] = defaultdict(dict)
+def _test_rows(path: str) -> dict[str, dict[int, dict]]:
+    """A kvrl-eval ``results.csv``'s test-split rows by policy and seed."""
+    out: dict[str, dict[int, dict]] = defaultdict(dict)
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
             if row["split"] == "test":
-                out[row["policy"]][int(row["seed"])] = float(row[metric])
+                out[row["policy"]][int(row["seed"])] = row
     return out
+
+
+def _per_seed(path: str, metric: str) -> dict[str, dict[int, float]]:
+    """``metric`` of each test run of ``path`` by policy and seed."""
+    return {policy: {seed: float(r[metric]) for seed, r in runs.items()} for policy, runs in _test_rows(path).items()}
 
 
 def per_seed(sim: str, live_: str, metric: str = "goodput_tok_s") -> str:
@@ -454,14 +460,7 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
     ``results.csv``: per sim, the relative error of the reference policy's mean of each of
     :data:`SIM_ERROR_METRICS` over the seeds both served, and the largest absolute goodput error of
     any policy's mean (and which). Test-split rows only."""
-    def means(path: str) -> dict[str, dict[int, dict]]:
-        out: dict[str, dict[int, dict]] = defaultdict(dict)
-        for r in csv.DictReader(open(path)):
-            if r["split"] == "test":
-                out[r["policy"]][int(r["seed"])] = r
-        return out
-
-    live_rows = means(live_path)
+    live_rows = _test_rows(live_path)
     ref = next((p for p in live_rows if p == reference or p.startswith(reference)), None)
     if ref is None:
         raise SystemExit(f"{live_path}: no policy {reference!r}")
@@ -469,7 +468,7 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
     lines = ["| sim | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for entry in sims:
         label, path = entry.split("=", 1)
-        sim_rows = means(path)
+        sim_rows = _test_rows(path)
 
         def err(policy: str, metric: str) -> float:
             seeds = sorted(set(live_rows[policy]) & set(sim_rows.get(policy, {})))
@@ -488,12 +487,13 @@ def sim_error(live_path: str, sims: list[str], reference: str = "fixed(fraction=
 def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)", per_seed: bool = False) -> str:
     """The ``host_adjusted`` table (module docs) of one live ``results.csv``; with ``per_seed``, instead, each
     policy's goodput per test seed with its run's replay error in brackets."""
-    from kvrl.analysis.stats import paired_adjusted
+    from kvrl.analysis.stats import paired_adjusted, verdict as judge
 
-    rows = defaultdict(dict)
-    for r in csv.DictReader(open(path)):
-        if r["split"] == "test":
-            rows[r["policy"]][int(r["seed"])] = r
+    def tag(delta: float, p_value: float) -> str:
+        found = judge(delta, p_value, "higher")
+        return VERDICTS.get(found, found)
+
+    rows = _test_rows(path)
     ref = next((p for p in rows if p == reference or p.startswith(reference)), None)
     if ref is None:
         raise SystemExit(f"{path}: no policy {reference!r}")
@@ -515,7 +515,6 @@ def host_adjusted(path: str, reference: str = "fixed(fraction=0.01)", per_seed: 
             continue
         c = paired_adjusted(col(policy, "goodput_tok_s"), col(ref, "goodput_tok_s"),
                             col(policy, "sim_replay_error"), col(ref, "sim_replay_error"))
-        tag = lambda d, p: "n.s." if not p < 0.05 else ("better" if d > 0 else "worse")
         lines.append(f"| {agent_dir(policy)} | {c.n} | {c.raw:+,.0f} ± {c.raw_ci:,.0f} (p {c.raw_p:.2g}, "
                      f"{tag(c.raw, c.raw_p)}) | {100 * c.covariate_delta:+.2f}% | {c.slope:,.0f} | {c.r2:.2f} | "
                      f"{c.adjusted:+,.0f} ± {c.adjusted_ci:,.0f} (p {c.adjusted_p:.2g}, {tag(c.adjusted, c.adjusted_p)}) |")
