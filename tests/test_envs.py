@@ -623,3 +623,13 @@ def test_slo_mix_features_show_the_share_of_tight_tpot_traffic():
         done = terminated or truncated
     shares = np.array(shares)
     assert ((shares >= 0) & (shares <= 1)).all() and shares[:, 0].max() > 0.5 and shares[:, 0].min() < 0.5
+
+
+def test_phased_long_is_phased_with_longer_splits_at_a_lower_rate():
+    _, phased = load_task("phased", [])
+    _, long = load_task("phased_long", [])
+    changed = {"num_requests": 6000, "split_fractions": [0.6, 0.2, 0.2], "rate_scale": 0.7}
+    assert {k: long.run["workload"][k] for k in changed} == changed
+    assert {k: v for k, v in long.run["workload"].items() if k not in changed} == \
+        {k: v for k, v in phased.run["workload"].items() if k not in changed}
+    assert long.episode == phased.episode and long.action == phased.action and long.run["engine"] == phased.run["engine"]
