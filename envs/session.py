@@ -81,16 +81,7 @@ class EngineSession:
                 raise ValueError("reset(options={'workload': ...}) got no requests")
             return requests, None
         ep = self.config.episode
-        turn = self._turn
-        if ep.window_s is None:
-            self._turn += 1
-        self.family = self._next_family(rng, turn)
-        rates = self._rate_scales[self.family]
-        rate = None
-        if rates is not None and ep.window_s is None:       # whole-split episodes: each load in turn
-            rate = rates[turn // len(self.families) % len(rates)]
-        elif rates is not None:
-            rate = rates[int(rng.integers(len(rates)))]
+        self.family, rate = self._next_family_and_rate(rng)
         everything, arrivals = self._pool(self.family, rate)
         if ep.window_s is None:
             return everything, None
@@ -109,16 +100,19 @@ class EngineSession:
                 return requests, start + ep.window_s
         raise ValueError(f"no arrivals in {MAX_WINDOW_DRAWS} random windows of {ep.window_s} s of split {ep.split!r}")
 
-    def _next_family(self, rng: np.random.Generator, turn: int) -> int:
-        """The next episode's workload family: drawn with ``rng`` for windowed episodes, in turn for
-        whole-split ones (``turn``: how many whole-split episodes came before); 0 (and no draw) without a
-        mixture."""
+    def _next_family_and_rate(self, rng: np.random.Generator) -> tuple[int, Optional[float]]:
+        """The next episode's workload family and rate scale (None: the family's own). Windowed episodes draw
+        both with ``rng`` (the family only in a mixture, the rate only with ``episode.rate_scales``);
+        whole-split ones (validation) take them in turn: every family at one load, then the next load."""
         n = len(self.families)
-        if n == 1:
-            return 0
         if self.config.episode.window_s is None:
-            return turn % n
-        return int(rng.integers(n))
+            turn, self._turn = self._turn, self._turn + 1
+            family = turn % n
+            rates = self._rate_scales[family]
+            return family, (rates[turn // n % len(rates)] if rates is not None else None)
+        family = int(rng.integers(n)) if n > 1 else 0
+        rates = self._rate_scales[family]
+        return family, (rates[int(rng.integers(len(rates)))] if rates is not None else None)
 
     def perturb_cost(self, rng: np.random.Generator) -> float:
         """Draw this episode's step-time factor ``exp(N(0, episode.step_time_sigma))`` and set the

@@ -89,6 +89,7 @@ def recorded(directory: Path) -> tuple[str, dict[str, dict]]:
 
 
 def totals(rows: list[dict], shape: str) -> dict:
+    """The last line of a shape: each sim's counts summed over its runs' lines (``rows``)."""
     keys = [k for k in rows[0][NAMES[0]] if k.endswith("_within") or k in ("every_target", "reversed")]
     return {"total": shape, **{name: {k: count(rows, name, k) for k in keys} for name in NAMES}}
 
@@ -116,9 +117,10 @@ def main() -> None:
     for shape, rows in by_shape.items():
         if rows:
             lines += [*rows, totals(rows, shape)]
-    print("".join(json.dumps(r) + "\n" for r in lines), end="")
+    text = "".join(json.dumps(r) + "\n" for r in lines)
+    print(text, end="")
     if args.out:
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

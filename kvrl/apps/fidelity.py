@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from kvrl.apps.live_schema import register_live_schemas, validate_fidelity
 from kvrl.apps.sim_beside import select_profile
 from kvrl.fidelity.compare import rel_err
-from kvrl.fidelity.pairs import run_pair, shared_engine, workload_engine, workload_requests
+from kvrl.fidelity.pairs import replay_error, run_pair, shared_engine, workload_engine, workload_requests
 from kvrl.fidelity.report import pct, write_report
 
 log = logging.getLogger("kvrl.fidelity")
@@ -137,7 +137,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                            cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"],
                            on_first_live=lambda rec, eng, pair=f"{wname}/{pname}": select_once(rec, eng, pair),
                            earlier=earlier)
-            earlier.append(res.get("replay", {}).get("total_rel_err", float("nan")))
+            earlier.append(replay_error(res))
             if select:
                 res["profile_select"] = {"profile": getattr(chosen["spec"], "path", None) or "roofline",
                                          "chosen_on": chosen.get("pair"), "replay_errors": chosen.get("errors", {})}

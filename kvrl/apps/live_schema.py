@@ -301,10 +301,12 @@ def _check_policy(name: str, entry: Any) -> None:
             raise ValueError(f"{where}.{kind}: {exc}") from None
 
 
-def _check_subset(key: str, chosen: Optional[list], known: dict) -> None:
+def check_subset(key: str, chosen: Optional[list], known: Mapping, where: str = "") -> None:
+    """``chosen`` (e.g. ``only_workloads``; None = all) must name keys of ``known``; ``where`` says whose
+    names those are in the error."""
     unknown = sorted(set(chosen or ()) - set(known))
     if unknown:
-        raise ValueError(f"{key}: unknown name(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{key}: unknown name(s) {unknown}{where}; known: {sorted(known)}")
 
 
 def _validate(schema: type, checks: Any, cfg: Any) -> dict:
@@ -331,8 +333,8 @@ def _fidelity_checks(cfg: dict) -> None:
     for name, entry in cfg["policies"].items():
         _check_policy(name, entry)
     if not cfg["resim"]:      # with resim the names are the earlier run's: kvrl.apps.resim checks them there
-        _check_subset("only_workloads", cfg["only_workloads"], cfg["workloads"])
-        _check_subset("only_policies", cfg["only_policies"], cfg["policies"])
+        check_subset("only_workloads", cfg["only_workloads"], cfg["workloads"])
+        check_subset("only_policies", cfg["only_policies"], cfg["policies"])
     if not cfg["workloads"] or not cfg["policies"] or cfg["only_workloads"] == [] or cfg["only_policies"] == []:
         raise ValueError("need at least one workload and one policy (workloads, policies, only_workloads, only_policies)")
     if cfg["max_requests"] is not None:

@@ -97,10 +97,12 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     ``only_workloads``, ``only_policies``, ``plots``, ``host_speed``, ``sim_step_scale``); everything else
     comes from the earlier run."""
     from kvrl import plugins
+    from kvrl.apps.live_schema import check_subset
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.fidelity.compare import summarize
-    from kvrl.fidelity.pairs import add_speed_sims, pair_engine, pair_host_speed, serve_sim, workload_requests
+    from kvrl.fidelity.pairs import (add_speed_sims, pair_engine, pair_host_speed, replay_error, serve_sim,
+                                     workload_requests)
     from kvrl.fidelity.replay import replay_summary
     from kvrl.fidelity.report import plot_pair, write_report
 
@@ -119,10 +121,8 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     seed = int(old_cfg.get("seed", 0))
     slo = dict(old_cfg.get("slo") or {})
     only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
-    for key, names, known in (("only_workloads", only_w, old_cfg["workloads"]), ("only_policies", only_p, old_cfg["policies"])):
-        unknown = sorted(set(names or ()) - set(known))
-        if unknown:
-            raise ResimError(f"{key}: unknown name(s) {unknown} in the run re-simulated; known: {sorted(known)}")
+    check_subset("only_workloads", only_w, old_cfg["workloads"], " in the run re-simulated")
+    check_subset("only_policies", only_p, old_cfg["policies"], " in the run re-simulated")
 
     results: dict[tuple[str, str], dict] = {}
     earlier: list[float] = []       # the re-priced replay errors of the pairs before, in the recorded order
@@ -165,7 +165,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
                 plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
                           f"{wname} / {pname} (re-simulated)")
         add_speed_sims(res, earlier, lambda scale: serve_sim(requests, ecfg, make_sim(scale), pcfg, slo))
-        earlier.append(res.get("replay", {}).get("total_rel_err", float("nan")))
+        earlier.append(replay_error(res))
         results[(wname, pname)] = res
     if not results:
         raise ResimError(f"resim={run_dir}: no pair left to re-simulate (only_workloads={only_w}, only_policies={only_p})")

@@ -145,6 +145,12 @@ def serve_sim(requests, ecfg: dict, sim, pcfg: dict, slo: dict) -> dict:
     return summarize(engine)
 
 
+def replay_error(res: dict) -> float:
+    """A pair's total replay error (``sum(sim) / sum(live) - 1`` over its first live run's steps); NaN without a
+    replay (a pair that failed live)."""
+    return res.get("replay", {}).get("total_rel_err", math.nan)
+
+
 def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float], dict]) -> None:
     """The pair's sim again at two host speeds (``serve(step_time_scale)``: the pair's requests on a sim
     whose every step takes that factor longer, its summary), where the replay errors give one
@@ -153,7 +159,7 @@ def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float],
     ``sim_cal`` at ``calibration_scale``, from ``earlier`` (the replay errors of the pairs served before
     this one on the same host), a prediction of the live run (docs/fidelity.md, "The sim calibrated on
     earlier runs")."""
-    own = speed_scale([res.get("replay", {}).get("total_rel_err", math.nan)])
+    own = speed_scale([replay_error(res)])
     for key, sim, scale in (("host_speed_scale", "sim_host", own), ("calibration_scale", "sim_cal", speed_scale(earlier))):
         if math.isfinite(scale):
             res[key], res[sim] = scale, serve(scale)
