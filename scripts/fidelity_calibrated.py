@@ -70,10 +70,13 @@ def replay_spread(shares: dict[str, dict]) -> dict:
     return {"replay_sd": sd, "policy_diff": diff, "decode_share": decode / total}
 
 
-def resimulated(run: str, shape: str, work: Path) -> dict[str, dict]:
-    """A committed run's shares re-simulated with the shipped profile of ``shape`` (cached in ``work``)."""
+def resimulated(run: str, shape: str, work: Path, ensemble: int = 1) -> dict[str, dict]:
+    """A committed run's shares re-simulated with the shipped profile of ``shape`` (cached in ``work``), each sim
+    the mean of ``ensemble`` jittered runs where that is above 1 (``kvrl-fidelity sim_ensemble=``)."""
     dst, shares, _ = unpack(run, work)
-    return {share: resim(dst / share, profile_path(shape, "shipped"), 1.0, dst / f"cal_{share}") for share in shares}
+    tag, extra = ("", ()) if ensemble <= 1 else (f"ens{ensemble}_", (f"sim_ensemble={ensemble}",))
+    return {share: resim(dst / share, profile_path(shape, "shipped"), 1.0, dst / f"cal_{tag}{share}", extra)
+            for share in shares}
 
 
 def recorded(directory: Path) -> tuple[str, dict[str, dict]]:
@@ -103,6 +106,9 @@ def main() -> None:
                     help="score these runs' calibrated sims as kvrl-fidelity recorded them live instead (DIR: pressure_<i>/ "
                          "shares with fidelity.json, and replay.tar.xz with their configs)")
     ap.add_argument("--table", type=Path, default=None, help="print this --out file as a Markdown table and stop")
+    ap.add_argument("--ensemble", type=int, default=1, metavar="K",
+                    help="each sim the mean of K runs whose step times jitter by the profile's measured scatter "
+                         "(kvrl-fidelity sim_ensemble=K; docs/fidelity.md, \"The sim as an ensemble\")")
     args = ap.parse_args()
     if args.table:
         print(table(args.table, NAMES))
@@ -112,7 +118,7 @@ def main() -> None:
         rows = [score(name, *recorded(Path(d))) for name, d in (spec.split("=", 1) for spec in args.live)]
         by_shape = {r["shape"]: [x for x in rows if x["shape"] == r["shape"]] for r in rows}
     else:
-        by_shape = {shape: [score(run, shape, resimulated(run, shape, args.work))
+        by_shape = {shape: [score(run, shape, resimulated(run, shape, args.work, args.ensemble))
                             for run in runs if not args.runs or run in args.runs] for shape, runs in RUNS.items()}
     for shape, rows in by_shape.items():
         if rows:

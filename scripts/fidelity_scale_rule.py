@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import docs_facts as F  # noqa: E402  (the run registry and the candidates)
@@ -56,12 +57,12 @@ def unpack(run: str, work: Path) -> tuple[Path, list[str], str]:
     return dst, shares, shape
 
 
-def resim(share: Path, profile: str, scale: float, out: Path) -> dict:
-    """kvrl-fidelity resim of one share (cached in ``out``)."""
+def resim(share: Path, profile: str, scale: float, out: Path, extra: Sequence[str] = ()) -> dict:
+    """kvrl-fidelity resim of one share (cached in ``out``), with ``extra`` overrides (e.g. ``sim_ensemble=8``)."""
     if not (out / "fidelity.json").exists():
         tmp = out.with_name(out.name + "_tmp")
         done = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={share}", f"profile={profile}",
-                               f"sim_step_scale={scale}", "plots=false", f"hydra.run.dir={tmp}"],
+                               f"sim_step_scale={scale}", "plots=false", f"hydra.run.dir={tmp}", *extra],
                               capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(done.stderr[-3000:])

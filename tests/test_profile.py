@@ -608,6 +608,18 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         assert slow[pair]["sim"] != r["sim"] and slow[pair]["sim"]["duration_s"] != r["sim"]["duration_s"]
         assert slow[pair]["replay"]["by_kind"] == r["replay"]["by_kind"]
     assert "sim step scale: 2" in (tmp_path / "slow" / "fidelity.md").read_text()
+    # sim_ensemble=3: every prediction (as priced, at host speed, calibrated) is the mean of 3 runs whose step
+    # times jitter; the deterministic run is kept beside it
+    _cli("kvrl.apps.fidelity", f"resim={out}", f"profile={cpu_profile}", "sim_ensemble=3", "sim_step_noise=0.2",
+         f"hydra.run.dir={tmp_path / 'ensemble'}", "plots=false", cwd=tmp_path)
+    ens = json.loads((tmp_path / "ensemble" / "fidelity.json").read_text())
+    for pair, r in second.items():
+        e = ens[pair]
+        assert e["sim_deterministic"] == r["sim"] and len(e["sim_runs"]) == 3 and len(e["sim_host_runs"]) == 3
+        assert len({run["duration_s"] for run in e["sim_runs"]}) == 3          # each run its own jitter
+        assert e["sim"]["duration_s"] == pytest.approx(np.mean([run["duration_s"] for run in e["sim_runs"]]))
+    assert len(ens[p1]["sim_cal_runs"]) == 3 and "sim_cal_runs" not in ens[p0]
+    assert "the mean of 3 runs whose step times jitter" in (tmp_path / "ensemble" / "fidelity.md").read_text()
     bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={tmp_path / 'nowhere'}",
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)

@@ -33,8 +33,8 @@ from omegaconf import DictConfig
 from kvrl.apps.live_schema import register_live_schemas, validate_fidelity
 from kvrl.apps.sim_beside import select_profile
 from kvrl.fidelity.compare import rel_err
-from kvrl.fidelity.pairs import replay_error, run_pair, shared_engine, workload_engine, workload_requests
-from kvrl.fidelity.report import pct, write_report
+from kvrl.fidelity.pairs import replay_error, run_pair, shared_engine, step_noise, workload_engine, workload_requests
+from kvrl.fidelity.report import ensemble_line, pct, write_report
 
 log = logging.getLogger("kvrl.fidelity")
 
@@ -61,9 +61,13 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                         step_graphs=steps)
     #: the sim's profile; with profile=select, replaced once by the first live run's choice (select_once)
     chosen: dict = {"spec": first.profile if first.profile is not None else "none"}
-    make_sim = lambda host_speed=1.0, step_time_scale=1.0: SimExecutor(
-        shape, dev, seed, profile=chosen["spec"], cuda_graphs=graphs, step_graphs=steps, host_speed=host_speed,
-        step_time_scale=step_time_scale)
+    def make_sim(host_speed=1.0, step_time_scale=1.0, noise_seed=None) -> SimExecutor:
+        """The sim of every pair: the chosen profile, with per-step jitter (``sim_step_noise``) under ``noise_seed``."""
+        profile = chosen["spec"] if chosen["spec"] != "none" else None
+        return SimExecutor(shape, dev, seed, profile=chosen["spec"], cuda_graphs=graphs, step_graphs=steps,
+                           host_speed=host_speed, step_time_scale=step_time_scale,
+                           step_noise=0.0 if noise_seed is None else step_noise(cfg["sim_step_noise"], profile),
+                           noise_seed=noise_seed or 0)
     live.cost_model = make_sim()          # cost-aware policies see the same estimates live and in sim
 
     def select_once(recorder, engine, pair: str) -> None:
@@ -108,7 +112,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
                 + (f" ({first.profile.describe()})" if first.profile is not None else "")) + ".",
                 f"torch {torch.__version__}, triton {tv}; host {platform.node()}; {time.perf_counter() - t_all:.0f} s so far.",
                 f"sim host speed: {cfg['host_speed']} (factor on the profile's host terms; 'probe' = the live run's "
-                "host probe over the profile's; per pair in the replay table).",
+                "host probe over the profile's; per pair in the replay table).", ensemble_line(cfg),
                 f"SLO: TTFT {slo.get('ttft_s')} s, TPOT {slo.get('tpot_s')} s. Workloads: "
                 + "; ".join(f"{k}: {v.get('doc', v['workload'].get('name'))}" for k, v in workloads.items()) + "."]
 
@@ -136,7 +140,7 @@ def main_impl(cfg: dict, out_dir: Path) -> dict:
             res = run_pair(live, make_sim, requests, ecfg, pcfg, slo, out, cfg["max_live_wall_s"],
                            cfg["plots"], title, cfg["live_repeats"], cfg["host_speed"],
                            on_first_live=lambda rec, eng, pair=f"{wname}/{pname}": select_once(rec, eng, pair),
-                           earlier=earlier)
+                           earlier=earlier, ensemble=cfg["sim_ensemble"])
             earlier.append(replay_error(res))
             if select:
                 res["profile_select"] = {"profile": getattr(chosen["spec"], "path", None) or "roofline",

@@ -135,6 +135,8 @@ class FidelitySchema:
     refit: bool = False
     host_speed: Any = 1.0
     sim_step_scale: float = 1.0
+    sim_ensemble: int = 1
+    sim_step_noise: Any = "profile"
 
 
 # ------------------------------------------------------------------------------------- kvrl-profile
@@ -354,6 +356,11 @@ def _fidelity_checks(cfg: dict) -> None:
         raise ValueError(f"sim_step_scale={scale!r}: give a positive factor on the sim's step compute times")
     if scale != 1.0 and not cfg["resim"]:
         raise ValueError("sim_step_scale applies only with resim=<run dir> (a sensitivity check of recorded live runs)")
+    plugins.check_range("sim_ensemble", cfg["sim_ensemble"], 1)
+    noise = cfg["sim_step_noise"]
+    if noise != "profile" and not (isinstance(noise, (int, float)) and not isinstance(noise, bool) and 0 <= noise < 1):
+        raise ValueError(f"sim_step_noise={noise!r}: give 'profile' (the profile's measured step-time scatter) or the "
+                         "log-standard deviation of the sim's per-step jitter, in [0, 1)")
     if cfg["resim"] and cfg["profile"] in ("select", "auto", "none"):
         raise ValueError(f"resim=<run dir> re-prices recorded live runs with one given cost model: add "
                          f"profile=<profile.json> (got profile={cfg['profile']}; the run's own choice is in its "

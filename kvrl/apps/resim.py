@@ -101,10 +101,10 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.fidelity.compare import summarize
-    from kvrl.fidelity.pairs import (add_speed_sims, pair_engine, pair_host_speed, replay_error, serve_sim,
-                                     workload_requests)
+    from kvrl.fidelity.pairs import (add_sims, add_speed_sims, pair_engine, pair_host_speed, replay_error, serve_sim,
+                                     step_noise, workload_requests)
     from kvrl.fidelity.replay import replay_summary
-    from kvrl.fidelity.report import plot_pair, write_report
+    from kvrl.fidelity.report import ensemble_line, plot_pair, write_report
 
     plugins.load_entry_points()
     run_dir = Path(str(cfg["resim"])).expanduser()
@@ -120,6 +120,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     steps = bool(old_cfg.get("live", {}).get("step_graphs", False))
     seed = int(old_cfg.get("seed", 0))
     slo = dict(old_cfg.get("slo") or {})
+    ensemble, jitter = int(cfg.get("sim_ensemble", 1)), step_noise(cfg.get("sim_step_noise", "profile"), profile)
     only_w, only_p = cfg.get("only_workloads"), cfg.get("only_policies")
     check_subset("only_workloads", only_w, old_cfg["workloads"], " in the run re-simulated")
     check_subset("only_policies", only_p, old_cfg["policies"], " in the run re-simulated")
@@ -136,7 +137,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
               f"sim host speed: {cfg.get('host_speed', 1.0)} (factor on the profile's host terms; 'probe' = the live "
               "run's recorded host probe over the profile's; per pair in the replay table).",
               f"sim step scale: {cfg.get('sim_step_scale', 1.0)} (factor on every sim step's compute time: a "
-              "sensitivity check; the replay table prices the live steps as profiled)."]
+              "sensitivity check; the replay table prices the live steps as profiled).", ensemble_line(cfg)]
     for pair, old_res in old.items():
         wname, pname = pair.split("/", 1)
         if (only_w and wname not in only_w) or (only_p and pname not in only_p):
@@ -148,8 +149,9 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
         ecfg = dict(old_res["engine"])
         requests = workload_requests(w, old_cfg.get("max_requests"), shape.vocab_size, ecfg["max_model_len"])
         speed = pair_host_speed(cfg.get("host_speed", 1.0), old_res.get("live_host_probe"), profile)
-        make_sim = lambda scale: SimExecutor(shape, device, seed, profile=profile, cuda_graphs=graphs,
-                                             step_graphs=steps, host_speed=speed["host_speed"], step_time_scale=scale)
+        make_sim = lambda scale, noise_seed=None: SimExecutor(
+            shape, device, seed, profile=profile, cuda_graphs=graphs, step_graphs=steps, host_speed=speed["host_speed"],
+            step_time_scale=scale, step_noise=0.0 if noise_seed is None else jitter, noise_seed=noise_seed or 0)
         seng = pair_engine(ecfg, make_sim(float(cfg.get("sim_step_scale", 1.0))), pcfg, slo)
         wall = time.perf_counter()
         seng.run(requests)
@@ -164,7 +166,11 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
                 live_t, sim_t = np.asarray([r["live_s"] for r in rp]), np.asarray([r["sim_s"] for r in rp])
                 plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
                           f"{wname} / {pname} (re-simulated)")
-        add_speed_sims(res, earlier, lambda scale: serve_sim(requests, ecfg, make_sim(scale), pcfg, slo))
+        serve = lambda scale: lambda noise_seed: serve_sim(requests, ecfg, make_sim(scale, noise_seed), pcfg, slo)
+        if ensemble > 1:
+            res["sim_deterministic"] = res["sim"]
+            add_sims(res, "sim", serve(float(cfg.get("sim_step_scale", 1.0))), ensemble)
+        add_speed_sims(res, earlier, serve, ensemble)
         earlier.append(replay_error(res))
         results[(wname, pname)] = res
     if not results:

@@ -38,6 +38,31 @@ if TYPE_CHECKING:    # the engine imports this module
 
 log = logging.getLogger(__name__)
 
+#: a run collects the process's garbage before freezing it when the heap (counted as the objects frozen) has
+#: grown by this factor since the last such collection, as CPython's own collector does a full collection when a
+#: quarter more objects reach the oldest generation
+HEAP_GROWTH_COLLECT = 1.25
+
+
+class _FullCollections:
+    """How many objects the heap held after the last full collection a run made (:func:`_freeze_heap`)."""
+
+    heap_objects = 0
+
+
+def _freeze_heap() -> None:
+    """``gc.freeze()``, after a full collection where the heap has grown by :data:`HEAP_GROWTH_COLLECT` since the
+    last one. Frozen objects are never collected, and each run's objects join the oldest generation unwalked
+    (``_run_setup``), where no automatic collection reaches them: without this, the garbage of every earlier run
+    (its engine, once dropped) would be frozen again by the next and a process serving many runs (kvrl-eval's
+    jobs, kvrl-fidelity's sim ensembles) would grow without bound (a few MB per run)."""
+    gc.freeze()
+    if gc.get_freeze_count() > HEAP_GROWTH_COLLECT * _FullCollections.heap_objects:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        _FullCollections.heap_objects = gc.get_freeze_count()
+
 
 class ServingLoop:
     """Serve ``requests`` on ``engine`` by arrival time (see the module docstring).
@@ -155,7 +180,7 @@ class ServingLoop:
         pause = engine.config.pause_gc and gc.isenabled()
         freeze = pause and gc.get_freeze_count() == 0     # never unfreeze what someone else froze
         if freeze:
-            gc.freeze()
+            _freeze_heap()
         if pause:
             gc.disable()
         added: list = []

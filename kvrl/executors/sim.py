@@ -19,6 +19,8 @@ head only for rows that are sampled.
 from __future__ import annotations
 
 import logging
+import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -84,6 +86,11 @@ class SimExecutor(Executor):
         host_cpus: the CPU count of the live host this sim stands beside (sim-beside-live), for
             ``profile="auto"``'s preference of a profile of that host class
             (:func:`~kvrl.executors.profile.resolve_profile`); None for a sim of its own.
+        step_noise: per-step jitter, the log-standard deviation of an independent mean-one lognormal
+            factor on every step's time (``exp(s z - s^2 / 2)``, z standard normal), as live step
+            times scatter around their median (a profile's :attr:`~kvrl.executors.profile.StepProfile.step_noise`
+            measures it); 0: deterministic, the default.
+        noise_seed: the seed of that jitter's generator (one stream per executor).
     """
 
     name = "sim"
@@ -91,11 +98,13 @@ class SimExecutor(Executor):
     def __init__(self, model: ModelShape, device: DeviceSpec, seed: int = 0,
                  profile: Union[str, "StepProfile", None] = "auto", cuda_graphs: bool = True,
                  step_graphs: bool = True, host_speed: float = 1.0, host_cpus: Optional[int] = None,
-                 step_time_scale: float = 1.0) -> None:
+                 step_time_scale: float = 1.0, step_noise: float = 0.0, noise_seed: int = 0) -> None:
         if not (host_speed > 0 and host_speed < float("inf")):
             raise ValueError(f"host_speed={host_speed}: give a positive factor on the profile's host terms")
         if not (step_time_scale > 0 and step_time_scale < float("inf")):
             raise ValueError(f"backend.step_time_scale={step_time_scale}: give a positive factor on every step's time")
+        if not 0.0 <= step_noise < 1.0:
+            raise ValueError(f"step_noise={step_noise}: give the log-standard deviation of the per-step jitter, in [0, 1)")
         self.model = model
         self.device = device
         self.seed = seed
@@ -107,6 +116,9 @@ class SimExecutor(Executor):
         #: multiplies every step's compute time: the base, times the RL environments' per-episode
         #: domain randomisation (``env.episode.step_time_sigma``) where they draw one
         self.step_time_scale = self.base_step_time_scale
+        #: the per-step jitter's log-standard deviation (0: none) and its generator
+        self.step_noise = float(step_noise)
+        self._noise = random.Random(noise_seed) if step_noise else None
         self.host_speed = float(host_speed)
         self._block_bytes = 0
         self._clock = 0.0
@@ -231,6 +243,14 @@ class SimExecutor(Executor):
         self._disk_ready = max(self._disk_ready, ready_s)
         return max(0.0, ready_s - self._clock)
 
+    def _step_scale(self) -> float:
+        """The factor on this step's time: :attr:`step_time_scale`, times a fresh draw of the jitter
+        (:attr:`step_noise`) where there is one."""
+        if self._noise is None:
+            return self.step_time_scale
+        s = self.step_noise
+        return self.step_time_scale * math.exp(s * self._noise.gauss(0.0, 1.0) - 0.5 * s * s)
+
     def _timed(self, compute_s: float, forward_s: float, swap_out_s: float, swap_in_s: float) -> float:
         """The step's duration on the swap-stream timeline; advances the clock."""
         now = self._clock
@@ -269,7 +289,8 @@ class SimExecutor(Executor):
                 sampled.append([])
         forward = self.step_time(num_tokens, num_sampled, kv_read, pairs) if batch.seqs else 0.0
         compute = forward + 2 * (len(batch.copies) + len(batch.swap_out)) * self._block_bytes / self.device.hbm_bw
-        forward, compute = forward * self.step_time_scale, compute * self.step_time_scale
+        scale = self._step_scale()
+        forward, compute = forward * scale, compute * scale
         pcie = self._block_bytes / self.device.pcie_bw
         return StepOutput(sampled, self._timed(compute, forward, len(batch.swap_out) * pcie,
                                                len(batch.swap_in) * pcie))
@@ -337,12 +358,13 @@ class SimExecutor(Executor):
             compute += self.host_speed * m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
                                      pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
         self._last_pre_tok = pre_tok
-        compute *= self.step_time_scale
+        scale = self.step_time_scale if self._noise is None else self._step_scale()
+        compute *= scale
         rule = None if plain is None else decode_token
         if not (n_out or n_in or self._swaps.busy_until > self._clock):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute, decode_tokens=rule)
-        forward = self.step_time_scale * m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv,
+        forward = scale * m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv,
                                                      dec_max, dec_shared, rows, self.cuda_graphs)
         return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)),
                           decode_tokens=rule)

@@ -43,6 +43,13 @@ def summarize(engine) -> dict:
     return m
 
 
+def mean_summary(runs: Sequence[Mapping]) -> dict:
+    """The mean of every numeric metric over ``runs`` (summaries of runs of one pair, same keys), as a pair's
+    live runs are compared by their mean."""
+    return {k: float(np.mean([r[k] for r in runs])) for k, v in runs[0].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def rel_err(live: float, sim: float) -> float:
     if live is None or sim is None or not (math.isfinite(live) and math.isfinite(sim)):
         return float("nan")

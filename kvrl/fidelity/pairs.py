@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from kvrl.fidelity.compare import speed_scale, summarize
+from kvrl.fidelity.compare import mean_summary, speed_scale, summarize
 from kvrl.fidelity.replay import GcPauses, StepRecorder, replay_summary
 from kvrl.fidelity.report import plot_pair
 
@@ -62,10 +62,13 @@ def pair_host_speed(setting, live_probe: Optional[dict], profile) -> dict:
 
 def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: Path, max_wall_s: Optional[float],
              plots: bool, title: str, live_repeats: int = 1, host_speed=1.0, on_first_live=None,
-             earlier: Sequence[float] = ()) -> dict:
+             earlier: Sequence[float] = (), ensemble: int = 1) -> dict:
     """Serve ``requests`` live (``live_repeats`` times) and in the sim (``make_sim(host_speed,
-    step_time_scale)`` builds one; ``make_sim()`` one at the profile's speeds), replay the first live run's
-    batches through the sim's cost model, and write the pair's files into ``out``; ``host_speed``
+    step_time_scale, noise_seed)`` builds one, with step-time jitter where ``noise_seed`` is not None;
+    ``make_sim()`` one at the profile's speeds), replay the first live run's
+    batches through the sim's cost model, and write the pair's files into ``out``; ``ensemble`` as
+    :func:`serve_sims` takes it (the deterministic sim's summary is then kept as ``sim_deterministic``,
+    and its steps are the ones written); ``host_speed``
     as :func:`pair_host_speed` takes it, the live side's host probes pooled over every live run of
     the pair (the sim is compared with their mean). ``on_first_live(recorder, engine)``, if given, runs
     after the first live run, before anything is priced (kvrl-fidelity's ``profile=select``).
@@ -117,6 +120,7 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
         return res
     if repeats:
         res["live_again"], res["live_repeats"] = repeats[0], repeats
+    serve = lambda scale: lambda seed: serve_sim(requests, resolved, make_sim(res["host_speed"], scale, seed), pcfg, slo)
     sim = make_sim(res["host_speed"])
     seng = pair_engine(resolved, sim, pcfg, slo)
     wall = time.perf_counter()
@@ -130,7 +134,10 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     if replay:
         res["replay"] = replay_summary(replay)
     res.update(live=live_m, sim=sim_m, engine=resolved)
-    add_speed_sims(res, earlier, lambda scale: serve_sim(requests, resolved, make_sim(res["host_speed"], scale), pcfg, slo))
+    if ensemble > 1:
+        res["sim_deterministic"] = sim_m
+        add_sims(res, "sim", serve(1.0), ensemble)
+    add_speed_sims(res, earlier, serve, ensemble)
     if plots:
         live_t, sim_t = np.asarray([r["live_s"] for r in replay]), np.asarray([r["sim_s"] for r in replay])
         plot_pair(eng.metrics.steps, seng.metrics.steps, live_t, sim_t, out.parent.parent.parent /
@@ -151,9 +158,31 @@ def replay_error(res: dict) -> float:
     return res.get("replay", {}).get("total_rel_err", math.nan)
 
 
-def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float], dict]) -> None:
-    """The pair's sim again at two host speeds (``serve(step_time_scale)``: the pair's requests on a sim
-    whose every step takes that factor longer, its summary), where the replay errors give one
+def serve_sims(serve: Callable[[Optional[int]], dict], ensemble: int) -> tuple[dict, list[dict]]:
+    """A sim prediction of a pair and the runs it is made of: ``serve(None)``, one deterministic run, where
+    ``ensemble`` is 1; else the mean of every metric (:func:`~kvrl.fidelity.compare.mean_summary`) over
+    ``ensemble`` runs whose step times jitter, ``serve(seed)`` for seeds 0 to ``ensemble - 1``: the sim's
+    expected value where a small change of timing changes the schedule (docs/fidelity.md, "The sim as an
+    ensemble"), and those runs."""
+    if ensemble <= 1:
+        return serve(None), []
+    runs = [serve(seed) for seed in range(ensemble)]
+    return mean_summary(runs), runs
+
+
+def add_sims(res: dict, key: str, serve: Callable[[Optional[int]], dict], ensemble: int) -> None:
+    """``res[key]`` = :func:`serve_sims`'s prediction, and ``res[key + "_runs"]`` its runs' summaries where it
+    has several."""
+    res[key], runs = serve_sims(serve, ensemble)
+    if runs:
+        res[f"{key}_runs"] = runs
+
+
+def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float], Callable[[Optional[int]], dict]],
+                   ensemble: int = 1) -> None:
+    """The pair's sim again at two host speeds (``serve(step_time_scale)``: what :func:`add_sims` serves, the
+    pair's requests on a sim whose every step takes that factor longer, by noise seed), where the replay
+    errors give one
     (:func:`~kvrl.fidelity.compare.speed_scale`): ``sim_host`` at ``host_speed_scale``, from this pair's own
     replay (``res["replay"]``), a calibration after the fact whose error is the cost model's shape alone;
     ``sim_cal`` at ``calibration_scale``, from ``earlier`` (the replay errors of the pairs served before
@@ -162,7 +191,17 @@ def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float],
     own = speed_scale([replay_error(res)])
     for key, sim, scale in (("host_speed_scale", "sim_host", own), ("calibration_scale", "sim_cal", speed_scale(earlier))):
         if math.isfinite(scale):
-            res[key], res[sim] = scale, serve(scale)
+            res[key] = scale
+            add_sims(res, sim, serve(scale), ensemble)
+
+
+def step_noise(setting, profile) -> float:
+    """The sim's per-step jitter for ``sim_step_noise`` = ``setting``: the profile's measured scatter of
+    repeated step timings (:attr:`~kvrl.executors.profile.StepProfile.step_noise`) for ``"profile"`` (0 for
+    the roofline, ``profile`` None), else the number given."""
+    if setting == "profile":
+        return profile.step_noise if profile is not None else 0.0
+    return float(setting)
 
 
 def shared_engine(cfg: dict, live) -> dict:

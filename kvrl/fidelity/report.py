@@ -353,3 +353,12 @@ def write_report(results: dict, out_dir: Path, header: list[str], final: bool) -
     atomic_write(out_dir / "fidelity.json", lambda f: json.dump(
         {f"{w}/{p}": r for (w, p), r in results.items()}, f, indent=1, default=lambda x: None))
     return table
+
+
+def ensemble_line(cfg: dict) -> str:
+    """The report's line on what one sim prediction is (``sim_ensemble``, ``sim_step_noise``)."""
+    if cfg["sim_ensemble"] <= 1:
+        return "sim: one deterministic run per prediction (sim_ensemble=1)."
+    return (f"sim: every prediction the mean of {cfg['sim_ensemble']} runs whose step times jitter "
+            f"(sim_step_noise={cfg['sim_step_noise']}: a mean-one lognormal factor per step); the deterministic run "
+            "is kept as sim_deterministic.")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +20,9 @@ from kvrl.executors.profile.model import StepModel, fit_model, refit_report
 
 
 log = logging.getLogger(__name__)
+
+#: the fewest timings of one grid point whose spread :attr:`StepProfile.step_noise` counts
+MIN_NOISE_REPS = 5
 
 
 @dataclass
@@ -36,6 +41,17 @@ class StepProfile:
 
     def matches(self, shape: ModelShape, device: Union[DeviceSpec, str]) -> bool:
         return ProfileKey.of(shape, device) == self.key
+
+    @property
+    def step_noise(self) -> float:
+        """How much a live step's time scatters when the same step is timed again: the median over
+        the grid samples timed at least :data:`MIN_NOISE_REPS` times of ``ln(t_p90 / t_median) / z_0.9``
+        (a lognormal's log-standard deviation, from its 90th percentile); 0.0 where no sample has
+        them. A measured input of the sim's per-step jitter (``SimExecutor(step_noise=...)``)."""
+        z90 = statistics.NormalDist().inv_cdf(0.9)
+        spreads = [math.log(s["t_p90"] / s["t_median"]) / z90 for s in self.samples
+                   if s.get("reps", 0) >= MIN_NOISE_REPS and s.get("t_median", 0) > 0 and s.get("t_p90", 0) > 0]
+        return max(statistics.median(spreads), 0.0) if spreads else 0.0
 
     def describe(self) -> str:
         ho = self.fit_report.get("holdout", {})
