@@ -79,6 +79,40 @@ def resimulated(run: str, shape: str, work: Path, ensemble: int = 1) -> dict[str
             for share in shares}
 
 
+def rerun_recorded(name: str, directory: Path, work: Path, ensemble: int) -> tuple[str, dict[str, dict]]:
+    """A live run of ``recorded`` (``directory``) re-simulated share by share (``kvrl-fidelity resim=``, cached in
+    ``work/name``) with the profile each share chose live (``profile_select``; this tree's copy of it) and
+    ``sim_ensemble=ensemble``: the same live runs scored with another sim (1: the deterministic one)."""
+    shape, shares = recorded(directory)
+    dst = work / name
+    if not dst.exists():
+        dst.mkdir(parents=True)
+        with tarfile.open(directory / "replay.tar.xz") as t:
+            t.extractall(dst, filter="data")
+    out = {}
+    for share, results in shares.items():
+        (dst / share / "fidelity.json").write_text(json.dumps(results))
+        chosen = Path(next(iter(results.values()))["profile_select"]["profile"])
+        local = Path(profile_path(shape, "h200x4" if chosen.parent.name == "h200x4" else "shipped"))
+        if local.name != chosen.name:
+            raise SystemExit(f"{directory}/{share}: chose {chosen}, which this tree does not ship")
+        out[share] = resim(dst / share, str(local), 1.0, dst / f"ens{ensemble}_{share}", (f"sim_ensemble={ensemble}",))
+    return shape, out
+
+
+def compare(before: Path, after: Path) -> str:
+    """Two ``--out`` files of the same runs (e.g. the sim deterministic and as an ensemble) as one Markdown table of
+    each shape's totals: per sim, every target and throughput within 3%, ``before -> after``."""
+    totals = lambda path: {r["total"]: r for r in map(json.loads, path.read_text().splitlines()) if "total" in r}
+    a, b = totals(before), totals(after)
+    cols = [(name, key) for name in NAMES for key in ("every_target", "throughput_within")]
+    lines = ["| shape | " + " | ".join(f"{n}: {'every target' if k == 'every_target' else 'throughput within 3%'}"
+                                         for n, k in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for shape in a:
+        lines.append(f"| {shape} | " + " | ".join(f"{a[shape][n][k]} -> {b[shape][n][k]}" for n, k in cols) + " |")
+    return "\n".join(lines)
+
+
 def recorded(directory: Path) -> tuple[str, dict[str, dict]]:
     """The shape and shares of a kvrl-fidelity run that recorded its calibrated sims live (``pressure_<i>/``)."""
     import yaml
@@ -106,6 +140,11 @@ def main() -> None:
                     help="score these runs' calibrated sims as kvrl-fidelity recorded them live instead (DIR: pressure_<i>/ "
                          "shares with fidelity.json, and replay.tar.xz with their configs)")
     ap.add_argument("--table", type=Path, default=None, help="print this --out file as a Markdown table and stop")
+    ap.add_argument("--compare", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"),
+                    help="print two --out files' per-shape totals side by side (BEFORE -> AFTER) and stop")
+    ap.add_argument("--resim-ensemble", type=int, default=None, metavar="K",
+                    help="with --live: score the live runs re-simulated with each share's chosen profile and "
+                         "sim_ensemble=K (1: the deterministic sim) instead of as recorded")
     ap.add_argument("--ensemble", type=int, default=1, metavar="K",
                     help="each sim the mean of K runs whose step times jitter by the profile's measured scatter "
                          "(kvrl-fidelity sim_ensemble=K; docs/fidelity.md, \"The sim as an ensemble\")")
@@ -113,9 +152,14 @@ def main() -> None:
     if args.table:
         print(table(args.table, NAMES))
         return
+    if args.compare:
+        print(compare(*args.compare))
+        return
     lines = []
     if args.live:
-        rows = [score(name, *recorded(Path(d))) for name, d in (spec.split("=", 1) for spec in args.live)]
+        runs = [spec.split("=", 1) for spec in args.live]
+        rows = [score(name, *(recorded(Path(d)) if args.resim_ensemble is None else
+                              rerun_recorded(name, Path(d), args.work, args.resim_ensemble))) for name, d in runs]
         by_shape = {r["shape"]: [x for x in rows if x["shape"] == r["shape"]] for r in rows}
     else:
         by_shape = {shape: [score(run, shape, resimulated(run, shape, args.work, args.ensemble))

@@ -601,3 +601,31 @@ def test_fidelity_calibrated_rescores_a_recorded_live_run_as_committed():
     spread = fc.replay_spread({"pressure_0": {"a/x": replay(0.0), "a/y": replay(0.04), "b/x": replay(-0.02)}})
     assert spread["replay_sd"] == pytest.approx([statistics.pstdev([0.0, 0.04, -0.02])])
     assert spread["policy_diff"] == pytest.approx([0.04]) and spread["decode_share"] == pytest.approx(0.75)
+
+
+def test_fidelity_calibrated_rescores_an_ensemble_run_with_its_deterministic_sim(tmp_path):
+    """A live run recorded with sim_ensemble=16 (run 59): re-simulated with the profile it chose and sim_ensemble=1
+    (--resim-ensemble 1), every pair's sim is the deterministic run kvrl-fidelity kept beside the ensemble
+    (sim_deterministic); --compare lays two --out files' totals side by side."""
+    spec = importlib.util.spec_from_file_location("fidelity_calibrated", ROOT / "scripts" / "fidelity_calibrated.py")
+    fc = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec.loader.exec_module(fc)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    run = ROOT / "docs/results/fidelity_same_host/run59_llama_ensemble"
+    shape, recorded = fc.recorded(run)
+    again_shape, again = fc.rerun_recorded("run59", run, tmp_path, 1)
+    assert shape == again_shape == "llama-3-8b"
+    for share, results in recorded.items():
+        assert all(len(r["sim_runs"]) == 16 for r in results.values())
+        assert {p: r["sim"] for p, r in again[share].items()} == {p: r["sim_deterministic"] for p, r in results.items()}
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    for path, shares in ((before, again), (after, recorded)):
+        rows = [fc.score("run59", shape, shares)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, fc.totals(rows, shape)]))
+    table = fc.compare(before, after).splitlines()
+    assert table[0].startswith("| shape | as priced: every target | as priced: throughput within 3% |")
+    cells = {r["total"]: r for r in map(json.loads, after.read_text().splitlines()) if "total" in r}["llama-3-8b"]
+    assert table[2].startswith("| llama-3-8b | ") and f" -> {cells['own speed']['every_target']} |" in table[2]

@@ -69,7 +69,9 @@ class EngineConfig:
             the oldest generation with the frozen ones, so that the first young collection after
             the run does not walk all of them: 0.4 s for 40,000 offline requests). A full
             collection otherwise walks every object of the process, and on an H200 one stalled a live step for 0.3-0.4 s about once
-            per 10 s run (docs/fidelity.md). Cyclic garbage made during the run waits for its end.
+            per 10 s run (docs/fidelity.md). Cyclic garbage made during the run waits for its end, and
+            the garbage of earlier runs for a run that starts when the heap has grown by a quarter since
+            the last one collected it (so a process serving many runs stays bounded).
             When something else already froze objects, only the automatic collections are paused
             (its freeze is kept); when the collector is already disabled, nothing changes.
     """
