@@ -17,7 +17,9 @@
 #   LIMIT_S (each share's cap from the start, its profile included, 480 s; a share cut short keeps the
 #   pairs it finished), PRE_PROFILE (0),
 #   PRESSURE_WORKLOADS (calibrate.sh's eight; their order sets the shares), MAX_LIVE_WALL_S (40),
-#   PROF_ARGS (more kvrl-profile overrides for PRE_PROFILE).
+#   PROF_ARGS (more kvrl-profile overrides for PRE_PROFILE), SIM_ENSEMBLE (16: each sim prediction the mean of 16
+#   runs with the profile's step-time jitter, the deterministic one kept as sim_deterministic; docs/fidelity.md,
+#   "Runs 58-60"; 1: the deterministic sim alone).
 # Llama-3-8B (docs/fidelity.md runs 35 and 39): MODEL=llama-3-8b MAX_LIVE_WALL_S=60, max_requests=200, and
 #   PROF_ARGS="grid.prefix_cached=[1024,4096] grid.holdout=30" as calibrate.sh's profile_llama.
 # A CPU smoke test: GPU_IDS="0 1" MODEL=tiny DTYPE=float32 DEV=cpu PRESSURE_WORKLOADS=[poisson,preempt_heavy] \
@@ -50,7 +52,8 @@ for ((i = 0; i < n; i++)); do
     echo "=== GPU ${GPUS[i]}: [$list] ($(date +%T), ${left} s left)"
     timeout "$left" python3 -m kvrl.apps.fidelity "model=$MODEL" "live.dtype=$DTYPE" "live.device=$DEV" \
       "profile=$PROFILE" "only_workloads=[$list]" warmup_requests=64 "max_live_wall_s=${MAX_LIVE_WALL_S:-40}" \
-      live_repeats=3 plots=false "hydra.run.dir=$OUT/pressure_$i" "$@" > "$OUT/pressure_$i.log" 2>&1
+      live_repeats=3 plots=false "sim_ensemble=${SIM_ENSEMBLE:-16}" "hydra.run.dir=$OUT/pressure_$i" "$@" \
+      > "$OUT/pressure_$i.log" 2>&1
     echo "=== GPU ${GPUS[i]}: [$list] rc=$? ($(date +%T))"
   ) &
 done

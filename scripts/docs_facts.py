@@ -958,6 +958,73 @@ def calibrated_s34() -> dict[str, str]:
     return out
 
 
+ENSEMBLE_S35 = {"offline_det": "docs/results/fidelity_same_host/calibrated_s34.jsonl",
+                "offline_ens": "docs/results/fidelity_same_host/ensemble_s35.jsonl",
+                "live_det": "docs/results/fidelity_same_host/ensemble_live_det_s35.jsonl",
+                "live_ens": "docs/results/fidelity_same_host/ensemble_live_s35.jsonl"}
+ENSEMBLE_PROFILES = {"qwen": "kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16_step_graphs.json",
+                     "llama": "kvrl/executors/profiles/h200_llama-3-8b_bfloat16_step_graphs.json",
+                     "qwen_x4": "kvrl/executors/profiles/h200x4/h200_qwen3-0.6b_bfloat16_step_graphs.json",
+                     "llama_x4": "kvrl/executors/profiles/h200x4/h200_llama-3-8b_bfloat16_step_graphs.json"}
+ENSEMBLE_RUNS = ("docs/results/fidelity_same_host/run58_qwen_ensemble/pressure_0/fidelity.json",
+                 "docs/results/fidelity_same_host/run59_llama_ensemble/pressure_0/fidelity.json",
+                 "docs/results/fidelity_same_host/run60_llama_blind_ensemble/pressure_0/fidelity.json",
+                 "docs/results/fidelity_same_host/run60_llama_blind_ensemble/pressure_1/fidelity.json")
+
+
+@source("ensemble_s35", "cheap", *ENSEMBLE_S35.values(), *ENSEMBLE_RUNS, *ENSEMBLE_PROFILES.values())
+def ensemble_s35() -> dict[str, str]:
+    """The sim as an ensemble (kvrl-fidelity ``sim_ensemble``; ``scripts/fidelity_calibrated.py``): each shape's totals
+    deterministic and as an ensemble, offline on the committed single-H200 runs and on the live runs 58-60
+    (``<offline|live>_<qwen|llama>_<every|throughput>_<priced|cal|own>_<det|ens>``, ``"k of n"``); over runs 58-60's
+    pairs, how many have a sim ensemble whose throughput spans more than 3% of its mean (max - min;
+    ``wide_<shape>``, ``"k of n"``), how many of those are sjf_swap's (``wide_sjf``), and run 60's
+    ``blind_phased/sjf_swap``: its live runs' and its 16 jittered sims' throughput (``phased_live``, ``phased_sims``,
+    tok/s spans) and its deterministic sim (``phased_det``); run 60's ``blind_parallel/sjf_swap``: the throughput
+    range (max - min over the mean) of its 16 jittered sims and of its live runs (``parallel_sims_range``,
+    ``parallel_live_range``); the profiles' measured step-time scatter
+    (``StepProfile.step_noise``: ``noise_<qwen|llama>[_x4]``, the shipped and the ``h200x4/`` H200 step-graph ones)."""
+    from kvrl.executors.profile.registry import StepProfile
+
+    names = {"as priced": "priced", "calibrated": "cal", "own speed": "own"}
+    keys = {"every_target": "every", "throughput_within": "throughput"}
+    out = {}
+    for tag, path in ENSEMBLE_S35.items():
+        where, kind = tag.split("_")
+        for row in _jsonl(path):
+            if "total" in row:
+                shape = "qwen" if row["total"].startswith("qwen") else "llama"
+                for name, short in names.items():
+                    for key, k in keys.items():
+                        out[f"{where}_{shape}_{k}_{short}_{kind}"] = row[name][key]
+    wide, total, sjf = {"qwen": 0, "llama": 0}, {"qwen": 0, "llama": 0}, 0
+    for path in ENSEMBLE_RUNS:
+        shape = "qwen" if "qwen" in path else "llama"
+        for pair, r in _json(path).items():
+            if "sim_runs" not in r:
+                continue
+            t = [x["throughput_tok_s"] for x in r["sim_runs"]]
+            total[shape] += 1
+            if (max(t) - min(t)) / (sum(t) / len(t)) > 0.03:
+                wide[shape] += 1
+                sjf += pair.endswith("/sjf_swap")
+    for shape in total:
+        out[f"wide_{shape}"] = f"{wide[shape]} of {total[shape]}"
+    out["wide_sjf"] = f"{sjf} of {sum(wide.values())}"
+    r = _json(ENSEMBLE_RUNS[3])["blind_phased/sjf_swap"]
+    out["phased_live"] = _span([x["throughput_tok_s"] for x in [r["live"], *r["live_repeats"]]], ",.0f")
+    out["phased_sims"] = _span([x["throughput_tok_s"] for x in r["sim_runs"]], ",.0f")
+    out["phased_det"] = format(r["sim_deterministic"]["throughput_tok_s"], ",.0f")
+    rel_range = lambda runs: 100 * (max(x["throughput_tok_s"] for x in runs) - min(x["throughput_tok_s"] for x in runs)) \
+        / (sum(x["throughput_tok_s"] for x in runs) / len(runs))
+    r = _json(ENSEMBLE_RUNS[2])["blind_parallel/sjf_swap"]
+    out["parallel_sims_range"] = format(rel_range(r["sim_runs"]), ".0f") + "%"
+    out["parallel_live_range"] = format(rel_range([r["live"], *r["live_repeats"]]), ".1f") + "%"
+    for key, path in ENSEMBLE_PROFILES.items():
+        out[f"noise_{key}"] = format(StepProfile.from_dict(_json(path), path).step_noise, ".3f")
+    return out
+
+
 VAL_LOADS_S34 = "docs/results/rl_val_loads_s34/evaluations.json"
 
 

@@ -147,7 +147,7 @@ def main() -> None:
                          "sim_ensemble=K (1: the deterministic sim) instead of as recorded")
     ap.add_argument("--ensemble", type=int, default=1, metavar="K",
                     help="each sim the mean of K runs whose step times jitter by the profile's measured scatter "
-                         "(kvrl-fidelity sim_ensemble=K; docs/fidelity.md, \"The sim as an ensemble\")")
+                         "(kvrl-fidelity sim_ensemble=K; docs/fidelity.md, \"Runs 58-60\")")
     args = ap.parse_args()
     if args.table:
         print(table(args.table, NAMES))

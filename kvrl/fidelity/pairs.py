@@ -162,8 +162,8 @@ def serve_sims(serve: Callable[[Optional[int]], dict], ensemble: int) -> tuple[d
     """A sim prediction of a pair and the runs it is made of: ``serve(None)``, one deterministic run, where
     ``ensemble`` is 1; else the mean of every metric (:func:`~kvrl.fidelity.compare.mean_summary`) over
     ``ensemble`` runs whose step times jitter, ``serve(seed)`` for seeds 0 to ``ensemble - 1``: the sim's
-    expected value where a small change of timing changes the schedule (docs/fidelity.md, "The sim as an
-    ensemble"), and those runs."""
+    expected value where a small change of timing changes the schedule (docs/fidelity.md, "Runs 58-60"),
+    and those runs."""
     if ensemble <= 1:
         return serve(None), []
     runs = [serve(seed) for seed in range(ensemble)]
