@@ -619,7 +619,9 @@ def test_fidelity_cli_runs_end_to_end_on_the_tiny_model(cpu_profile, tmp_path):
         assert len({run["duration_s"] for run in e["sim_runs"]}) == 3          # each run its own jitter
         assert e["sim"]["duration_s"] == pytest.approx(np.mean([run["duration_s"] for run in e["sim_runs"]]))
     assert len(ens[p1]["sim_cal_runs"]) == 3 and "sim_cal_runs" not in ens[p0]
-    assert "the mean of 3 runs whose step times jitter" in (tmp_path / "ensemble" / "fidelity.md").read_text()
+    report = (tmp_path / "ensemble" / "fidelity.md").read_text()
+    assert "the mean of 3 runs whose step times jitter" in report
+    assert "## The sim's own spread (3 jittered runs per prediction)" in report and "pairs have a sim ensemble" in report
     bad = subprocess.run([sys.executable, "-m", "kvrl.apps.fidelity", f"resim={tmp_path / 'nowhere'}",
                           f"profile={cpu_profile}", f"hydra.run.dir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, cwd=tmp_path)

@@ -166,6 +166,7 @@ def render(results: dict, header: list[str]) -> tuple[str, list[list]]:
             csv_rows += [[w, p, f"{k}_live_again", a, b, rel_err(a, b)] for k, a, b in pairs]
     lines += mean_section(results)
     lines += calibrated_section(results)
+    lines += ensemble_section(results)
     lines += ["", "## Policy ranking (best first)", "", "| workload | metric | live | sim | same |", "|---|---|---|---|---|"]
     agree = total = ties = 0
     for w in dict.fromkeys(w for w, _ in results):
@@ -225,13 +226,18 @@ def host_speed_cell(r: dict) -> str:
     return f"x{r['host_speed']:.2f} ({measured})"
 
 
-def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
-    """Mean of a metric over all live runs of a pair and their spread (largest absolute
-    relative deviation of one run from that mean)."""
-    vals = [m.get(key, float("nan")) for m in [r["live"], *r.get("live_repeats", [])]]
+def mean_and_spread(runs: list[dict], key: str) -> tuple[float, float]:
+    """Mean of metric ``key`` over ``runs`` (run summaries) and their spread: the largest absolute relative deviation
+    of one run from that mean."""
+    vals = [m.get(key, float("nan")) for m in runs]
     mean = float(np.mean(vals))
     spread = max(abs(rel_err(mean, v)) for v in vals) if mean else float("nan")
     return mean, spread
+
+
+def live_mean_and_spread(r: dict, key: str) -> tuple[float, float]:
+    """:func:`mean_and_spread` over all live runs of a pair."""
+    return mean_and_spread([r["live"], *r.get("live_repeats", [])], key)
 
 
 def meets_every_target(live_pair: dict, sim: dict) -> bool:
@@ -337,6 +343,29 @@ def calibrated_section(results: dict) -> list[str]:
         counts = every if bound is None else {side: within[side][k] for side in within}
         what = k if bound is None else f"{labels[k]} within {bound:.0%}"
         lines.append(f"- {what}: " + ", ".join(f"{counts[side]} of {len(done)} {name}" for side, name in SPEED_SIMS) + ".")
+    return lines
+
+
+def ensemble_section(results: dict) -> list[str]:
+    """With ``sim_ensemble`` > 1: per pair and target metric, how far one jittered sim run lies from the ensemble's
+    mean beside how far one live run lies from the live mean. A pair whose ensemble spreads beyond a target's bound
+    is one whose schedule a small change of timing moves that far: one live mean is a noisy reference for it."""
+    done = [(w, p, r) for (w, p), r in results.items() if r.get("sim_runs") and "error" not in r]
+    if not done:
+        return []
+    labels = {k: lab for k, lab, _ in METRICS}
+    lines = ["", f"## The sim's own spread ({len(done[0][2]['sim_runs'])} jittered runs per prediction)", "",
+             "Cells: the largest deviation of one sim run from the ensemble mean / of one live run from the live mean; "
+             "`!` where the sim's exceeds the metric's target.", "",
+             "| workload | policy | " + " | ".join(labels[k] for k in TARGETS) + " |", "|---|---|" + "---:|" * len(TARGETS)]
+    wide = 0
+    for w, p, r in done:
+        spreads = {k: mean_and_spread(r["sim_runs"], k)[1] for k in TARGETS}
+        flags = {k: "!" if spreads[k] > bound else "" for k, bound in TARGETS.items()}
+        wide += any(flags.values())
+        lines.append(f"| {w} | {p} | " + " | ".join(
+            f"{spreads[k]:.1%}{flags[k]} / {live_mean_and_spread(r, k)[1]:.1%}" for k in TARGETS) + " |")
+    lines += ["", f"- {wide} of {len(done)} pairs have a sim ensemble that spreads beyond some target's bound."]
     return lines
 
 
