@@ -92,7 +92,10 @@ def rerun_recorded(name: str, directory: Path, work: Path, ensemble: int) -> tup
     out = {}
     for share, results in shares.items():
         (dst / share / "fidelity.json").write_text(json.dumps(results))
-        chosen = Path(next(iter(results.values()))["profile_select"]["profile"])
+        first = next(iter(results.values()))
+        if "profile_select" not in first:
+            raise SystemExit(f"{directory}/{share}: not a profile=select run (no profile_select in its fidelity.json)")
+        chosen = Path(first["profile_select"]["profile"])
         local = Path(profile_path(shape, "h200x4" if chosen.parent.name == "h200x4" else "shipped"))
         if local.name != chosen.name:
             raise SystemExit(f"{directory}/{share}: chose {chosen}, which this tree does not ship")
