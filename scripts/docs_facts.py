@@ -961,7 +961,9 @@ def calibrated_s34() -> dict[str, str]:
 ENSEMBLE_S35 = {"offline_det": "docs/results/fidelity_same_host/calibrated_s34.jsonl",
                 "offline_ens": "docs/results/fidelity_same_host/ensemble_s35.jsonl",
                 "live_det": "docs/results/fidelity_same_host/ensemble_live_det_s35.jsonl",
-                "live_ens": "docs/results/fidelity_same_host/ensemble_live_s35.jsonl"}
+                "live_ens": "docs/results/fidelity_same_host/ensemble_live_s35.jsonl",
+                "live54_det": "docs/results/fidelity_same_host/calibrated_live_s34.jsonl",
+                "live54_ens": "docs/results/fidelity_same_host/ensemble_live54_s35.jsonl"}
 ENSEMBLE_PROFILES = {"qwen": "kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16_step_graphs.json",
                      "llama": "kvrl/executors/profiles/h200_llama-3-8b_bfloat16_step_graphs.json",
                      "qwen_x4": "kvrl/executors/profiles/h200x4/h200_qwen3-0.6b_bfloat16_step_graphs.json",
@@ -975,8 +977,9 @@ ENSEMBLE_RUNS = ("docs/results/fidelity_same_host/run58_qwen_ensemble/pressure_0
 @source("ensemble_s35", "cheap", *ENSEMBLE_S35.values(), *ENSEMBLE_RUNS, *ENSEMBLE_PROFILES.values())
 def ensemble_s35() -> dict[str, str]:
     """The sim as an ensemble (kvrl-fidelity ``sim_ensemble``; ``scripts/fidelity_calibrated.py``): each shape's totals
-    deterministic and as an ensemble, offline on the committed single-H200 runs and on the live runs 58-60
-    (``<offline|live>_<qwen|llama>_<every|throughput>_<priced|cal|own>_<det|ens>``, ``"k of n"``); over runs 58-60's
+    deterministic and as an ensemble, offline on the committed single-H200 runs, on the live runs 58-60 and on
+    session 34's live runs 54-57 re-simulated
+    (``<offline|live|live54>_<qwen|llama>_<every|throughput>_<priced|cal|own>_<det|ens>``, ``"k of n"``); over runs 58-60's
     pairs, how many have a sim ensemble whose throughput spans more than 3% of its mean (max - min;
     ``wide_<shape>``, ``"k of n"``), how many of those are sjf_swap's (``wide_sjf``), and run 60's
     ``blind_phased/sjf_swap``: its live runs' and its 16 jittered sims' throughput (``phased_live``, ``phased_sims``,
