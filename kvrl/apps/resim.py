@@ -101,8 +101,8 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
     from kvrl.executors.profile import load_cached, profile_file
     from kvrl.executors.sim import SimExecutor
     from kvrl.fidelity.compare import summarize
-    from kvrl.fidelity.pairs import (add_sims, add_speed_sims, pair_engine, pair_host_speed, replay_error, serve_sim,
-                                     step_noise, workload_requests)
+    from kvrl.fidelity.pairs import (add_ensemble_sim, add_speed_sims, pair_engine, pair_host_speed, replay_error,
+                                     serve_sim, step_noise, workload_requests)
     from kvrl.fidelity.replay import replay_summary
     from kvrl.fidelity.report import ensemble_line, plot_pair, write_report
 
@@ -167,9 +167,7 @@ def resim_impl(cfg: dict, out_dir: Path) -> dict:
                 plot_pair([], seng.metrics.steps, live_t, sim_t, out_dir / f"steps_{wname}_{pname}.png",
                           f"{wname} / {pname} (re-simulated)")
         serve = lambda scale: lambda noise_seed: serve_sim(requests, ecfg, make_sim(scale, noise_seed), pcfg, slo)
-        if ensemble > 1:
-            res["sim_deterministic"] = res["sim"]
-            add_sims(res, "sim", serve(float(cfg.get("sim_step_scale", 1.0))), ensemble)
+        add_ensemble_sim(res, serve(float(cfg.get("sim_step_scale", 1.0))), ensemble)
         add_speed_sims(res, earlier, serve, ensemble)
         earlier.append(replay_error(res))
         results[(wname, pname)] = res

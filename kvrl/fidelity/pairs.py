@@ -134,9 +134,7 @@ def run_pair(live, make_sim, requests, ecfg: dict, pcfg: dict, slo: dict, out: P
     if replay:
         res["replay"] = replay_summary(replay)
     res.update(live=live_m, sim=sim_m, engine=resolved)
-    if ensemble > 1:
-        res["sim_deterministic"] = sim_m
-        add_sims(res, "sim", serve(1.0), ensemble)
+    add_ensemble_sim(res, serve(1.0), ensemble)
     add_speed_sims(res, earlier, serve, ensemble)
     if plots:
         live_t, sim_t = np.asarray([r["live_s"] for r in replay]), np.asarray([r["sim_s"] for r in replay])
@@ -176,6 +174,14 @@ def add_sims(res: dict, key: str, serve: Callable[[Optional[int]], dict], ensemb
     res[key], runs = serve_sims(serve, ensemble)
     if runs:
         res[f"{key}_runs"] = runs
+
+
+def add_ensemble_sim(res: dict, serve: Callable[[Optional[int]], dict], ensemble: int) -> None:
+    """With ``ensemble`` > 1: the deterministic sim ``res["sim"]`` kept as ``sim_deterministic``, and ``res["sim"]``
+    replaced by the ensemble's prediction (:func:`add_sims`); nothing otherwise."""
+    if ensemble > 1:
+        res["sim_deterministic"] = res["sim"]
+        add_sims(res, "sim", serve, ensemble)
 
 
 def add_speed_sims(res: dict, earlier: Sequence[float], serve: Callable[[float], Callable[[Optional[int]], dict]],
