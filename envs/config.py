@@ -97,7 +97,8 @@ class EpisodeConfig:
     ``rate_scales``: null = every episode at the scenario's ``workload.rate_scale``; a list = each
     episode's rate scale drawn uniformly from it at reset (training over a range of loads; the
     window is cut from the split at the drawn rate), or, for whole-split episodes (``window_s: null``,
-    validation at the training loads), each in turn (after every family of a mixture, in turn, at one load). ``rate_scales_relative``: true (default) =
+    validation at the training loads), each in turn (after every family of a mixture, in turn, at one
+    load). ``rate_scales_relative``: true (default) =
     the list holds multipliers of ``workload.rate_scale`` (``[0.5, 1.0]`` at ``rate_scale: 20`` is
     10x and 20x the trace's rate, so the loads follow the scenario it is pointed at); false = the
     list holds absolute rate scales of the trace. :func:`episode_rate_scales` gives the absolute

@@ -927,6 +927,23 @@ def calibrated_s33() -> dict[str, str]:
     return out
 
 
+#: fidelity_calibrated.py's sims (keys of its JSON lines) and the short names the fact keys give them
+CALIBRATED_SIMS = {"as priced": "priced", "calibrated": "cal", "own speed": "own"}
+
+
+def _calibrated_totals(rows: list[dict], keys: dict[str, str], suffix: str = "") -> dict[str, str]:
+    """Each shape's totals of ``scripts/fidelity_calibrated.py``'s JSON lines ``rows``, per sim and count (``keys``:
+    its JSON key -> the fact's short name): ``<qwen|llama>_<short>_<sim><suffix>`` = ``"k of n"``."""
+    out = {}
+    for row in rows:
+        if "total" in row:
+            shape = "qwen" if row["total"].startswith("qwen") else "llama"
+            for name, sim in CALIBRATED_SIMS.items():
+                for key, short in keys.items():
+                    out[f"{shape}_{short}_{sim}{suffix}"] = row[name][key]
+    return out
+
+
 CALIBRATED_S34 = {"offline": "docs/results/fidelity_same_host/calibrated_s34.jsonl",
                   "live": "docs/results/fidelity_same_host/calibrated_live_s34.jsonl"}
 
@@ -939,7 +956,6 @@ def calibrated_s34() -> dict[str, str]:
     ``offline_llama_every_cal`` = ``"32 of 50"``; the spans over the runs' shares of the replay error's standard
     deviation and of the two policies' median difference (``<set>_<shape>_replay_sd``, ``_policy_diff``, points),
     and of the decode steps' share of the live time (``<set>_decode_share``)."""
-    names = {"as priced": "priced", "calibrated": "cal", "own speed": "own"}
     keys = {"every_target": "every", "throughput_within": "throughput", "ttft_p50_within": "ttft_p50"}
     out = {}
     for tag, path in CALIBRATED_S34.items():
@@ -949,12 +965,7 @@ def calibrated_s34() -> dict[str, str]:
             for key in ("replay_sd", "policy_diff"):
                 out[f"{tag}_{shape}_{key}"] = _span([100 * v for r in runs for v in r[key]], ".1f")
         out[f"{tag}_decode_share"] = _span([100 * r["decode_share"] for r in rows if "run" in r], ".0f") + "%"
-        for row in rows:
-            if "total" in row:
-                shape = "qwen" if row["total"].startswith("qwen") else "llama"
-                for name, short in names.items():
-                    for key, k in keys.items():
-                        out[f"{tag}_{shape}_{k}_{short}"] = row[name][key]
+        out.update({f"{tag}_{k}": v for k, v in _calibrated_totals(rows, keys).items()})
     return out
 
 
@@ -989,17 +1000,11 @@ def ensemble_s35() -> dict[str, str]:
     (``StepProfile.step_noise``: ``noise_<qwen|llama>[_x4]``, the shipped and the ``h200x4/`` H200 step-graph ones)."""
     from kvrl.executors.profile.registry import StepProfile
 
-    names = {"as priced": "priced", "calibrated": "cal", "own speed": "own"}
-    keys = {"every_target": "every", "throughput_within": "throughput"}
     out = {}
     for tag, path in ENSEMBLE_S35.items():
         where, kind = tag.split("_")
-        for row in _jsonl(path):
-            if "total" in row:
-                shape = "qwen" if row["total"].startswith("qwen") else "llama"
-                for name, short in names.items():
-                    for key, k in keys.items():
-                        out[f"{where}_{shape}_{k}_{short}_{kind}"] = row[name][key]
+        totals = _calibrated_totals(_jsonl(path), {"every_target": "every", "throughput_within": "throughput"}, f"_{kind}")
+        out.update({f"{where}_{k}": v for k, v in totals.items()})
     wide, total, sjf = {"qwen": 0, "llama": 0}, {"qwen": 0, "llama": 0}, 0
     for path in ENSEMBLE_RUNS:
         shape = "qwen" if "qwen" in path else "llama"

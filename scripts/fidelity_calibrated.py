@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_candidate import RUNS, count, scores, table  # noqa: E402
-from fidelity_scale_rule import profile_path, resim, unpack  # noqa: E402
+from fidelity_scale_rule import extract_replays, profile_path, resim, unpack  # noqa: E402
 
 #: the sims scored (keys of each JSON line) and the keys of resim's results they come from
 SIMS = {"as priced": "sim", "calibrated": "sim_cal", "own speed": "sim_host"}
@@ -85,10 +85,7 @@ def rerun_recorded(name: str, directory: Path, work: Path, ensemble: int) -> tup
     ``sim_ensemble=ensemble``: the same live runs scored with another sim (1: the deterministic one)."""
     shape, shares = recorded(directory)
     dst = work / name
-    if not dst.exists():
-        dst.mkdir(parents=True)
-        with tarfile.open(directory / "replay.tar.xz") as t:
-            t.extractall(dst, filter="data")
+    extract_replays(directory, dst)
     out = {}
     for share, results in shares.items():
         (dst / share / "fidelity.json").write_text(json.dumps(results))

@@ -36,15 +36,20 @@ def profile_path(shape: str, candidate: str) -> str:
     return f"{PROFILES}/{sub}h200_{shape}_bfloat16_step_graphs.json"
 
 
+def extract_replays(src: Path, dst: Path) -> None:
+    """A run's ``replay.tar.xz`` (each share's config and live step traces) unpacked into ``dst``, once."""
+    if not dst.exists():
+        dst.mkdir(parents=True)
+        with tarfile.open(src / "replay.tar.xz") as t:
+            t.extractall(dst, filter="data")
+
+
 def unpack(run: str, work: Path) -> tuple[Path, list[str], str]:
     """The run's shares with their live traces, fidelity.json and config under ``work/run``."""
     d, _ = F.SAME_HOST_RUNS[run]
     src, dst = Path(F.SAME_HOST) / d, work / run
     shape = "llama-3-8b" if "llama" in d else "qwen3-0.6b"
-    if not dst.exists():
-        dst.mkdir(parents=True)
-        with tarfile.open(src / "replay.tar.xz") as t:
-            t.extractall(dst, filter="data")
+    extract_replays(src, dst)
     shares = sorted(p.name for p in src.glob("pressure_[0-9]"))
     for share in shares:
         shutil.copy(src / share / "fidelity.json", dst / share / "fidelity.json")

@@ -3,7 +3,8 @@
 Trains on windows of the workload's ``train`` split in ``train.n_envs`` vectorised environments,
 evaluates on the whole ``val`` split every ``train.eval_every`` timesteps (EvalCallback; the best
 model is kept; with a mixture of workload families, ``env.episode.workloads``, on each family's val
-split, and with ``train.val_loads=training`` at each training load, the return averaged over them), checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
+split, and with ``train.val_loads=training`` at each training load, the return averaged over them),
+checkpoints every ``train.checkpoint_every`` timesteps, and writes into the Hydra
 run directory (``runs/train/<date>/<time>``): ``model.zip`` (final), ``best_model.zip``,
 ``checkpoints/``, ``agent.json`` (what :func:`kvrl.envs.agent_io.load_agent` needs),
 ``progress.csv`` (SB3's log), ``evaluations.npz``, ``config.yaml``, ``summary.json``.

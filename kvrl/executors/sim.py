@@ -358,7 +358,7 @@ class SimExecutor(Executor):
             compute += self.host_speed * m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
                                      pre_tok, self._last_pre_tok, swaps, 1 if swaps else 0)
         self._last_pre_tok = pre_tok
-        scale = self.step_time_scale if self._noise is None else self._step_scale()
+        scale = self.step_time_scale if self._noise is None else self._step_scale()   # no call on the hot path
         compute *= scale
         rule = None if plain is None else decode_token
         if not (n_out or n_in or self._swaps.busy_until > self._clock):

@@ -10,6 +10,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence, Union
 
@@ -42,12 +43,13 @@ class StepProfile:
     def matches(self, shape: ModelShape, device: Union[DeviceSpec, str]) -> bool:
         return ProfileKey.of(shape, device) == self.key
 
-    @property
+    @cached_property
     def step_noise(self) -> float:
         """How much a live step's time scatters when the same step is timed again: the median over
         the grid samples timed at least :data:`MIN_NOISE_REPS` times of ``ln(t_p90 / t_median) / z_0.9``
         (a lognormal's log-standard deviation, from its 90th percentile); 0.0 where no sample has
-        them. A measured input of the sim's per-step jitter (``SimExecutor(step_noise=...)``)."""
+        them. A measured input of the sim's per-step jitter (``SimExecutor(step_noise=...)``); computed once per
+        loaded profile (kvrl-fidelity asks for it for every jittered sim)."""
         z90 = statistics.NormalDist().inv_cdf(0.9)
         spreads = [math.log(s["t_p90"] / s["t_median"]) / z90 for s in self.samples
                    if s.get("reps", 0) >= MIN_NOISE_REPS and s.get("t_median", 0) > 0 and s.get("t_p90", 0) > 0]
