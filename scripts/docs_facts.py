@@ -1753,6 +1753,42 @@ def live_h200() -> dict[str, str]:
     return out
 
 
+LIVE_CEILING = "docs/results/fidelity_same_host/live_ceiling_s36.json"
+LIVE_CEILING_SIMS = ("docs/results/fidelity_same_host/ensemble_s35.jsonl",
+                     "docs/results/fidelity_same_host/ensemble_live54_s35.jsonl",
+                     "docs/results/fidelity_same_host/ensemble_live_s35.jsonl")
+
+
+@source("ceiling_s36", "cheap", LIVE_CEILING, *LIVE_CEILING_SIMS)
+def ceiling_s36() -> dict[str, str]:
+    """The live engine as its own sim across VMs (``scripts/fidelity_live_ceiling.py``), per shape
+    (``<qwen|llama>_<group>_<every|throughput|reversed>``, ``"k of n (p%)"``; ``reversed`` ``"k of n"``), the groups:
+    ``other`` (another VM's live mean), ``same`` (the same VM's), ``other_scored`` (another VM's, on the runs the sim
+    scores) and ``priced``, ``cal``, ``own`` (the 16-run sim ensemble as priced, calibrated on earlier pairs and at
+    each pair's own speed, from the ``--sims`` files); ``couple_<a>_<b>``: run ``a``'s live mean as the sim of run
+    ``b``, every target."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fidelity_live_ceiling", Path(__file__).with_name("fidelity_live_ceiling.py"))
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    rows = _json(LIVE_CEILING)["couples"]
+    scored = {r["run"]: r for path in LIVE_CEILING_SIMS for r in _jsonl(path) if "run" in r}
+    short = {"another VM's live mean": "other", "the same VM's live mean": "same",
+             "another VM's live mean, on the runs the sim scores": "other_scored",
+             "the sim, as priced": "priced", "the sim, calibrated": "cal", "the sim, own speed": "own"}
+    out = {}
+    for shape, groups in ceiling.shape_totals(rows, scored).items():
+        for label, t in groups.items():
+            key = f"{shape.split('-')[0].removesuffix('3')}_{short[label]}"
+            out[f"{key}_every"] = ceiling.frac(t["every_target"], t["pairs"])
+            out[f"{key}_throughput"] = ceiling.frac(t["throughput_within"], t["pairs"])
+            out[f"{key}_reversed"] = f"{t['reversed']} of {t['resolved']}"
+    for r in rows:
+        out[f"couple_{r['a']}_{r['b']}"] = f"{r['every_target']} of {r['pairs']}"
+    return out
+
+
 DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
              "docs/results/rl_slots/round4_deviation_val_seeds5-9.jsonl")
 

@@ -629,3 +629,25 @@ def test_fidelity_calibrated_rescores_an_ensemble_run_with_its_deterministic_sim
     assert table[0].startswith("| shape | as priced: every target | as priced: throughput within 3% |")
     cells = {r["total"]: r for r in map(json.loads, after.read_text().splitlines()) if "total" in r}["llama-3-8b"]
     assert table[2].startswith("| llama-3-8b | ") and f" -> {cells['own speed']['every_target']} |" in table[2]
+
+
+def test_fidelity_live_ceiling_reproduces_its_committed_counts():
+    """scripts/fidelity_live_ceiling.py: recomputed from the committed runs, the couples equal the committed file; a
+    run's live mean as its own sim meets every target and reverses no order; a pair served with other requests is not
+    matched."""
+    spec = importlib.util.spec_from_file_location("fidelity_live_ceiling", ROOT / "scripts" / "fidelity_live_ceiling.py")
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    runs = ceiling.load_runs()
+    committed = json.loads((ROOT / "docs/results/fidelity_same_host/live_ceiling_s36.json").read_text())
+    assert json.loads(json.dumps(ceiling.couples(runs))) == committed["couples"]
+    pairs = runs["run58"][1]
+    itself = ceiling.predict(pairs, pairs)
+    assert itself["every_target"] == itself["throughput_within"] == itself["pairs"] == len(pairs)
+    assert itself["reversed"] == 0 and itself["resolved"] > 0
+    other = {p: json.loads(json.dumps(r)) for p, r in pairs.items()}
+    first = next(iter(other))
+    other[first]["live"]["output_tokens"] += 1
+    assert ceiling.predict(other, pairs)["pairs"] == len(pairs) - 1
+    totals = ceiling.shape_totals(committed["couples"], {})
+    assert set(totals["qwen3-0.6b"]) == {"another VM's live mean", "the same VM's live mean"}
