@@ -1756,7 +1756,8 @@ def live_h200() -> dict[str, str]:
 LIVE_CEILING = "docs/results/fidelity_same_host/live_ceiling_s36.json"
 LIVE_CEILING_SIMS = ("docs/results/fidelity_same_host/ensemble_s35.jsonl",
                      "docs/results/fidelity_same_host/ensemble_live54_s35.jsonl",
-                     "docs/results/fidelity_same_host/ensemble_live_s35.jsonl")
+                     "docs/results/fidelity_same_host/ensemble_live_s35.jsonl",
+                     "docs/results/fidelity_same_host/ensemble_live_s36.jsonl")
 
 
 @source("ceiling_s36", "cheap", LIVE_CEILING, *LIVE_CEILING_SIMS)

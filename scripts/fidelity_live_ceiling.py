@@ -4,6 +4,7 @@ itself at predicting a live run on a VM it has not seen, so this is the ceiling 
 
     python scripts/fidelity_live_ceiling.py --out docs/results/fidelity_same_host/live_ceiling_s36.json
     python scripts/fidelity_live_ceiling.py --table FILE [--sims JSONL ...]   # an --out file as a Markdown table
+    python scripts/fidelity_live_ceiling.py --order RUN_DIR RUN_DIR   # two processes' replay errors by position
 
 Every run directory under ``docs/results/fidelity_same_host/`` with live runs is read: its merged
 ``pressure/fidelity.json`` where it has one, else every ``pressure_<i>/fidelity.json`` share. For each ordered
@@ -14,7 +15,10 @@ orders it reverses (:func:`kvrl.fidelity.report.resolved_rankings`). Couples wit
 :data:`MIN_PAIRS` shared pairs are left out. The live mean of ``A`` carries ``A``'s own run-to-run noise, which a
 deterministic sim does not, so the ceiling is a little pessimistic. CPU, a few seconds. ``--sims`` puts beside
 each run the sim's own every-target counts from ``scripts/fidelity_calibrated.py`` ``--out`` files (as priced,
-calibrated on earlier pairs, at the pair's own speed; those leave out each process's first pair).
+calibrated on earlier pairs, at the pair's own speed; those leave out each process's first pair). ``--order`` lays
+two single-process runs of the same workloads served in different orders side by side: each pair's position in its
+process and the total replay error of its first live run (``sum(sim) / sum(live) - 1`` over its steps), to tell a
+misprice that follows the workload from one that grows with the process's age.
 """
 from __future__ import annotations
 
@@ -30,12 +34,12 @@ from kvrl.fidelity.report import live_mean_and_spread, meets_every_target, resol
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs/results/fidelity_same_host"
 #: runs served on one VM (or one host's GPUs) share a label, from the sections of docs/fidelity.md that ran them:
-#: runs 37-40 on one four-H200 host (session 22), 44-45, 46-47, 48-49, 51-52, 54-57 and 58-60 each on one VM;
+#: runs 37-40 on one four-H200 host (session 22), 44-45, 46-47, 48-49, 51-52, 54-57, 58-60 and 61-62 each on one VM;
 #: 41, 42 and 43 each on their own single-H200 VM (session 23)
 VMS = {"run37": "s22", "run38": "s22", "run39": "s22", "run40": "s22", "run41": "s23a", "run42": "s23b",
        "run43": "s23c", "run44": "s24", "run45": "s24", "run46": "s25", "run47": "s25", "run48": "s26",
        "run49": "s26", "run51": "s29", "run52": "s29", "run54": "s34", "run55": "s34", "run56": "s34",
-       "run57": "s34", "run58": "s35", "run59": "s35", "run60": "s35"}
+       "run57": "s34", "run58": "s35", "run59": "s35", "run60": "s35", "run61": "s36", "run62": "s36"}
 MIN_PAIRS = 4
 
 
@@ -184,13 +188,33 @@ def table(path: Path, sims: list[Path] = ()) -> str:
     return "\n".join(lines)
 
 
+def order_table(runs: list[Path]) -> str:
+    """Per pair served by every run of ``runs`` (directories with one ``pressure_0`` process each): its position in
+    each process (1-based) and its total replay error there, then each run's errors of the pairs the others lack."""
+    served = [list(load_run(run).items()) for run in runs]
+    common = [p for p, _ in served[0] if all(p in dict(s) for s in served[1:])]
+    head = " | ".join(f"{run.name}: position, replay error" for run in runs)
+    lines = [f"| pair | {head} |", "|---|" + "---:|" * len(runs)]
+    for pair in common + [p for s in served for p, _ in s if p not in common]:
+        cells = []
+        for s in served:
+            names = [p for p, _ in s]
+            cells.append(f"{names.index(pair) + 1}, {dict(s)[pair]['replay']['total_rel_err']:+.1%}" if pair in names else "-")
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    return "\n".join(dict.fromkeys(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write the couples' counts here (JSON)")
     ap.add_argument("--table", type=Path, default=None, help="print this --out file as a Markdown table and stop")
     ap.add_argument("--sims", type=Path, nargs="*", default=[],
                     help="scripts/fidelity_calibrated.py --out files: the sim's counts beside each run")
+    ap.add_argument("--order", type=Path, nargs="+", default=None, help="run directories: the replay error by position")
     args = ap.parse_args()
+    if args.order:
+        print(order_table(args.order))
+        return
     if args.table:
         print(table(args.table, args.sims))
         return
