@@ -111,6 +111,22 @@ def totals(rows: list[dict]) -> dict:
             "median_every": statistics.median(r["every_target"] / r["pairs"] for r in rows) if rows else float("nan")}
 
 
+#: the sims of a ``scripts/fidelity_calibrated.py`` ``--out`` line, in the table's order
+SIMS = ("as priced", "calibrated", "own speed")
+
+
+def sim_scores(paths: list[Path]) -> dict[str, dict]:
+    """``run<N>`` -> its line in the ``scripts/fidelity_calibrated.py`` ``--out`` files ``paths`` (the last file that
+    has the run wins)."""
+    out = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if "run" in row:
+                out[row["run"]] = row
+    return out
+
+
 def shape_totals(rows: list[dict], scored: dict[str, dict]) -> dict[str, dict[str, dict]]:
     """Per shape, pooled counts (:func:`totals`) of the couples ``rows`` predicted by another VM's live mean, by the
     same VM's, and by another VM's on the runs ``scored`` has (:func:`sim_scores`); then, over those runs, each sim's
@@ -135,23 +151,8 @@ def shape_totals(rows: list[dict], scored: dict[str, dict]) -> dict[str, dict[st
 
 
 def frac(k: int, n: int) -> str:
+    """``"k of n (p%)"``; ``-`` for no pairs."""
     return f"{k} of {n} ({k / n:.0%})" if n else "-"
-
-
-#: the sims of a ``scripts/fidelity_calibrated.py`` ``--out`` line, in the table's order
-SIMS = ("as priced", "calibrated", "own speed")
-
-
-def sim_scores(paths: list[Path]) -> dict[str, dict]:
-    """``run<N>`` -> its line in the ``scripts/fidelity_calibrated.py`` ``--out`` files ``paths`` (the last file that
-    has the run wins)."""
-    out = {}
-    for path in paths:
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if "run" in row:
-                out[row["run"]] = row
-    return out
 
 
 def table(path: Path, sims: list[Path] = ()) -> str:
@@ -172,8 +173,8 @@ def table(path: Path, sims: list[Path] = ()) -> str:
         fr = sorted(r["every_target"] / r["pairs"] for r in other)
         thr = statistics.median(r["throughput_within"] / r["pairs"] for r in other)
         t = totals(other)
-        npairs = sorted({r["pairs"] for r in other})
-        lines.append(f"| {b} | {other[0]['shape']} | {len(other)} | {'-'.join(map(str, (npairs[0], npairs[-1]))) if len(npairs) > 1 else npairs[0]} | "
+        lo, hi = min(r["pairs"] for r in other), max(r["pairs"] for r in other)
+        lines.append(f"| {b} | {other[0]['shape']} | {len(other)} | {lo if lo == hi else f'{lo}-{hi}'} | "
                      f"{statistics.median(fr):.0%} ({fr[0]:.0%}-{fr[-1]:.0%}) | {thr:.0%} | "
                      f"{t['reversed']} of {t['resolved']} | "
                      + (", ".join(f"{r['a']}: {r['every_target']} of {r['pairs']}" for r in same) or "-") + " | "
@@ -191,17 +192,16 @@ def table(path: Path, sims: list[Path] = ()) -> str:
 def order_table(runs: list[Path]) -> str:
     """Per pair served by every run of ``runs`` (directories with one ``pressure_0`` process each): its position in
     each process (1-based) and its total replay error there, then each run's errors of the pairs the others lack."""
-    served = [list(load_run(run).items()) for run in runs]
-    common = [p for p, _ in served[0] if all(p in dict(s) for s in served[1:])]
+    served = [load_run(run) for run in runs]
+    positions = [{pair: i for i, pair in enumerate(results, 1)} for results in served]
+    common = [p for p in served[0] if all(p in results for results in served[1:])]
     head = " | ".join(f"{run.name}: position, replay error" for run in runs)
     lines = [f"| pair | {head} |", "|---|" + "---:|" * len(runs)]
-    for pair in common + [p for s in served for p, _ in s if p not in common]:
-        cells = []
-        for s in served:
-            names = [p for p, _ in s]
-            cells.append(f"{names.index(pair) + 1}, {dict(s)[pair]['replay']['total_rel_err']:+.1%}" if pair in names else "-")
+    for pair in dict.fromkeys([*common, *(p for results in served for p in results)]):
+        cells = [f"{pos[pair]}, {results[pair]['replay']['total_rel_err']:+.1%}" if pair in results else "-"
+                 for pos, results in zip(positions, served)]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
-    return "\n".join(dict.fromkeys(lines))
+    return "\n".join(lines)
 
 
 def main() -> None:
