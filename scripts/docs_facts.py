@@ -1781,7 +1781,7 @@ def ceiling_s36() -> dict[str, str]:
     out = {}
     for shape, groups in ceiling.shape_totals(rows, scored).items():
         for label, t in groups.items():
-            key = f"{shape.split('-')[0].removesuffix('3')}_{short[label]}"
+            key = f"{'qwen' if shape.startswith('qwen') else 'llama'}_{short[label]}"
             out[f"{key}_every"] = ceiling.frac(t["every_target"], t["pairs"])
             out[f"{key}_throughput"] = ceiling.frac(t["throughput_within"], t["pairs"])
             out[f"{key}_reversed"] = f"{t['reversed']} of {t['resolved']}"
