@@ -651,3 +651,26 @@ def test_fidelity_live_ceiling_reproduces_its_committed_counts():
     assert ceiling.predict(other, pairs)["pairs"] == len(pairs) - 1
     totals = ceiling.shape_totals(committed["couples"], {})
     assert set(totals["qwen3-0.6b"]) == {"another VM's live mean", "the same VM's live mean"}
+
+
+def test_fidelity_host_cpu_times_the_engine_between_steps_and_tables_relative_ratios(tmp_path):
+    """scripts/fidelity_host_cpu.py: a committed run's config serves a pair in the sim with the engine timed between
+    steps and priced by the host terms; the table divides each column by its median over the pairs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("fidelity_host_cpu", ROOT / "scripts" / "fidelity_host_cpu.py")
+        hc = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hc)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    cfg = hc.run_config(ROOT / "docs/results/fidelity_same_host/run61_qwen_fwd")
+    timed = hc.time_pair(cfg, "code_trace_tight", "vllm")
+    assert timed["steps"] > 100 and timed["cpu_host_s"] > 0 and timed["price_s"] > 0
+    pairs = {"a/x": {"cpu_ratio": 0.2, "live_ratio": {"r1": 1.0, "r2": 2.0}},
+             "b/x": {"cpu_ratio": 0.4, "live_ratio": {"r1": 2.0}},
+             "c/x": {"cpu_ratio": 0.8, "live_ratio": {"r1": 3.0, "r2": 4.0}}}
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"runs": ["r1", "r2"], "repeats": 1, "pairs": pairs}))
+    rows = hc.table(path).splitlines()
+    assert rows[2] == "| c/x | 2.00 | 1.50 | 1.33 |" and rows[3] == "| b/x | 1.00 | 1.00 | - |"
+    assert rows[4] == "| a/x | 0.50 | 0.50 | 0.67 |"
