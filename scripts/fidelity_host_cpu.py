@@ -14,7 +14,7 @@ the profile's price of it). Every (workload, policy) pair any run served is serv
 the time inside ``execute``. A pair keeps its fastest repeat (the least disturbed by this shared machine). Per pair:
 ``cpu_ratio``, that time over the host terms' price of the same sim steps, and each run's ``live_ratio``, its live
 host time over its price. Both are relative measures (this CPU and the live host differ in speed); the table divides
-each column by its median over the pairs. Wall times on a shared 2-core machine: minutes, and not bit-reproducible.
+each column by its median over the pairs. Wall times on a shared machine: seconds, and not bit-reproducible.
 """
 from __future__ import annotations
 
