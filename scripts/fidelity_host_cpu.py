@@ -39,7 +39,7 @@ from kvrl.fidelity.pairs import pair_engine, workload_engine, workload_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from fidelity_live_ceiling import load_run  # noqa: E402
+from fidelity_live_ceiling import emit, load_run  # noqa: E402
 
 
 def run_config(run: Path) -> dict:
@@ -140,11 +140,7 @@ def main() -> None:
         return
     if not args.run:
         raise SystemExit("give --run DIR at least once (or --table FILE)")
-    text = json.dumps(measure(args.run, args.repeats), indent=1) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    emit(measure(args.run, args.repeats), args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import itertools
 import json
 import statistics
 from pathlib import Path
+from typing import Optional
 
 from kvrl.fidelity.compare import TARGETS, rel_err
 from kvrl.fidelity.report import live_mean_and_spread, meets_every_target, resolved_rankings
@@ -204,6 +205,15 @@ def order_table(runs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def emit(data: dict, out: Optional[Path]) -> None:
+    """``data`` as indented JSON into the file ``out``, or to stdout when it is None."""
+    text = json.dumps(data, indent=1) + "\n"
+    if out:
+        out.write_text(text)
+    else:
+        print(text, end="")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write the couples' counts here (JSON)")
@@ -218,12 +228,7 @@ def main() -> None:
     if args.table:
         print(table(args.table, args.sims))
         return
-    rows = couples(load_runs())
-    text = json.dumps({"min_pairs": MIN_PAIRS, "targets": TARGETS, "couples": rows}, indent=1) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    else:
-        print(text)
+    emit({"min_pairs": MIN_PAIRS, "targets": TARGETS, "couples": couples(load_runs())}, args.out)
 
 
 if __name__ == "__main__":
