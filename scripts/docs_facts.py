@@ -1777,7 +1777,7 @@ def ceiling_s36() -> dict[str, str]:
     scored = {r["run"]: r for path in LIVE_CEILING_SIMS for r in _jsonl(path) if "run" in r}
     short = {"another VM's live mean": "other", "the same VM's live mean": "same",
              "another VM's live mean, on the runs the sim scores": "other_scored",
-             "the sim, as priced": "priced", "the sim, calibrated": "cal", "the sim, own speed": "own"}
+             **{f"the sim, {name}": sim for name, sim in CALIBRATED_SIMS.items()}}
     out = {}
     for shape, groups in ceiling.shape_totals(rows, scored).items():
         for label, t in groups.items():

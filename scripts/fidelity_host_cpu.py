@@ -7,8 +7,8 @@ profile's host terms price for the same steps, ranks the workloads by unpriced h
         --run docs/results/fidelity_same_host/run62_qwen_rev --repeats 3 --out FILE
     python scripts/fidelity_host_cpu.py --table FILE
 
-Each run directory's first share gives the workloads and policies (its ``replay.tar.xz`` holds the kvrl-fidelity
-config) and its live replays (``fidelity.json``'s ``replay.by_kind.host``: the live engine's time between steps and
+The first run's first share gives the workloads and policies for every pair (its ``replay.tar.xz`` holds the
+kvrl-fidelity config; the runs are meant to serve one config, as runs 61-62 do), and each run its live replays (``fidelity.json``'s ``replay.by_kind.host``: the live engine's time between steps and
 the profile's price of it). Every (workload, policy) pair any run served is served ``--repeats`` times in the sim
 (the shape's shipped profile), the engine timed by a step callback: the wall seconds between two steps' ends minus
 the time inside ``execute``. A pair keeps its fastest repeat (the least disturbed by this shared machine). Per pair:
