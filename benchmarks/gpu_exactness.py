@@ -1,7 +1,9 @@
 """Greedy output of the live engine on a GPU against Hugging Face transformers, token for token.
 
-Scenarios: plain batch, preemption by swap, preemption by recompute, prefix-cache hits, and n=2
-copy-on-write forks. In fp32 every token must match. In bf16, a divergence is *explained by a tie*
+Scenarios: plain batch, preemption by swap, preemption by recompute, prefix-cache hits, n=2
+copy-on-write forks, and tier reloads: the shared-prefix prompts served twice, with fillers between
+the rounds that push their cached blocks out of a small GPU pool into a CPU tier (or through a small
+CPU tier onto a disk tier), so that the second round's prefix hits are reloaded from the tier. In fp32 every token must match. In bf16, a divergence is *explained by a tie*
 when, at the first differing position, transformers' own top-2 logits are within ``tie_tol`` of
 each other (bf16 rounding differences between two correct implementations then flip argmax);
 those are counted and reported, any other divergence fails the run.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -38,16 +41,28 @@ def hf_reference(path, prompts, max_new, dtype, device):
         top2 = torch.stack([s[0].float().topk(2).values for s in gen.scores])
         gaps.append((top2[:, 0] - top2[:, 1]).tolist())
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return outs, gaps
 
 
-def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16):
+def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16, tier=None, **tiers):
+    """An fcfs / fixed 0 / lifo engine; ``tier`` (a tier plugin name) with ``tiers``: the
+    :class:`~kvrl.engine.config.EngineConfig` tier fields (``cpu_tier_blocks``, ``disk_tier_*``)."""
     cfg = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-               max_model_len=4096, max_num_batched_tokens=2048)
+               max_model_len=4096, max_num_batched_tokens=2048, **tiers)
     return build_engine({"engine": cfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed", "fraction": 0.0},
-                         "eviction": {"name": "lifo", "mode": mode}, "prefix_cache": {"name": prefix_cache}},
+                         "eviction": {"name": "lifo", "mode": mode}, "prefix_cache": {"name": prefix_cache},
+                         "tier": {"name": tier or "none"}},
                         executor=executor)
+
+
+def tier_round_trip(shared, plain, want_shared, want_plain, gaps_shared, gaps_plain):
+    """The tier scenarios' requests: ``shared`` at t=0, ``plain`` as fillers at t=1 s, ``shared``
+    again at t=10 s (the engine's clock jumps over idle time), with their references and gaps."""
+    prompts = [*shared, *plain, *shared]
+    arrivals = [0.0] * len(shared) + [1.0] * len(plain) + [10.0] * len(shared)
+    return prompts, arrivals, [*want_shared, *want_plain, *want_shared], [*gaps_shared, *gaps_plain, *gaps_shared]
 
 
 def compare(got, want, gaps, tie_tol):
@@ -67,8 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tie-tol", type=float, default=0.0625, help="logit gap below which bf16 may flip argmax")
     ap.add_argument("--out", default=None)
     ap.add_argument("--step-graphs", action="store_true", help="whole-step graphs (backend.step_graphs=true)")
+    ap.add_argument("--device", default="cuda", help="cpu: the torch reference path (a smoke run; slow)")
     args = ap.parse_args(argv)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     path = random_checkpoint_for({"name": args.preset, "family": "qwen3"}, dtype, root="runs/.checkpoints")
     rng = np.random.default_rng(0)
@@ -83,6 +99,9 @@ def main(argv=None) -> int:
     executor = build_live({"checkpoint": path}, {"device": str(device), "dtype": args.dtype,
                                                  "step_graphs": args.step_graphs})
     need = sum(-(-(len(p) + args.max_new) // 16) for p in plain)
+    tier_prompts, tier_arrivals, tier_want, tier_gaps = tier_round_trip(shared, plain, want_shared, want_plain,
+                                                                        gaps_shared, gaps_plain)
+    disk_dir = tempfile.TemporaryDirectory(prefix="kvrl-exactness-disk-")
     scenarios = [
         ("plain batch", plain, want_plain, gaps_plain, dict(num_blocks=need + 64, num_cpu_blocks=0, mode="recompute",
                                                             prefix_cache="none"), 1),
@@ -94,11 +113,19 @@ def main(argv=None) -> int:
                                                                      mode="recompute", prefix_cache="hash_lru"), 1),
         ("n=2 copy-on-write forks", plain, want_plain, gaps_plain, dict(num_blocks=2 * need, num_cpu_blocks=0,
                                                                         mode="recompute", prefix_cache="none"), 2),
+        ("tier reloads (CPU tier)", tier_prompts, tier_want, tier_gaps, dict(
+            num_blocks=need // 3, num_cpu_blocks=0, mode="recompute", prefix_cache="hash_lru", tier="offload_all",
+            cpu_tier_blocks=need), 1),
+        ("tier reloads (CPU and disk tiers)", tier_prompts, tier_want, tier_gaps, dict(
+            num_blocks=need // 3, num_cpu_blocks=0, mode="recompute", prefix_cache="hash_lru", tier="offload_all",
+            cpu_tier_blocks=16, disk_tier_blocks=need, disk_tier_dir=disk_dir.name), 1),
     ]
+    arrivals_of = {"prefix-cache hits": [0.002 * i for i in range(len(shared))],
+                   "tier reloads (CPU tier)": tier_arrivals, "tier reloads (CPU and disk tiers)": tier_arrivals}
     rows, failed = [], False
     for name, prompts, want, gaps, kw, n in scenarios:
         eng = engine_for(executor, **kw)
-        arrivals = [0.0] * len(prompts) if name != "prefix-cache hits" else [0.002 * i for i in range(len(prompts))]
+        arrivals = arrivals_of.get(name, [0.0] * len(prompts))
         reqs = [Request(f"{i}", a, p, args.max_new, n=n) for i, (p, a) in enumerate(zip(prompts, arrivals))]
         summary = eng.run(reqs)
         counts = np.zeros(3, dtype=int)
@@ -106,13 +133,18 @@ def main(argv=None) -> int:
             for got in eng.outputs(r.request_id):
                 counts += compare(got, w, g, args.tie_tol if dtype != torch.float32 else -1.0)
         failed |= counts[2] > 0 or summary["finished"] != len(reqs)
+        reloaded = summary.get("tier_loaded_blocks", 0)
+        failed |= name.startswith("tier") and not reloaded      # a tier scenario must reload something
         rows.append((name, int(counts.sum()), *counts.tolist(), summary["preemptions"], summary["swapped_out_blocks"],
-                     summary["recomputed_tokens"], round(summary["prefix_hit_rate"], 3)))
-    lines = [f"GPU exactness: {torch.cuda.get_device_name(device)}, {args.preset} random weights, {args.dtype}, "
+                     summary["recomputed_tokens"], round(summary["prefix_hit_rate"], 3), reloaded,
+                     summary.get("tier_disk_loaded_blocks", 0)))
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    lines = [f"Exactness on {device_name}: {args.preset} random weights, {args.dtype}, "
              f"{args.num_prompts} prompts x {args.max_new} greedy tokens; tie tolerance {args.tie_tol} "
              f"(HF reference took {hf_s:.0f} s). torch {torch.__version__}, transformers {transformers.__version__}.",
              "", "| scenario | outputs | exact | diverged at a bf16 tie | diverged otherwise | preemptions | "
-             "swapped-out blocks | recomputed tokens | prefix hit rate |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "swapped-out blocks | recomputed tokens | prefix hit rate | tier-loaded blocks | of them from disk |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
     text = "\n".join(lines)
     print(text)

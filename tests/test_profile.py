@@ -152,6 +152,23 @@ def test_profile_grid_builds_decodes_over_a_shared_prefix_in_the_same_blocks():
     assert groups.count(("shared", True)) == groups.count(("shared", False)) == groups.count(("shared_mixed", False)) == 6
 
 
+def test_batch_factory_prefix_groups_set_how_many_decodes_read_each_shared_block():
+    """``prefix_groups``: decode ``i`` reads prefix set ``i % prefix_groups``; the sets and every
+    decode's own blocks are disjoint, and each decode's prefix tokens still count as shared."""
+    from kvrl.executors.profile.features import batch_features
+    from kvrl.profiling.batches import BatchFactory
+
+    factory = BatchFactory(num_blocks=256, block_size=16, vocab_size=512, max_len=1024)
+    batch = factory.batch(decode_lens=[100] * 6, shared_prefix=32, prefix_groups=3)
+    tables = [item.seq.block_table for item in batch.seqs]
+    assert [t[:2] for t in tables] == [[0, 1], [2, 3], [4, 5]] * 2
+    own = [b for t in tables for b in t[2:]]
+    assert len(own) == len(set(own)) and min(own) == 6
+    assert batch_features(batch)["dec_shared"] == 6 * 32
+    alone = factory.batch(decode_lens=[100] * 4, shared_prefix=32, prefix_groups=4)
+    assert len({b for item in alone.seqs for b in item.seq.block_table}) == 4 * 7    # no block read twice
+
+
 def test_fitted_model_predicts_held_out_cpu_steps(cpu_profile):
     prof = P.StepProfile.load(cpu_profile)
     prof.model.engine_factor = {"graph": 1.0, "eager": 1.0}   # held-out steps are timed like the grid

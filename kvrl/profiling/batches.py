@@ -88,26 +88,28 @@ class BatchFactory:
         return seq
 
     def batch(self, decode_lens=(), prefills=(), copies: int = 0, swap_out: int = 0, swap_in: int = 0,
-              scatter: bool = False, shared_prefix: int = 0):
+              scatter: bool = False, shared_prefix: int = 0, prefix_groups: int = 1):
         """``decode_lens``: context length of each decode (its last token is computed);
         ``prefills``: ``(query_tokens, cached_tokens)`` pairs; ``scatter``: block tables take blocks
         spread over the whole pool in a random order (as after many preemptions, swaps and
         evictions) instead of consecutive ones; ``shared_prefix``: every decode's first
-        ``shared_prefix`` tokens (whole blocks, rounded down) are the same KV blocks, as after a
-        prefix-cache hit on a common system prompt."""
+        ``shared_prefix`` tokens (whole blocks, rounded down) are prefix-cache hits, as on a
+        common system prompt, held in ``prefix_groups`` sets of KV blocks: decode ``i`` reads set
+        ``i % prefix_groups`` (1, the default: every decode reads the same blocks; as many as the
+        decodes: each reads its own, each marked shared)."""
         from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 
         self._next_block = 0
         self._order = self._scattered if scatter else None
         n_shared = shared_prefix // self.block_size
-        shared = list(range(n_shared))
-        self._next_block = n_shared
+        groups = [list(range(g * n_shared, (g + 1) * n_shared)) for g in range(max(prefix_groups, 1))]
+        self._next_block = len(groups) * n_shared
         items = []
         for k, start in prefills:
             items.append(ScheduledSeq(self._seq(start + k), start, k, 1))
-        for length in decode_lens:
-            items.append(ScheduledSeq(self._seq(length, shared if length > n_shared * self.block_size else []),
-                                      length - 1, 1, 1))
+        for i, length in enumerate(decode_lens):
+            shared = groups[i % len(groups)] if length > n_shared * self.block_size else []
+            items.append(ScheduledSeq(self._seq(length, shared), length - 1, 1, 1))
         self._order = None
         nb = self.num_blocks
         b = ScheduledBatch(seqs=items)

@@ -1,0 +1,95 @@
+"""Does a shared KV token cost the same whatever the number of decodes that share it?
+
+The step model prices a decode's KV tokens that sit in prefix-cache blocks (``dec_shared``) at one
+price, fitted by ``kvrl-profile`` on batches whose decodes all read *one* common prefix (16 or 64
+readers of every shared block). Serving shares less: 16 tenants' system prompts in a batch of 30
+decodes give each shared block two or three readers. If a shared block is cheap because its later
+readers find it in the GPU's L2 cache, its price depends on how many decodes read it (the *degree*):
+with one reader it costs what a private token costs.
+
+This times CUDA-graph decode batches on the live executor, back to back as ``kvrl-profile`` times its
+grid: for each batch size, context and shared prefix, the private batch (no shared blocks), and the
+same contexts whose first ``prefix`` tokens are shared by ``degree`` decodes each (``prefix_groups``
+= batch / degree sets of blocks; degree 1: every decode has its own prefix blocks, marked shared).
+Every batch is priced by a profile (default: the shipped one of this device and shape).
+
+    python benchmarks/shared_degree_probe.py [--model qwen3-0.6b] [--out probe.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-0.6b")
+    ap.add_argument("--batches", default="16,32,64")
+    ap.add_argument("--ctx", default="1024,2048")
+    ap.add_argument("--prefix", default="512,1024")
+    ap.add_argument("--degrees", default="1,2,4,8,all")
+    ap.add_argument("--profile", default="auto")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    from kvrl.apps.live_schema import compose_fidelity
+    from kvrl.executors.live_build import build_live
+    from kvrl.executors.profile import batch_features
+    from kvrl.executors.sim import SimExecutor
+    from kvrl.profiling.batches import BatchFactory
+    from kvrl.profiling.timing import time_batch, warm_graphs
+
+    cfg = compose_fidelity([f"model={args.model}"])
+    ex = build_live(cfg["model"], cfg["live"])
+    sim = SimExecutor(ex.cost_model.model, ex.cost_model.device, 0, profile=args.profile, cuda_graphs=True)
+    model = sim.profile.model if sim.profile is not None else None   # none on CPU: times only
+    print(f"profile: {sim.cost_source}")
+    block_size, max_len = 16, ex.max_model_len
+    pool = ex.kv_capacity_blocks(block_size, 0.9) if ex.device.type == "cuda" else 2048
+    ex.allocate_kv(pool, 64, block_size)
+    ex.kv.zero_()
+    factory = BatchFactory(pool, block_size, ex.vocab_size, max_len, seed=0)
+    batches = [int(x) for x in args.batches.split(",")]
+    warm_graphs(ex, factory, max(batches))
+    rows = []
+    for b in batches:
+        for ctx in (int(x) for x in args.ctx.split(",")):
+            for prefix in (int(x) for x in args.prefix.split(",")):
+                if prefix >= ctx:
+                    continue
+                variants = [("private", 0, 1)]
+                for d in args.degrees.split(","):
+                    degree = b if d == "all" else int(d)
+                    if degree <= b and b % degree == 0:
+                        variants.append((f"degree {degree}", prefix, b // degree))
+                for name, shared, groups in variants:
+                    batch = factory.batch(decode_lens=[ctx] * b, shared_prefix=shared, prefix_groups=groups)
+                    f = batch_features(batch)
+                    times, _ = time_batch(ex, batch, warmup=3, reps=args.reps, budget_s=0.5)
+                    t = float(np.median(times))
+                    p = model.predict_features(f, True) if model is not None else float("nan")
+                    rows.append(dict(batch=b, ctx=ctx, prefix=prefix, variant=name, degree=b // groups if shared else 0,
+                                     dec_shared=f["dec_shared"], t=t, priced=p))
+                    print(f"b={b:3d} ctx={ctx:5d} prefix={prefix:5d} {name:10s} {t * 1e3:7.3f} ms  priced "
+                          f"{p * 1e3:7.3f} ms  measured/priced {t / p:5.3f}", flush=True)
+    # per degree: time over the private batch's, measured and priced (median over the cells)
+    print("\n| degree | cells | measured / private | priced / private | measured / priced |")
+    print("|---|---:|---:|---:|---:|")
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["batch"], r["ctx"], r["prefix"]), {})[r["degree"]] = r
+    for degree in sorted({r["degree"] for r in rows if r["degree"]}):
+        m = [c[degree]["t"] / c[0]["t"] for c in cells.values() if degree in c]
+        p = [c[degree]["priced"] / c[0]["priced"] for c in cells.values() if degree in c]
+        mp = [c[degree]["t"] / c[degree]["priced"] for c in cells.values() if degree in c]
+        print(f"| {degree} | {len(m)} | {np.median(m):.3f} | {np.median(p):.3f} | {np.median(mp):.3f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "profile": sim.cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
