@@ -61,17 +61,20 @@ def quiet_kvrl_logs(level: int):
 
 
 def step_features(dec=(), pre=(), copies=0, swap_out=0, swap_in=0, shared=0) -> dict:
-    """The step-model features (:data:`kvrl.executors.profile.FEATURES`) of a synthetic batch:
-    decodes of the KV lengths in ``dec`` (each with ``min(shared, L)`` tokens from a prefix-cache
-    hit), prefill chunks ``(tokens, start)`` in ``pre``, and the step's block copies and swaps."""
+    """The step-model features (:data:`kvrl.executors.profile.FEATURES` and ``dec_coread``) of a
+    synthetic batch: decodes of the KV lengths in ``dec`` (each with ``min(shared, L)`` tokens from a
+    prefix-cache hit on one common prefix, which every decode but the first reads with another),
+    prefill chunks ``(tokens, start)`` in ``pre``, and the step's block copies and swaps."""
     from kvrl.executors import profile as P
+    from kvrl.executors.profile.features import CO_READ
 
-    f = dict.fromkeys(P.FEATURES, 0)
-    for L in dec:
+    f = dict.fromkeys((*P.FEATURES, CO_READ), 0)
+    for i, L in enumerate(dec):
         f["n_dec"] += 1
         f["dec_kv"] += L
         f["dec_max"] = max(f["dec_max"], L)
         f["dec_shared"] += min(shared, L)
+        f[CO_READ] += min(shared, L) if i else 0
         f["rows"] += 1
     for k, start in pre:
         f["n_pre"] += 1

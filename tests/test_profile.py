@@ -164,7 +164,9 @@ def test_batch_factory_prefix_groups_set_how_many_decodes_read_each_shared_block
     assert [t[:2] for t in tables] == [[0, 1], [2, 3], [4, 5]] * 2
     own = [b for t in tables for b in t[2:]]
     assert len(own) == len(set(own)) and min(own) == 6
-    assert batch_features(batch)["dec_shared"] == 6 * 32
+    f = batch_features(batch)
+    assert f["dec_shared"] == 6 * 32 and f["dec_coread"] == 3 * 32      # the first reader of each set alone
+    assert [item.seq.co_read_prefix_tokens for item in batch.seqs] == [0] * 3 + [32] * 3
     alone = factory.batch(decode_lens=[100] * 4, shared_prefix=32, prefix_groups=4)
     assert len({b for item in alone.seqs for b in item.seq.block_table}) == 4 * 7    # no block read twice
 

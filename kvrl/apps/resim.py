@@ -83,7 +83,7 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool, host_speed: float = 1.0)
         elapsed = model.predict_features(feats, cuda_graphs, host=True, host_scale=host_speed)
         n_out, n_in = feats.get("swap_out", 0), feats.get("swap_in", 0)
         if n_out or n_in or stream.busy_until > now:
-            forward = model.forward_s(*(feats.get(k, 0) for k in FORWARD_FEATURES), cuda_graphs=cuda_graphs)
+            forward = model.forward_s(*model.forward_args(feats)[:len(FORWARD_FEATURES)], cuda_graphs=cuda_graphs)
             elapsed = stream.step_s(now, elapsed, forward)
             stream.issue(now, now + elapsed, model.swap_out_xfer(n_out), model.swap_in_xfer(n_in))
         now += elapsed

@@ -44,6 +44,7 @@ class AccountingMixin:
             child.output_token_ids.append(token)
             child.first_token_s = seq.first_token_s
             child.shared_prefix_tokens = seq.shared_prefix_tokens
+            child.co_read_prefix_tokens = seq.co_read_prefix_tokens
             self._mark_running(child)
             group.seqs.append(child)
             group.num_open += 1

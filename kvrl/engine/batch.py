@@ -30,8 +30,9 @@ class PlainDecodes:
     sim prices them from it without a loop over them): items ``[0, end)`` of ``seqs`` are the
     running sequences' first items, and every one of them whose index is not in ``others`` is a
     *plain decode*: one token (``num_tokens == 1``) after the first output token, sampled once.
-    ``count`` of them, ``kv`` the sum of their starts, ``last`` the largest start (-1: none) and
-    ``shared`` the sum of ``min(seq.shared_prefix_tokens, start + 1)`` over them."""
+    ``count`` of them, ``kv`` the sum of their starts, ``last`` the largest start (-1: none),
+    ``shared`` the sum of ``min(seq.shared_prefix_tokens, start + 1)`` over them and ``co_read``
+    that of ``min(seq.co_read_prefix_tokens, start + 1)``."""
 
     end: int
     others: list[int]
@@ -39,6 +40,7 @@ class PlainDecodes:
     kv: int
     last: int
     shared: int
+    co_read: int
 
 
 @dataclass(frozen=True, slots=True)

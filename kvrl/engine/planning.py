@@ -89,7 +89,7 @@ class PlanningMixin:
             batch.swap_out.extend(pairs)
             self.metrics.swapped_out_blocks += len(pairs)
             seq.status = SeqStatus.SWAPPED
-            seq.shared_prefix_tokens = 0     # swapped back in to private blocks
+            seq.shared_prefix_tokens = seq.co_read_prefix_tokens = 0     # swapped back in to private blocks
             self.swapped.append(seq)
         else:
             mode = PreemptionMode.RECOMPUTE
@@ -129,7 +129,7 @@ class PlanningMixin:
         running = self.running
         copies = batch.copies
         others: list[int] = []                         # items that are not plain decodes
-        kv = shared = 0                                # plain decodes: PlainDecodes
+        kv = shared = co_read = 0                      # plain decodes: PlainDecodes
         last = -1
         for seq in running:   # until the first block shortage (most steps have none): no preemption here
             if budget <= 0:
@@ -147,6 +147,9 @@ class PlanningMixin:
                 cached = seq.shared_prefix_tokens
                 if cached:
                     shared += cached if cached <= computed else computed + 1
+                    cached = seq.co_read_prefix_tokens
+                    if cached:
+                        co_read += cached if cached <= computed else computed + 1
                 item = seq.decode_item
                 if item is not None and refcount(item) == 3:    # held by seq and here alone: reused
                     item.start = computed
@@ -176,6 +179,9 @@ class PlanningMixin:
                         cached = seq.shared_prefix_tokens
                         if cached:
                             shared += cached if cached <= computed else computed + 1
+                            cached = seq.co_read_prefix_tokens
+                            if cached:
+                                co_read += cached if cached <= computed else computed + 1
                     else:
                         samples = request.n if request.n > 1 and seq.parent_seq_id is None else 1
                         others.append(len(seqs))
@@ -198,7 +204,7 @@ class PlanningMixin:
             others.append(len(seqs))
             append(ScheduledSeq(seq, computed, k, self._num_samples(seq, upto)))
             budget -= k
-        batch.plain = PlainDecodes(len(seqs), others, len(seqs) - len(others), kv, last, shared)
+        batch.plain = PlainDecodes(len(seqs), others, len(seqs) - len(others), kv, last, shared, co_read)
         return budget
 
     def _schedule_shortage(self, batch: ScheduledBatch, budget: int) -> Generator[Shortage, object, tuple[int, bool]]:
@@ -352,6 +358,7 @@ class PlanningMixin:
                     self.metrics.prompt_tokens_hit += start
                     seq.num_cached_prompt_tokens = start
                 seq.shared_prefix_tokens = start
+                seq.co_read_prefix_tokens = (len(match.block_ids) - match.num_evictable) * cfg.block_size
                 self._mark_running(seq)
                 taken.append(seq)
                 batch.seqs.append(ScheduledSeq(seq, start, k, self._num_samples(seq, start + k)))

@@ -116,6 +116,9 @@ class Sequence:
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
     shared_prefix_tokens: int = 0      # KV tokens held in prefix-cache blocks since the latest admission
                                        # (0 after a preemption: a swap-in gets private blocks)
+    co_read_prefix_tokens: int = 0     # of those, the tokens in blocks another sequence held at that
+                                       # admission: blocks more than one decode reads (the step model's
+                                       # shared KV tokens from fit version 12, kvrl.executors.profile)
     parent_seq_id: Optional[int] = None
     error: Optional[str] = None
     #: the planner's decode item for this sequence (a :class:`~kvrl.engine.batch.ScheduledSeq`),

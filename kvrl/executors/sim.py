@@ -311,13 +311,14 @@ class SimExecutor(Executor):
         items = batch.seqs
         sampled: list = [None] * len(items)
         plain = batch.plain
+        co_read = self._step_model.co_read     # the shared KV tokens priced: co-read ones (fit version 12) or all
         if plain is None:
             indices = range(len(items))
             dec_kv = dec_shared = 0
             dec_last = -1             # the largest decode start (dec_max is one more)
         else:
             indices = [*plain.others, *range(plain.end, len(items))]
-            dec_kv, dec_shared, dec_last = plain.kv, plain.shared, plain.last
+            dec_kv, dec_shared, dec_last = plain.kv, plain.co_read if co_read else plain.shared, plain.last
         for i in indices:
             item = items[i]
             k, start, seq = item.num_tokens, item.start, item.seq
@@ -325,7 +326,7 @@ class SimExecutor(Executor):
                 dec_kv += start
                 if start > dec_last:
                     dec_last = start
-                cached = seq.shared_prefix_tokens
+                cached = seq.co_read_prefix_tokens if co_read else seq.shared_prefix_tokens
                 if cached:
                     dec_shared += cached if cached <= start else start + 1
                 if item.num_samples == 1:      # a decode's one token (the general case below, simplified)

@@ -96,7 +96,9 @@ class BatchFactory:
         ``shared_prefix`` tokens (whole blocks, rounded down) are prefix-cache hits, as on a
         common system prompt, held in ``prefix_groups`` sets of KV blocks: decode ``i`` reads set
         ``i % prefix_groups`` (1, the default: every decode reads the same blocks; as many as the
-        decodes: each reads its own, each marked shared)."""
+        decodes: each reads its own, each marked shared). The first reader of each set holds its
+        prefix as shared, every later one also as co-read (``Sequence.co_read_prefix_tokens``), as
+        the engine marks a sequence admitted onto blocks another one holds."""
         from kvrl.engine.batch import ScheduledBatch, ScheduledSeq
 
         self._next_block = 0
@@ -109,7 +111,10 @@ class BatchFactory:
             items.append(ScheduledSeq(self._seq(start + k), start, k, 1))
         for i, length in enumerate(decode_lens):
             shared = groups[i % len(groups)] if length > n_shared * self.block_size else []
-            items.append(ScheduledSeq(self._seq(length, shared), length - 1, 1, 1))
+            seq = self._seq(length, shared)
+            if i >= len(groups):       # a later reader of its prefix set (as admitted after the first)
+                seq.co_read_prefix_tokens = seq.shared_prefix_tokens
+            items.append(ScheduledSeq(seq, length - 1, 1, 1))
         self._order = None
         nb = self.num_blocks
         b = ScheduledBatch(seqs=items)

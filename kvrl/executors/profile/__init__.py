@@ -25,7 +25,9 @@ Features of a step (:data:`FEATURES`), all computed from the :class:`ScheduledBa
 and head, which walks its whole context: with few tiles the longest context is the critical path),
 ``n_dec`` decode items (one query token), ``dec_kv`` the KV tokens they read, ``dec_max`` the
 longest decode context, ``dec_shared`` how many of ``dec_kv`` come from a prefix-cache hit (blocks
-other sequences read too: served from L2 more often than from HBM), ``rows`` items that sample
+other sequences read too: served from L2 more often than from HBM; from fit version 12 only the hits
+on blocks another sequence held when the decode's sequence was admitted, ``dec_coread``: a cached
+block that one decode reads alone costs what a private one costs), ``rows`` items that sample
 (LM-head rows), ``copies``, ``swap_out`` and ``swap_in`` block counts.
 
 The model (:class:`StepModel`), all terms non-negative, fitted by non-negative least squares on

@@ -8,6 +8,16 @@ FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", 
             "rows", "copies", "swap_out", "swap_in")
 
 
+#: of ``dec_shared``, the KV tokens in blocks another sequence held when the decode's sequence was
+#: admitted (``Sequence.co_read_prefix_tokens``): blocks that more than one decode of a batch reads.
+#: From fit version 12 the step model prices these as shared and the rest of ``dec_shared`` as private:
+#: on an H200 a prefix-cache block that one decode reads alone costs what a private block costs, and
+#: one that two or more read costs about what the grid's shared points (every decode reads one prefix)
+#: measure (``benchmarks/shared_degree_probe.py``, docs/fidelity.md, session 37). Not a forward
+#: feature argument: :meth:`StepModel.priced_shared` picks the one a model prices.
+CO_READ = "dec_coread"
+
+
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
 FORWARD_FEATURES = FEATURES[:10]
 
@@ -35,8 +45,8 @@ QUEUE_STEP_TERM = "per_wait_step"
 
 
 def batch_features(batch) -> dict[str, int]:
-    """The :data:`FEATURES` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
-    f = dict.fromkeys(FEATURES, 0)
+    """The :data:`FEATURES` and :data:`CO_READ` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
+    f = dict.fromkeys((*FEATURES, CO_READ), 0)
     for item in batch.seqs:
         k, start = item.num_tokens, item.start
         if k == 1:
@@ -44,6 +54,7 @@ def batch_features(batch) -> dict[str, int]:
             f["dec_kv"] += start + 1
             f["dec_max"] = max(f["dec_max"], start + 1)
             f["dec_shared"] += min(item.seq.shared_prefix_tokens, start + 1)
+            f[CO_READ] += min(item.seq.co_read_prefix_tokens, start + 1)
         else:
             f["n_pre"] += 1
             f["pre_tok"] += k
@@ -80,3 +91,19 @@ def host_work_rows(batches) -> list[dict[str, int]]:
         rows.append(host_work(b, prev))
         prev = rows[-1]["pre_tok"]
     return rows
+
+
+#: the profile grid's groups whose decodes all read one common prefix (kvrl.profiling.batches)
+ONE_PREFIX_GROUPS = ("shared", "shared_mixed")
+
+
+def co_read_of(sample: dict) -> float:
+    """:data:`CO_READ` of a feature dict. Samples recorded before fit version 12 lack it: on the grid's
+    :data:`ONE_PREFIX_GROUPS` every decode but the first reads blocks another one reads; any other
+    sample's shared tokens count as co-read, as they were priced then."""
+    if CO_READ in sample:
+        return float(sample[CO_READ])
+    shared, n_dec = float(sample.get("dec_shared", 0)), int(sample.get("n_dec", 0))
+    if sample.get("group") in ONE_PREFIX_GROUPS and n_dec:
+        return shared * (n_dec - 1) / n_dec
+    return shared

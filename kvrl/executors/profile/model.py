@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from kvrl.executors.profile.features import FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM
+from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM,
+                                             co_read_of)
 from kvrl.executors.profile.fit import (FLOOR_TERMS, choose_knots, column, error_stats, fit_host, fit_max,
                                         fit_weighted, hat_basis, unidentified_host_terms)
 from kvrl.executors.profile.format import FIT_VERSION, ProfileError
@@ -67,6 +68,14 @@ class _LinearOp:
 MIN_MIXED_SHARED = 4
 
 
+#: the first fit version whose shared KV tokens are the co-read ones (:data:`~kvrl.executors.profile.features.CO_READ`)
+CO_READ_FIT_VERSION = 12
+
+
+#: where ``dec_shared`` sits among the forward features
+_SHARED_AT = FORWARD_FEATURES.index("dec_shared")
+
+
 class StepModel:
     """The fitted step-time model (see the module doc). :meth:`predict` is pure Python."""
 
@@ -80,6 +89,10 @@ class StepModel:
         #: the fit version that made these terms (:data:`FIT_VERSION` for a fresh fit; a loaded profile keeps its
         #: own, so saving it again does not relabel an older fit as the current one)
         self.fit_version = int(fit_version)
+        #: whether the shared KV tokens priced are the co-read ones (fit version 12): the sim then passes
+        #: :data:`~kvrl.executors.profile.features.CO_READ` as ``dec_shared``; older fits price every
+        #: prefix-cache token as shared
+        self.co_read = self.fit_version >= CO_READ_FIT_VERSION
         self.graph_sizes = sorted(int(b) for b in graph_sizes)
         self.max_graph = self.graph_sizes[-1] if self.graph_sizes else 0
         #: token buckets of the live executor's piecewise graphs: a non-graph step of N tokens
@@ -224,11 +237,18 @@ class StepModel:
             t += self._swap_in.c0 + self._swap_in.c1 * swap_in
         return t
 
+    def forward_args(self, f: dict) -> list:
+        """The :data:`FEATURES` of a feature dict as :meth:`predict`'s arguments, ``dec_shared`` being
+        the shared tokens this model prices (:attr:`co_read`; :func:`~kvrl.executors.profile.features.co_read_of`)."""
+        args = [int(f.get(k, 0)) for k in FEATURES]
+        if self.co_read:
+            args[_SHARED_AT] = co_read_of(f)
+        return args
+
     def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False, host_scale: float = 1.0) -> float:
-        """:meth:`predict` of a feature dict; with ``host``, also the :data:`HOST_WORK` terms of
-        the keys ``f`` has (all host terms times ``host_scale``)."""
-        t = self.predict(*(int(f.get(k, 0)) for k in FEATURES), cuda_graphs=cuda_graphs, host=host,
-                         host_scale=host_scale)
+        """:meth:`predict` of a feature dict (:meth:`forward_args`); with ``host``, also the
+        :data:`HOST_WORK` terms of the keys ``f`` has (all host terms times ``host_scale``)."""
+        t = self.predict(*self.forward_args(f), cuda_graphs=cuda_graphs, host=host, host_scale=host_scale)
         if host and (f.get("n_pre") or f.get("n_dec")):
             t += host_scale * self.host_work_s(*(int(f.get(k, 0)) for k in HOST_WORK))
         return t
@@ -278,7 +298,7 @@ class StepModel:
             knots_pad = choose_knots(pad, max_knots)
             knots_b = choose_knots(b, max_knots)
             hb = hat_basis(knots_b, b)
-            kv, kvmax, shared = column(graph_s, "dec_kv"), b * column(graph_s, "dec_max"), column(graph_s, "dec_shared")
+            kv, kvmax, shared = column(graph_s, "dec_kv"), b * column(graph_s, "dec_max"), shared_column(graph_s)
             cols = [*hat_basis(knots_pad, pad).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, shared]
             x, xf = fit_max(cols, [np.ones_like(b), b, kv, np.zeros_like(b)], column(graph_s, "t"))
             p, q = len(knots_pad), len(knots_b)
@@ -295,7 +315,7 @@ class StepModel:
         knots_n = choose_knots(n, max_knots)
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
-        kv, kvmax, shared = column(eager_s, "dec_kv"), b * column(eager_s, "dec_max"), column(eager_s, "dec_shared")
+        kv, kvmax, shared = column(eager_s, "dec_kv"), b * column(eager_s, "dec_max"), shared_column(eager_s)
         has_pre = (column(eager_s, "n_pre") > 0).astype(float)
         names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared",
                  "mixed_dec")
@@ -337,6 +357,11 @@ class StepModel:
         return model
 
 
+def shared_column(samples: list[dict]) -> np.ndarray:
+    """The shared KV tokens a fresh fit (:data:`FIT_VERSION`) prices, per sample: the co-read ones."""
+    return np.asarray([co_read_of(s) for s in samples], dtype=np.float64)
+
+
 def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int = 20) -> dict:
     """Per forward kind (CUDA-graph decode, eager), the median ratio of the time ``execute`` took
     inside an engine run to the model's prediction for the same step (steps without block
@@ -346,7 +371,7 @@ def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int =
     than ``min_rows`` steps of a kind."""
     factor = {"graph": 1.0, "eager": 1.0}
     for kind, want_graph in (("graph", True), ("eager", False)):
-        ratios = [s["t"] / model.forward_s(*(int(s.get(k, 0)) for k in FORWARD_FEATURES), cuda_graphs=bool(s["graph"]))
+        ratios = [s["t"] / model.forward_s(*model.forward_args(s)[:len(FORWARD_FEATURES)], cuda_graphs=bool(s["graph"]))
                   for s in samples if bool(s["graph"]) == want_graph and (s.get("n_pre") or s.get("n_dec"))
                   and not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))]
         ratios = [r for r in ratios if math.isfinite(r) and r > 0]
