@@ -2,6 +2,7 @@
 live steps, offline.
 
     python scripts/fidelity_candidate.py qwen3-0.6b=<profile.json> llama-3-8b=<profile.json> [--work DIR] [--out FILE]
+    python scripts/fidelity_candidate.py qwen3-0.6b=<profile.json> --runs run56_qwen_pressure ... [--sim ARG ...]
     python scripts/fidelity_candidate.py --table FILE    # an --out file as a Markdown table
 
 Each single-H200 run of ``docs/results/fidelity_same_host`` with a ``replay.tar.xz`` (runs 41-52, the
@@ -11,7 +12,9 @@ candidate given for that shape, against the same live runs. One JSON line per ru
 metric's mean absolute error and pairs within its target (scripts/docs_facts.py ``_target_facts``), the
 pairs that meet every target at once, and the resolved live orders its sim reverses; a last line per shape
 and in all with the totals. The Mooncake runs (51-52) need the traces at ``.dev/traces/``. CPU, about a
-minute per run.
+minute per run. ``--runs`` scores other runs of that folder instead (folder names; one shape), and ``--sim``
+passes overrides to every re-simulation, both profiles alike (e.g. ``sim_ensemble=1`` for runs that recorded
+a 16-run ensemble).
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/kvrl-candidate"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--table", type=Path, default=None, help="print this --out file as a Markdown table and stop")
+    ap.add_argument("--runs", nargs="+", default=None, help="folders of docs/results/fidelity_same_host to score")
+    ap.add_argument("--sim", nargs="+", default=[], help="overrides for every re-simulation")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
@@ -79,15 +84,17 @@ def main() -> None:
     unknown = set(candidates) - set(RUNS)
     if unknown:
         raise SystemExit(f"unknown shape(s) {sorted(unknown)}: one of {sorted(RUNS)}")
+    if args.runs and len(candidates) != 1:
+        raise SystemExit("--runs scores one shape: give one shape=profile.json")
     lines = []
     for shape, candidate in candidates.items():
         shipped, rows = profile_path(shape, "shipped"), []
-        for run in RUNS[shape]:
+        for run in args.runs or RUNS[shape]:
             dst, shares, _ = unpack(run, args.work)
             sims = {"shipped": {}, "candidate": {}}
             for share in shares:
-                sims["shipped"].update(resim(dst / share, shipped, 1.0, dst / f"shipped_{share}"))
-                sims["candidate"].update(resim(dst / share, candidate, 1.0, dst / f"candidate_{share}"))
+                sims["shipped"].update(resim(dst / share, shipped, 1.0, dst / f"shipped_{share}", args.sim))
+                sims["candidate"].update(resim(dst / share, candidate, 1.0, dst / f"candidate_{share}", args.sim))
             row = {"run": run, "shape": shape, "pairs": len(sims["shipped"]), "candidate": candidate,
                    **scores(sims["shipped"], sims)}
             print(json.dumps(row), flush=True)

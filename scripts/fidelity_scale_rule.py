@@ -45,8 +45,9 @@ def extract_replays(src: Path, dst: Path) -> None:
 
 
 def unpack(run: str, work: Path) -> tuple[Path, list[str], str]:
-    """The run's shares with their live traces, fidelity.json and config under ``work/run``."""
-    d, _ = F.SAME_HOST_RUNS[run]
+    """The run's shares with their live traces, fidelity.json and config under ``work/run``: ``run`` a
+    name of ``docs_facts.SAME_HOST_RUNS`` or a folder of ``docs/results/fidelity_same_host``."""
+    d = F.SAME_HOST_RUNS[run][0] if run in F.SAME_HOST_RUNS else run
     src, dst = Path(F.SAME_HOST) / d, work / run
     shape = "llama-3-8b" if "llama" in d else "qwen3-0.6b"
     extract_replays(src, dst)
