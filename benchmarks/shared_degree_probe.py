@@ -14,13 +14,56 @@ same contexts whose first ``prefix`` tokens are shared by ``degree`` decodes eac
 Every batch is priced by a profile (default: the shipped one of this device and shape).
 
     python benchmarks/shared_degree_probe.py [--model qwen3-0.6b] [--out probe.json]
+    python benchmarks/shared_degree_probe.py --table probe.json [--price NAME=profile.json ...]   # CPU
+
+``--table`` prints a committed run's summary per degree: each variant's time over the private batch's, and
+measured over priced by each ``--price`` profile (the batches rebuilt on the CPU, as the run built them).
 """
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
+
+
+def rebuild(row: dict, pool_blocks: int, vocab_size: int):
+    """The batch of one committed row, as the probe built it."""
+    from kvrl.profiling.batches import BatchFactory
+
+    b, degree = row["batch"], row["degree"]
+    factory = BatchFactory(pool_blocks, 16, vocab_size, max(row["ctx"], 1) + 1, seed=0)
+    return factory.batch(decode_lens=[row["ctx"]] * b, shared_prefix=row["prefix"] if degree else 0,
+                         prefix_groups=b // degree if degree else 1)
+
+
+def table(path: Path, prices: list[str]) -> str:
+    """The summary of a committed run (see the module doc), one row per degree (0: the private batches)."""
+    from kvrl.executors.hardware import MODEL_SHAPES
+    from kvrl.executors.profile import StepProfile, batch_features
+
+    d = json.loads(path.read_text())
+    models = {name: StepProfile.load(p).model for name, p in (x.split("=", 1) for x in prices)}
+    cells: dict = {}
+    for r in d["rows"]:
+        f = batch_features(rebuild(r, d["pool_blocks"], MODEL_SHAPES[d["model"]].vocab_size))
+        if f["dec_shared"] != r["dec_shared"]:
+            raise SystemExit(f"{path}: a rebuilt batch differs from the run's ({r})")
+        cells.setdefault(r["degree"], []).append(
+            (r, [r["t"] / m.predict_features(f, True) for m in models.values()]))
+    private = {(r["batch"], r["ctx"], r["prefix"]): r["t"] for r, _ in cells.get(0, [])}
+    head = ["readers of each shared block", "batches", "measured / the private batch"]
+    head += [f"measured / {name}'s price" for name in models]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
+    for degree in sorted(cells):
+        rows = cells[degree]
+        own = [r["t"] / private[(r["batch"], r["ctx"], r["prefix"])] for r, _ in rows]
+        ratios = [f"{np.median([x[i] for _, x in rows]):.3f}" for i in range(len(models))]
+        label = "none (private)" if degree == 0 else str(degree) + (
+            " (every decode of the batch)" if all(r["batch"] == degree for r, _ in rows) else "")
+        lines.append(f"| {label} | {len(rows)} | {np.median(own):.3f} | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -33,7 +76,12 @@ def main() -> None:
     ap.add_argument("--profile", default="auto")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="")
+    ap.add_argument("--table", type=Path, default=None, help="print a committed run's summary (CPU) and stop")
+    ap.add_argument("--price", nargs="*", default=[], help="NAME=profile.json to price --table's batches with")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table, args.price))
+        return
 
     from kvrl.apps.live_schema import compose_fidelity
     from kvrl.executors.live_build import build_live
