@@ -3,8 +3,9 @@
 Scenarios: plain batch, preemption by swap, preemption by recompute, prefix-cache hits, n=2
 copy-on-write forks, and tier reloads: the shared-prefix prompts served twice, with fillers between
 the rounds that push their cached blocks out of a small GPU pool into a CPU tier (or through a small
-CPU tier onto a disk tier), so that the second round's prefix hits are reloaded from the tier. In fp32 every token must match. In bf16, a divergence is *explained by a tie*
-when, at the first differing position, transformers' own top-2 logits are within ``tie_tol`` of
+CPU tier onto a disk tier), so that the second round's prefix hits are reloaded from the tier; a tier
+scenario that reloads nothing fails. In fp32 every token must match. In bf16, a divergence is
+*explained by a tie* when, at the first differing position, transformers' own top-2 logits are within ``tie_tol`` of
 each other (bf16 rounding differences between two correct implementations then flip argmax);
 those are counted and reported, any other divergence fails the run.
 

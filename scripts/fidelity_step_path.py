@@ -4,12 +4,13 @@ profile prices them from live, per pair of recorded fidelity runs (CPU, seconds)
 The live executor runs a step with prefill chunks as one whole-step graph unless the eager path would split
 the keys of its attention over a context longer than ``split_context`` (kvrl.executors.step_graph); then it
 runs piecewise, whose small steps are bound by kernel launches. A small prefill beside decodes of which one
-reads more than ``split_context`` tokens is such a step. The profile grid has no point like it, so the step
-model prices it as the whole-step graph it is not. From each recorded step's features (``replay.csv``: the
-longest decode context, the decode count, the prefill tokens and longest prefill context) this applies the
-executor's own rule with its defaults (2,048-token buckets, 16 prefills, 512 decodes, a 4,096-token
-``split_context``, the kernels' split pickers on an H200's 132 SMs; a step with several prefills is judged by
-its whole prefill as one chunk, which can only call it split more often) and prices the steps by a profile.
+reads more than ``split_context`` tokens is such a step. No term of the step model says which path a step
+takes, and the profile grid holds few such steps (a handful of its random points). From each recorded step's
+features (``replay.csv``: the longest decode context, the decode count, the prefill tokens and longest prefill
+context) this applies the executor's own rule with its defaults (2,048-token buckets, 16 prefills, 512
+decodes, a 4,096-token ``split_context``, the kernels' split pickers on an H200's 132 SMs; a step with several
+prefill chunks is judged as if they were one, the largest query a replay does not keep) and prices the steps
+by a profile.
 
     python scripts/fidelity_step_path.py RUN_DIR [RUN_DIR ...] --profile PROFILE.json [--out FILE] [--model qwen3-0.6b]
     python scripts/fidelity_step_path.py --table FILE
