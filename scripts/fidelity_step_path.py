@@ -10,7 +10,9 @@ features (``replay.csv``: the longest decode context, the decode count, the pref
 context) this applies the executor's own rule with its defaults (2,048-token buckets, 16 prefills, 512
 decodes, a 4,096-token ``split_context``, the kernels' split pickers on an H200's 132 SMs; a step with several
 prefill chunks is judged as if they were one, the largest query a replay does not keep) and prices the steps
-by a profile.
+by a profile, and by the same profile with one constant floor under such steps (``max(price, floor)``), the
+floor fitted (relative least squares) on the profile's own grid samples of this kind: what a path term
+fitted from today's grid would do.
 
     python scripts/fidelity_step_path.py RUN_DIR [RUN_DIR ...] --profile PROFILE.json [--out FILE] [--model qwen3-0.6b]
     python scripts/fidelity_step_path.py --table FILE
@@ -44,32 +46,55 @@ def long_decode_piecewise(f: dict, heads: int, kv_heads: int) -> bool:
     return f["dec_max"] > SPLIT_CONTEXT and pick_num_splits(n_dec, kv_heads, f["dec_max"], SMS) > 1
 
 
-def pairs(run: Path, model, heads: int, kv_heads: int) -> list[dict]:
-    """Per pair of ``run``: its live seconds, and those steps' count, live and priced execute seconds."""
+def grid_floor(samples: list[dict], model, heads: int, kv_heads: int) -> tuple[float, int]:
+    """The constant floor (seconds, before the engine-context factor) that best prices the profile's grid
+    samples of this kind as ``max(grid price, floor)`` on relative error, and how many samples there are."""
+    import numpy as np
+
+    from kvrl.executors.profile import StepModel
+
+    grid = StepModel.from_dict({**model.to_dict(), "engine_factor": None})
+    pts = [s for s in samples if not (s.get("graph") or s.get("holdout") or s.get("diagnostic"))
+           and long_decode_piecewise(s, heads, kv_heads)]
+    if not pts:
+        return 0.0, 0
+    pred, t = np.asarray([grid.predict_features(s, False) for s in pts]), np.asarray([s["t"] for s in pts])
+    floors = np.unique(t)
+    err = [float(np.sum((np.maximum(pred, f) / t - 1) ** 2)) for f in floors]
+    return float(floors[int(np.argmin(err))]), len(pts)
+
+
+def pairs(run: Path, model, heads: int, kv_heads: int, floor: float) -> list[dict]:
+    """Per pair of ``run``: its live seconds, and those steps' count, live and priced execute seconds
+    (without and with ``floor``)."""
     from kvrl.fidelity.replay import read_replay_csv
 
-    out = []
+    out, k = [], model.engine_factor["eager"]
     for csv in sorted(run.glob("runs/*/*/replay.csv")):
         steps = read_replay_csv(csv)
         hit = [s for s in steps if s["kind"] == "mixed" and long_decode_piecewise(s, heads, kv_heads)]
-        priced = sum(model.forward_s(*model.forward_args(s)[:10], cuda_graphs=True) * model.engine_factor["eager"]
-                     for s in hit)
+        prices = [model.forward_s(*model.forward_args(s)[:10], cuda_graphs=True) for s in hit]
         out.append({"run": run.parent.name if run.name.startswith("pressure") else run.name,
                     "pair": f"{csv.parent.parent.name}/{csv.parent.name}", "live_s": sum(s["live_s"] for s in steps),
-                    "steps": len(hit), "steps_live_s": sum(s["live_execute_s"] for s in hit), "steps_priced_s": priced})
+                    "steps": len(hit), "steps_live_s": sum(s["live_execute_s"] for s in hit),
+                    "steps_priced_s": k * sum(prices), "steps_floored_s": k * sum(max(p, floor) for p in prices),
+                    "floor_s": floor})
     return out
 
 
 def table(path: Path) -> str:
     """A Markdown table of an ``--out`` file: the pairs with such steps."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    lines = ["| run | pair | such steps | their live s | priced s | live / priced | unpriced, % of the pair's live time |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    floor = rows[0]["floor_s"] * 1e3 if rows else 0.0
+    lines = ["| run | pair | such steps | their live s | priced s | live / priced | unpriced, % of the pair's live time | "
+             f"live / priced with the grid's floor ({floor:.1f} ms) | unpriced with it, % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["steps"]:
-            gap = r["steps_live_s"] - r["steps_priced_s"]
+            gap, gap_floor = r["steps_live_s"] - r["steps_priced_s"], r["steps_live_s"] - r["steps_floored_s"]
             lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {r['steps_live_s']:.3f} | {r['steps_priced_s']:.3f} | "
-                         f"{r['steps_live_s'] / r['steps_priced_s']:.2f} | {100 * gap / r['live_s']:+.1f} |")
+                         f"{r['steps_live_s'] / r['steps_priced_s']:.2f} | {100 * gap / r['live_s']:+.1f} | "
+                         f"{r['steps_live_s'] / r['steps_floored_s']:.2f} | {100 * gap_floor / r['live_s']:+.1f} |")
     return "\n".join(lines)
 
 
@@ -90,8 +115,10 @@ def main(argv=None) -> int:
     from kvrl.executors.profile import StepProfile
 
     shape = MODEL_SHAPES[args.model]
-    model = StepProfile.load(args.profile).model
-    rows = [r for run in args.runs for r in pairs(run, model, shape.num_heads, shape.num_kv_heads)]
+    profile = StepProfile.load(args.profile)
+    floor, n = grid_floor(profile.samples, profile.model, shape.num_heads, shape.num_kv_heads)
+    print(f"the grid's floor: {floor * 1e3:.2f} ms from {n} samples", file=sys.stderr)
+    rows = [r for run in args.runs for r in pairs(run, profile.model, shape.num_heads, shape.num_kv_heads, floor)]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if args.out:
         args.out.write_text(text)
