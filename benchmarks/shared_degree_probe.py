@@ -83,20 +83,13 @@ def main() -> None:
         print(table(args.table, args.price))
         return
 
-    from kvrl.apps.live_schema import compose_fidelity
-    from kvrl.executors.live_build import build_live
     from kvrl.executors.profile import batch_features
-    from kvrl.executors.sim import SimExecutor
     from kvrl.profiling.batches import BatchFactory
     from kvrl.profiling.timing import time_batch, warm_graphs
+    from probe_common import BLOCK_SIZE as block_size, live_probe
 
-    cfg = compose_fidelity([f"model={args.model}"])
-    ex = build_live(cfg["model"], cfg["live"])
-    sim = SimExecutor(ex.cost_model.model, ex.cost_model.device, 0, profile=args.profile, cuda_graphs=True)
-    model = sim.profile.model if sim.profile is not None else None   # none on CPU: times only
-    print(f"profile: {sim.cost_source}")
-    block_size, max_len = 16, ex.max_model_len
-    pool = ex.kv_capacity_blocks(block_size, 0.9) if ex.device.type == "cuda" else 2048
+    ex, model, pool, cost_source = live_probe(args.model, args.profile)
+    max_len = ex.max_model_len
     ex.allocate_kv(pool, 64, block_size)
     ex.kv.zero_()
     factory = BatchFactory(pool, block_size, ex.vocab_size, max_len, seed=0)
@@ -136,7 +129,7 @@ def main() -> None:
         print(f"| {degree} | {len(m)} | {np.median(m):.3f} | {np.median(p):.3f} | {np.median(mp):.3f} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "profile": sim.cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
