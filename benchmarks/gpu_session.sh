@@ -2,7 +2,7 @@
 # One device call over a copy of the repo: make kvrl importable without pip, then run the named
 # stages, writing each stage's log and table under $OUT. Usage: bash benchmarks/gpu_session.sh STAGE...
 # Stages: env kernels sweep exactness exactness_step bench_kvrl bench_kvrl_step step_ab step_ab_llama bench_hf bench_all
-#         shared_degree
+#         shared_degree step_path
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
@@ -24,6 +24,7 @@ for stage in "$@"; do
     step_ab) run step_ab 400 python3 benchmarks/step_graph_ab.py --model qwen3-0.6b --out "$OUT/step_ab_qwen.md" ;;
     step_ab_llama) run step_ab_llama 400 python3 benchmarks/step_graph_ab.py --model llama-3-8b --out "$OUT/step_ab_llama.md" ;;
     bench_hf) run bench_hf 580 python3 -m kvrl.apps.bench "systems=[hf_cb,hf_static]" "hydra.run.dir=$OUT/bench_hf" ;;
+    step_path) run step_path 300 python3 benchmarks/step_path_probe.py --out "$OUT/step_path.json" ;;
     shared_degree) run shared_degree 300 python3 benchmarks/shared_degree_probe.py --out "$OUT/shared_degree.json" ;;
     bench_all) run bench_all 580 python3 -m kvrl.apps.bench "hydra.run.dir=$OUT/bench_all" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
