@@ -14,7 +14,7 @@ FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", 
 #: on an H200 a prefix-cache block that one decode reads alone costs what a private block costs, and
 #: one that two or more read costs about what the grid's shared points (every decode reads one prefix)
 #: measure (``benchmarks/shared_degree_probe.py``, docs/fidelity.md, session 37). Not a forward
-#: feature argument: :meth:`StepModel.priced_shared` picks the one a model prices.
+#: feature argument: :meth:`StepModel.forward_args` picks the one a model prices.
 CO_READ = "dec_coread"
 
 
