@@ -7,9 +7,9 @@ runs piecewise, whose small steps are bound by kernel launches. A small prefill 
 reads more than ``split_context`` tokens is such a step. No term of the step model says which path a step
 takes, and the profile grid holds few such steps (a handful of its random points). From each recorded step's
 features (``replay.csv``: the longest decode context, the decode count, the prefill tokens and longest prefill
-context) this applies the executor's own rule with its defaults (2,048-token buckets, 16 prefills, 512
-decodes, a 4,096-token ``split_context``, the kernels' split pickers on an H200's 132 SMs; a step with several
-prefill chunks is judged as if they were one, the largest query a replay does not keep) and prices the steps
+context) this asks the executor's own rule (``StepGraphs.bucket`` with the live executor's defaults) about
+a stand-in of the step's items (a step with several prefill chunks is judged as if they were one, the largest
+query a replay does not keep), and prices the steps
 by a profile, and by the same profile with one constant floor under such steps (``max(price, floor)``), the
 floor fitted (relative least squares) on the profile's own grid samples of this kind: what a path term
 fitted from today's grid would do.
@@ -23,27 +23,52 @@ fitted from today's grid would do.
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-#: the live executor's whole-step graph limits (kvrl.executors.step_graph.StepGraphs defaults; live
-#: ``step_graph_max_tokens``) and the H200's SM count the split pickers are given there
-MAX_TOKENS, MAX_PREFILLS, MAX_DECODES, SPLIT_CONTEXT, SMS = 2048, 16, 512, 4096, 132
+@functools.lru_cache(maxsize=None)
+def _step_graphs(heads: int, kv_heads: int):
+    """A stand-in :class:`~kvrl.executors.step_graph.StepGraphs` with the live executor's defaults (token
+    buckets up to ``step_graph_max_tokens``, the prefill and decode limits, ``split_context``), so that its
+    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here."""
+    from kvrl.executors.live import LiveExecutor
+    from kvrl.executors.piecewise import TOKEN_SIZES
+    from kvrl.executors.step_graph import StepGraphs
+
+    graph_args = inspect.signature(StepGraphs.__init__).parameters
+    max_tokens = inspect.signature(LiveExecutor.__init__).parameters["step_graph_max_tokens"].default
+    sizes = tuple(s for s in sorted(TOKEN_SIZES) if s <= max_tokens)
+    rule = SimpleNamespace(sizes=sizes, max_prefills=graph_args["max_prefills"].default,
+                           max_decodes=min(graph_args["max_decodes"].default, sizes[-1]),
+                           split_context=graph_args["split_context"].default, _heads=(heads, kv_heads))
+    rule._wants_splits = functools.partial(StepGraphs._wants_splits, rule)
+    return rule
+
+
+def _whole_step(f: dict, dec_max: int, heads: int, kv_heads: int) -> bool:
+    """Whether the executor would run a step of features ``f`` (its longest decode context ``dec_max``) as a
+    whole-step graph. The stand-in items: one prefill of all the prefill tokens at the longest prefill context
+    (the others empty, so they count as prefills and add no tokens), then one decode at ``dec_max`` and the rest
+    at the first position."""
+    from kvrl.executors.step_graph import StepGraphs
+
+    item = lambda start, tokens: SimpleNamespace(start=start, num_tokens=tokens)
+    n_pre, n_dec = f["n_pre"], f["n_dec"]
+    order = [item(max(f["pre_max_ctx"] - f["pre_tok"], 0), f["pre_tok"])] + [item(0, 0)] * (n_pre - 1)
+    order += [item(dec_max - 1, 1)] + [item(0, 1)] * (n_dec - 1)
+    return StepGraphs.bucket(_step_graphs(heads, kv_heads), order, n_pre) is not None
 
 
 def long_decode_piecewise(f: dict, heads: int, kv_heads: int) -> bool:
     """Whether a mixed step of features ``f`` would fit a whole-step graph but for a decode context that
     the eager path splits (see the module doc)."""
-    from kvrl.kernels.triton_decode import pick_num_splits
-    from kvrl.kernels.triton_prefill import pick_prefill_splits
-
-    n_pre, n_dec = f["n_pre"], f["n_dec"]
-    if not (n_pre and n_dec) or n_pre > MAX_PREFILLS or n_dec > MAX_DECODES or f["pre_tok"] + n_dec > MAX_TOKENS:
+    if not (f["n_pre"] and f["n_dec"]):
         return False
-    if f["pre_max_ctx"] > SPLIT_CONTEXT and pick_prefill_splits(heads, f["pre_tok"], n_pre, f["pre_max_ctx"], 64, SMS) > 1:
-        return False         # sent off by its prefill, not by a decode
-    return f["dec_max"] > SPLIT_CONTEXT and pick_num_splits(n_dec, kv_heads, f["dec_max"], SMS) > 1
+    return not _whole_step(f, f["dec_max"], heads, kv_heads) and _whole_step(f, 1, heads, kv_heads)
 
 
 def grid_floor(samples: list[dict], model, heads: int, kv_heads: int) -> tuple[float, int]:
