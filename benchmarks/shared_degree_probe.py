@@ -27,29 +27,38 @@ from pathlib import Path
 
 import numpy as np
 
+from probe_common import BLOCK_SIZE
+
 
 def rebuild(row: dict, pool_blocks: int, vocab_size: int):
     """The batch of one committed row, as the probe built it."""
     from kvrl.profiling.batches import BatchFactory
 
     b, degree = row["batch"], row["degree"]
-    factory = BatchFactory(pool_blocks, 16, vocab_size, max(row["ctx"], 1) + 1, seed=0)
+    factory = BatchFactory(pool_blocks, BLOCK_SIZE, vocab_size, max(row["ctx"], 1) + 1, seed=0)
     return factory.batch(decode_lens=[row["ctx"]] * b, shared_prefix=row["prefix"] if degree else 0,
                          prefix_groups=b // degree if degree else 1)
 
 
 def table(path: Path, prices: list[str]) -> str:
-    """The summary of a committed run (see the module doc), one row per degree (0: the private batches)."""
-    from kvrl.executors.hardware import MODEL_SHAPES
-    from kvrl.executors.profile import StepProfile, batch_features
+    """:func:`summary` of a committed run, priced by each ``NAME=profile.json`` of ``prices``."""
+    from kvrl.executors.profile import StepProfile
 
-    d = json.loads(path.read_text())
     models = {name: StepProfile.load(p).model for name, p in (x.split("=", 1) for x in prices)}
+    return summary(json.loads(path.read_text()), models)
+
+
+def summary(d: dict, models: dict) -> str:
+    """A run's summary (``d``: its JSON; see the module doc), one row per degree (0: the private batches),
+    priced by each step model of ``models`` (name -> model)."""
+    from kvrl.executors.hardware import MODEL_SHAPES
+    from kvrl.executors.profile import batch_features
+
     cells: dict = {}
     for r in d["rows"]:
         f = batch_features(rebuild(r, d["pool_blocks"], MODEL_SHAPES[d["model"]].vocab_size))
         if f["dec_shared"] != r["dec_shared"]:
-            raise SystemExit(f"{path}: a rebuilt batch differs from the run's ({r})")
+            raise SystemExit(f"a rebuilt batch differs from the run's ({r})")
         cells.setdefault(r["degree"], []).append(
             (r, [r["t"] / m.predict_features(f, True) for m in models.values()]))
     private = {(r["batch"], r["ctx"], r["prefix"]): r["t"] for r, _ in cells.get(0, [])}
@@ -62,7 +71,7 @@ def table(path: Path, prices: list[str]) -> str:
         ratios = [f"{np.median([x[i] for _, x in rows]):.3f}" for i in range(len(models))]
         label = "none (private)" if degree == 0 else str(degree) + (
             " (every decode of the batch)" if all(r["batch"] == degree for r, _ in rows) else "")
-        lines.append(f"| {label} | {len(rows)} | {np.median(own):.3f} | " + " | ".join(ratios) + " |")
+        lines.append("| " + " | ".join([label, str(len(rows)), f"{np.median(own):.3f}", *ratios]) + " |")
     return "\n".join(lines)
 
 
@@ -86,13 +95,13 @@ def main() -> None:
     from kvrl.executors.profile import batch_features
     from kvrl.profiling.batches import BatchFactory
     from kvrl.profiling.timing import time_batch, warm_graphs
-    from probe_common import BLOCK_SIZE as block_size, live_probe
+    from probe_common import live_probe
 
     ex, model, pool, cost_source = live_probe(args.model, args.profile)
     max_len = ex.max_model_len
-    ex.allocate_kv(pool, 64, block_size)
+    ex.allocate_kv(pool, 64, BLOCK_SIZE)
     ex.kv.zero_()
-    factory = BatchFactory(pool, block_size, ex.vocab_size, max_len, seed=0)
+    factory = BatchFactory(pool, BLOCK_SIZE, ex.vocab_size, max_len, seed=0)
     batches = [int(x) for x in args.batches.split(",")]
     warm_graphs(ex, factory, max(batches))
     rows = []
@@ -116,20 +125,11 @@ def main() -> None:
                                      dec_shared=f["dec_shared"], t=t, priced=p))
                     print(f"b={b:3d} ctx={ctx:5d} prefix={prefix:5d} {name:10s} {t * 1e3:7.3f} ms  priced "
                           f"{p * 1e3:7.3f} ms  measured/priced {t / p:5.3f}", flush=True)
-    # per degree: time over the private batch's, measured and priced (median over the cells)
-    print("\n| degree | cells | measured / private | priced / private | measured / priced |")
-    print("|---|---:|---:|---:|---:|")
-    cells = {}
-    for r in rows:
-        cells.setdefault((r["batch"], r["ctx"], r["prefix"]), {})[r["degree"]] = r
-    for degree in sorted({r["degree"] for r in rows if r["degree"]}):
-        m = [c[degree]["t"] / c[0]["t"] for c in cells.values() if degree in c]
-        p = [c[degree]["priced"] / c[0]["priced"] for c in cells.values() if degree in c]
-        mp = [c[degree]["t"] / c[degree]["priced"] for c in cells.values() if degree in c]
-        print(f"| {degree} | {len(m)} | {np.median(m):.3f} | {np.median(p):.3f} | {np.median(mp):.3f} |")
+    data = {"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}
+    print("\n" + summary(data, {"this run's profile": model} if model is not None else {}))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)
+            json.dump(data, f, indent=1)
 
 
 if __name__ == "__main__":
