@@ -47,11 +47,12 @@ def hf_reference(path, prompts, max_new, dtype, device):
     return outs, gaps
 
 
-def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16, tier=None, **tiers):
+def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16, tier=None,
+               max_model_len=4096, **tiers):
     """An fcfs / fixed 0 / lifo engine; ``tier`` (a tier plugin name) with ``tiers``: the
     :class:`~kvrl.engine.config.EngineConfig` tier fields (``cpu_tier_blocks``, ``disk_tier_*``)."""
     cfg = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-               max_model_len=4096, max_num_batched_tokens=2048, **tiers)
+               max_model_len=max_model_len, max_num_batched_tokens=2048, **tiers)
     return build_engine({"engine": cfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed", "fraction": 0.0},
                          "eviction": {"name": "lifo", "mode": mode}, "prefix_cache": {"name": prefix_cache},
                          "tier": {"name": tier or "none"}},
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--max-new", type=int, default=48)
+    ap.add_argument("--num-long", type=int, default=4, help="prompts of 4,300-5,200 tokens (the last scenario)")
     ap.add_argument("--tie-tol", type=float, default=0.0625, help="logit gap below which bf16 may flip argmax")
     ap.add_argument("--out", default=None)
     ap.add_argument("--step-graphs", action="store_true", help="whole-step graphs (backend.step_graphs=true)")
@@ -93,9 +95,13 @@ def main(argv=None) -> int:
     plain = [rng.integers(0, 10000, int(n), dtype=np.int32) for n in rng.integers(20, 400, args.num_prompts)]
     shared = [np.concatenate([system, rng.integers(0, 10000, int(n), dtype=np.int32)])
               for n in rng.integers(1, 60, args.num_prompts // 2)]
+    # a few prompts past 4,096 tokens at t=0, the plain ones arriving while they decode: small prefill
+    # chunks beside long decode contexts (whole-step graphs with decode key splits)
+    long_ctx = [rng.integers(0, 10000, int(n), dtype=np.int32) for n in rng.integers(4300, 5200, args.num_long)]
     t0 = time.time()
     want_plain, gaps_plain = hf_reference(path, plain, args.max_new, dtype, device)
     want_shared, gaps_shared = hf_reference(path, shared, args.max_new, dtype, device)
+    want_long, gaps_long = hf_reference(path, long_ctx, args.max_new, dtype, device)
     hf_s = time.time() - t0
     executor = build_live({"checkpoint": path}, {"device": str(device), "dtype": args.dtype,
                                                  "step_graphs": args.step_graphs})
@@ -104,6 +110,8 @@ def main(argv=None) -> int:
                                                                         gaps_shared, gaps_plain)
     disk_dir = tempfile.TemporaryDirectory(prefix="kvrl-exactness-disk-")
     burst, staggered = None, [0.002 * i for i in range(len(shared))]     # None: every request at t=0
+    beside_long = [0.0] * len(long_ctx) + [0.005 * i for i in range(len(plain))]
+    need_long = sum(-(-(len(p) + args.max_new) // 16) for p in [*long_ctx, *plain])
     scenarios = [   # name, prompts, their references and gaps, arrivals, engine, n
         ("plain batch", plain, want_plain, gaps_plain, burst,
          dict(num_blocks=need + 64, num_cpu_blocks=0, mode="recompute", prefix_cache="none"), 1),
@@ -121,10 +129,15 @@ def main(argv=None) -> int:
         ("tier reloads (CPU and disk tiers)", tier_prompts, tier_want, tier_gaps, tier_arrivals,
          dict(num_blocks=need // 3, num_cpu_blocks=0, mode="recompute", prefix_cache="hash_lru", tier="offload_all",
               cpu_tier_blocks=16, disk_tier_blocks=need, disk_tier_dir=disk_dir.name), 1),
+        ("prefills beside decodes past 4,096 tokens", [*long_ctx, *plain], [*want_long, *want_plain],
+         [*gaps_long, *gaps_plain], beside_long,
+         dict(num_blocks=need_long + 64, num_cpu_blocks=0, mode="recompute", prefix_cache="none", max_model_len=8192), 1),
     ]
+    step_graphs = getattr(executor, "_step_graphs", None)
     rows, failed = [], False
     for name, prompts, want, gaps, arrivals, kw, n in scenarios:
         eng = engine_for(executor, **kw)
+        split_before = step_graphs.split_steps if step_graphs else 0
         arrivals = arrivals or [0.0] * len(prompts)
         reqs = [Request(f"{i}", a, p, args.max_new, n=n) for i, (p, a) in enumerate(zip(prompts, arrivals))]
         summary = eng.run(reqs)
@@ -135,16 +148,19 @@ def main(argv=None) -> int:
         failed |= counts[2] > 0 or summary["finished"] != len(reqs)
         reloaded = summary.get("tier_loaded_blocks", 0)
         failed |= "tier" in kw and not reloaded      # a tier scenario must reload something
+        split = step_graphs.split_steps - split_before if step_graphs else 0
+        failed |= bool(step_graphs and step_graphs.split_sizes and kw.get("max_model_len") and not split)
         rows.append((name, int(counts.sum()), *counts.tolist(), summary["preemptions"], summary["swapped_out_blocks"],
                      summary["recomputed_tokens"], round(summary["prefix_hit_rate"], 3), reloaded,
-                     summary.get("tier_disk_loaded_blocks", 0)))
+                     summary.get("tier_disk_loaded_blocks", 0), split))
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [f"Exactness on {device_name}: {args.preset} random weights, {args.dtype}, "
              f"{args.num_prompts} prompts x {args.max_new} greedy tokens; tie tolerance {args.tie_tol} "
              f"(HF reference took {hf_s:.0f} s). torch {torch.__version__}, transformers {transformers.__version__}.",
              "", "| scenario | outputs | exact | diverged at a bf16 tie | diverged otherwise | preemptions | "
-             "swapped-out blocks | recomputed tokens | prefix hit rate | tier-loaded blocks | of them from disk |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "swapped-out blocks | recomputed tokens | prefix hit rate | tier-loaded blocks | of them from disk | "
+             "steps on a split whole-step graph |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
     text = "\n".join(lines)
     print(text)

@@ -1,12 +1,14 @@
-"""What a small mixed step costs when a long decode context sends it off the whole-step CUDA graph.
+"""What a small mixed step costs when a long decode context sends it off the plain whole-step CUDA graph.
 
 The live executor runs a step with prefill chunks as one whole-step graph unless the eager path would split
-the keys of a context longer than 4,096 tokens; then the step runs piecewise (kvrl.executors.step_graph).
-This times mixed batches back to back, as ``kvrl-profile`` times its grid: a prefill chunk of ``--prefill``
-tokens beside ``--decodes`` decodes, one of which reads ``--long`` tokens and the rest 1,024, on both sides of
-that threshold. Each row records the path (``scripts/fidelity_step_path.py``'s rule on the step's features,
-and the executor's own choice where it has whole-step graphs, as a check of that rule) and the price of a
-profile (default: the shipped one of this device and shape).
+the keys of a context longer than 4,096 tokens. Until session 38 such a step ran piecewise; now, where its
+*decodes* want the splits, it runs on a whole-step graph whose decodes split their keys
+(kvrl.executors.step_graph). This times mixed batches back to back, as ``kvrl-profile`` times its grid: a
+prefill chunk of ``--prefill`` tokens beside ``--decodes`` decodes, one of which reads ``--long`` tokens and
+the rest 1,024, on both sides of that threshold. Each row records the path (``scripts/fidelity_step_path.py``'s
+rule on the step's features: the rule before split graphs; and the executor's own choice), the time on the
+executor's choice and, where that is a split graph, the time of the same step piecewise (the split graphs
+switched off), and the price of a profile (default: the shipped one of this device and shape).
 
     python benchmarks/step_path_probe.py [--model qwen3-0.6b] [--out probe.json]
     python benchmarks/step_path_probe.py --table probe.json      # CPU: the rows as a Markdown table
@@ -22,14 +24,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
 def table(path: Path) -> str:
-    """A committed run's rows: time, path and price, by long context, decodes and prefill."""
+    """A committed run's rows: time, path and price, by long context, decodes and prefill (runs since
+    session 38 also the executor's path and the same step piecewise)."""
     d = json.loads(path.read_text())
-    lines = [f"{d['model']}, priced by {d['profile']}", "",
-             "| prefill tokens | decodes | longest decode context | path | measured ms | priced ms | measured / priced |",
-             "|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [f"{d['model']}, priced by {d['profile']}", ""]
+    if "t_piecewise" not in d["rows"][0]:
+        lines += ["| prefill tokens | decodes | longest decode context | path | measured ms | priced ms | measured / priced |",
+                  "|---:|---:|---:|---|---:|---:|---:|"]
+        for r in d["rows"]:
+            lines.append(f"| {r['prefill']} | {r['decodes']} | {r['long']} | {'piecewise' if r['piecewise'] else 'whole-step'} | "
+                         f"{r['t'] * 1e3:.2f} | {r['priced'] * 1e3:.2f} | {r['t'] / r['priced']:.2f} |")
+        return "\n".join(lines)
+    lines += ["| prefill tokens | decodes | longest decode context | executor's path | measured ms | piecewise ms | "
+              "measured / piecewise | priced ms | measured / priced |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        lines.append(f"| {r['prefill']} | {r['decodes']} | {r['long']} | {'piecewise' if r['piecewise'] else 'whole-step'} | "
-                     f"{r['t'] * 1e3:.2f} | {r['priced'] * 1e3:.2f} | {r['t'] / r['priced']:.2f} |")
+        pw = r["t_piecewise"]
+        lines.append(f"| {r['prefill']} | {r['decodes']} | {r['long']} | {r['executor_path']} | {r['t'] * 1e3:.2f} | "
+                     + (f"{pw * 1e3:.2f} | {r['t'] / pw:.2f}" if pw else "- | -")
+                     + f" | {r['priced'] * 1e3:.2f} | {r['t'] / r['priced']:.2f} |")
     return "\n".join(lines)
 
 
@@ -62,22 +74,31 @@ def main() -> None:
     ex.kv.zero_()
     factory = BatchFactory(pool, block_size, ex.vocab_size, ex.max_model_len, seed=0)
     warm_graphs(ex, factory, max(int(x) for x in args.decodes.split(",")))
+    graphs = getattr(ex, "_step_graphs", None)
+    split_decodes = graphs.split_decodes if graphs is not None else 0
+    timed = lambda batch: float(np.median(time_batch(ex, batch, warmup=3, reps=args.reps, budget_s=0.5)[0]))
     rows = []
     for q in (int(x) for x in args.prefill.split(",")):
         for b in (int(x) for x in args.decodes.split(",")):
             for long in (int(x) for x in args.long.split(",")):
                 batch = factory.batch(decode_lens=[long] + [1024] * (b - 1), prefills=[(q, 0)])
                 f = batch_features(batch)
-                times, _ = time_batch(ex, batch, warmup=3, reps=args.reps, budget_s=0.5)
-                t = float(np.median(times))
+                order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
+                key = graphs.bucket(order, 1) if graphs is not None else None     # the executor's own choice
+                path = "piecewise" if key is None else "split graph" if key.split else "whole-step"
+                t = timed(batch)
+                t_piecewise = None
+                if key is not None and key.split:            # the same step with the split graphs off
+                    graphs.split_decodes = 0
+                    t_piecewise = timed(batch)
+                    graphs.split_decodes = split_decodes
                 priced = model.predict_features(f, True) if model is not None else float("nan")
                 pw = long_decode_piecewise(f, shape.num_heads, shape.num_kv_heads)
-                graphs = getattr(ex, "_step_graphs", None)     # the executor's own choice, to check the rule
-                took = None if graphs is None else graphs.bucket(batch.seqs, 1) is None
-                rows.append(dict(prefill=q, decodes=b, long=long, piecewise=pw, executor_piecewise=took, t=t,
-                                 priced=priced))
-                print(f"q={q:4d} b={b:3d} long={long:5d} {'piecewise ' if pw else 'whole-step'} {t * 1e3:7.3f} ms "
-                      f"priced {priced * 1e3:7.3f} ms", flush=True)
+                rows.append(dict(prefill=q, decodes=b, long=long, piecewise=pw, executor_path=path, t=t,
+                                 t_piecewise=t_piecewise, priced=priced))
+                print(f"q={q:4d} b={b:3d} long={long:5d} {path:11s} {t * 1e3:7.3f} ms"
+                      + (f" (piecewise {t_piecewise * 1e3:7.3f} ms)" if t_piecewise else "")
+                      + f" priced {priced * 1e3:7.3f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)

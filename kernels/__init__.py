@@ -150,7 +150,8 @@ def paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
 
 
 def paged_step_attention(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q, prefill_context_lens,
-                         decode_block_tables, decode_context_lens, decode_row0, scale, out):
+                         decode_block_tables, decode_context_lens, decode_row0, scale, out, decode_splits=1,
+                         decode_partials=None):
     """The attention of a whole step, launched from tensor shapes alone (a CUDA graph can capture
     it: no host sync, no allocation, grids fixed by the buffers' sizes).
 
@@ -165,9 +166,12 @@ def paged_step_attention(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q
             entries; decode_row0: int32 ``[1]``, the first decode row.
         scale: softmax scale.
         out: ``q``-shaped output; only the rows of real prefill and decode queries are written.
+        decode_splits: key splits of each decode's context (a fixed count, so the grid stays fixed);
+            above 1 it needs ``decode_partials``, float32 ``(part_o [D, num_heads, decode_splits,
+            head_dim], part_lse [D, num_heads, decode_splits])``.
 
     Returns ``out``. Same numbers as :func:`paged_prefill_attention` with one key split and
-    :func:`paged_decode_attention` with one split.
+    :func:`paged_decode_attention` with ``decode_splits`` splits.
     """
     if use_triton(q):
         from .triton_decode import paged_decode_attention_rows_triton
@@ -176,7 +180,7 @@ def paged_step_attention(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q
         paged_prefill_attention_triton(q, k_cache, v_cache, prefill_block_tables, cu_seqlens_q, prefill_context_lens,
                                        scale, q.shape[0], out=out, num_splits=1)
         paged_decode_attention_rows_triton(q, k_cache, v_cache, decode_block_tables, decode_context_lens, decode_row0,
-                                           scale, out)
+                                           scale, out, num_splits=decode_splits, partials=decode_partials)
         return out
     cu = cu_seqlens_q.tolist()
     used = sum(1 for a, b in zip(cu, cu[1:]) if b > a)

@@ -59,6 +59,9 @@ def _decode_split_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), NUM_SPLITS)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, context_len)
+    if HAS_ROW0:
+        if start >= end:    # a split past a short context: nothing to read or write
+            return
 
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -100,14 +103,21 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, context_lens_ptr, stride_ob, stride_oh,
+    part_o_ptr, part_lse_ptr, out_ptr, context_lens_ptr, row0_ptr, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    S_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    S_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROW0: tl.constexpr,
 ):
-    """Program ``(seq, head)``: softmax-weighted merge of the used split partials into ``out``."""
+    """Program ``(seq, head)``: softmax-weighted merge of the used split partials into ``out``.
+    ``HAS_ROW0``: as for the split kernel (out row ``row0[0] + seq``; context length 0 skipped)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    num_tiles = tl.cdiv(tl.load(context_lens_ptr + seq), BLOCK_N)
+    context_len = tl.load(context_lens_ptr + seq)
+    out_row = seq.to(tl.int64)
+    if HAS_ROW0:
+        if context_len == 0:
+            return
+        out_row += tl.load(row0_ptr).to(tl.int64)
+    num_tiles = tl.cdiv(context_len, BLOCK_N)
     used = tl.cdiv(num_tiles, tl.cdiv(num_tiles, NUM_SPLITS))   # splits the split kernel filled
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -118,7 +128,7 @@ def _decode_merge_kernel(
     o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     w = tl.exp2(lse - tl.max(lse, 0))
     out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
-    o_ptrs = out_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d
+    o_ptrs = out_ptr + out_row * stride_ob + head * stride_oh + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
@@ -187,33 +197,54 @@ def paged_decode_attention_triton(
     )
     if num_splits > 1:
         _decode_merge_kernel[(batch, num_heads)](
-            part_o, part_lse, out, context_lens, out.stride(0), out.stride(1),
+            part_o, part_lse, out, context_lens, context_lens, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-            S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n,
+            S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n, HAS_ROW0=False,
         )
     return out
 
 
 def paged_decode_attention_rows_triton(q, k_cache, v_cache, block_tables, context_lens, row0, scale, out,
-                                       block_n=None, num_warps=4, num_stages=3):
+                                       num_splits=1, partials=None, block_n=None, num_warps=4, num_stages=3):
     """Decode attention whose launch depends on tensor shapes only (for captured steps): sequence
     ``i`` reads ``q`` row and writes ``out`` row ``row0[0] + i``; sequences of context length 0 are
-    skipped. One split, grid ``(block_tables.shape[0], num_kv_heads)``; no allocation."""
+    skipped. Grid ``(block_tables.shape[0], num_kv_heads, num_splits)``; no allocation.
+
+    ``num_splits > 1`` splits each sequence's context as :func:`paged_decode_attention_triton`
+    does (a short context fills fewer splits; the empty ones exit at once) and needs ``partials``:
+    float32 ``(part_o [D, num_heads, num_splits, head_dim], part_lse [D, num_heads, num_splits])``
+    with ``D >= block_tables.shape[0]``, both contiguous; the merge kernel then writes ``out``."""
     check_paged_inputs(q, k_cache, v_cache)
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    batch = block_tables.shape[0]
     if block_n is None:
         block_n = 32 if q.dtype == torch.float32 else 64
-    _decode_split_kernel[(block_tables.shape[0], num_kv_heads, 1)](
-        q, k_cache, v_cache, block_tables, context_lens, row0, out, out, out,
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    if num_splits > 1:
+        part_o, part_lse = partials
+        if part_o.shape[0] < batch or part_o.shape[1:] != (num_heads, num_splits, head_dim) \
+                or part_lse.shape[1:] != (num_heads, num_splits):
+            raise ValueError(f"partials {tuple(part_o.shape)}, {tuple(part_lse.shape)} do not hold {batch} sequences "
+                             f"x {num_heads} heads x {num_splits} splits of {head_dim}")
+    else:
+        part_o = part_lse = out     # never touched with one split
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, row0, out, part_o, part_lse,
         scale * LOG2E,
         *q.stride(), block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_N=block_n, NUM_SPLITS=1, DOT_PRECISION=dot_precision(q.dtype), HAS_ROW0=True,
+        G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=d_pad,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype), HAS_ROW0=True,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if num_splits > 1:
+        _decode_merge_kernel[(batch, num_heads)](
+            part_o, part_lse, out, context_lens, row0, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            S_PAD=triton.next_power_of_2(num_splits), D_PAD=d_pad, BLOCK_N=block_n, HAS_ROW0=True,
+        )
     return out
 
 

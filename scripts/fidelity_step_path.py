@@ -1,9 +1,10 @@
 """Mixed steps that a long decode context sends off the whole-step CUDA graph: how many, and how far the
 profile prices them from live, per pair of recorded fidelity runs (CPU, seconds).
 
-The live executor runs a step with prefill chunks as one whole-step graph unless the eager path would split
-the keys of its attention over a context longer than ``split_context`` (kvrl.executors.step_graph); then it
-runs piecewise, whose small steps are bound by kernel launches. A small prefill beside decodes of which one
+Until session 38 the live executor ran a step with prefill chunks as one whole-step graph unless the eager
+path would split the keys of its attention over a context longer than ``split_context``
+(kvrl.executors.step_graph); then it ran piecewise, whose small steps are bound by kernel launches (since
+then, steps whose decodes want the splits run on split whole-step graphs; the runs read here predate them). A small prefill beside decodes of which one
 reads more than ``split_context`` tokens is such a step. No term of the step model says which path a step
 takes, and the profile grid holds few such steps (a handful of its random points). From each recorded step's
 features (``replay.csv``: the longest decode context, the decode count, the prefill tokens and longest prefill
@@ -34,7 +35,9 @@ from types import SimpleNamespace
 def _step_graphs(heads: int, kv_heads: int):
     """A stand-in :class:`~kvrl.executors.step_graph.StepGraphs` with the live executor's defaults (token
     buckets up to ``step_graph_max_tokens``, the prefill and decode limits, ``split_context``), so that its
-    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here."""
+    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here. Without the
+    split graphs of session 38 (``split_decodes`` 0): the recorded runs predate them, so their steps whose
+    decodes wanted key splits ran piecewise."""
     from kvrl.executors.live import LiveExecutor
     from kvrl.executors.piecewise import TOKEN_SIZES
     from kvrl.executors.step_graph import StepGraphs
@@ -44,7 +47,8 @@ def _step_graphs(heads: int, kv_heads: int):
     sizes = tuple(s for s in sorted(TOKEN_SIZES) if s <= max_tokens)
     rule = SimpleNamespace(sizes=sizes, max_prefills=graph_args["max_prefills"].default,
                            max_decodes=min(graph_args["max_decodes"].default, sizes[-1]),
-                           split_context=graph_args["split_context"].default, _heads=(heads, kv_heads))
+                           split_context=graph_args["split_context"].default, _heads=(heads, kv_heads),
+                           split_decodes=0, split_max_tokens=0)
     rule._wants_splits = functools.partial(StepGraphs._wants_splits, rule)
     return rule
 

@@ -202,23 +202,28 @@ def _check_precompile() -> dict:
             and torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)}
 
 
-def _step_inputs(dtype: torch.dtype):
+def _step_inputs(dtype: torch.dtype, dec_lens: tuple = (1, 30, 17)):
     """A padded step for :func:`kvrl.kernels.paged_step_attention`: prefills of 5 and 12 query
-    rows (contexts 9 and 12), then 3 decodes (contexts 1, 30, 17) from row 17, padded to 24 rows,
+    rows (contexts 9 and 12), then 3 decodes (contexts ``dec_lens``) from row 17, padded to 24 rows,
     4 prefill and 6 decode entries; and what the separate kernels give on the real rows."""
     g = torch.Generator().manual_seed(4)
-    H, KVH, Dh, bs, W = 4, 2, 32, 8, 6
-    k_cache = torch.randn(20, bs, KVH, Dh, generator=g).to(dtype)
-    v_cache = torch.randn(20, bs, KVH, Dh, generator=g).to(dtype)
-    perm = torch.randperm(20, generator=g).to(torch.int32)
+    H, KVH, Dh, bs = 4, 2, 32, 8
+    dec_blocks = [-(-n // bs) for n in dec_lens]
+    num_blocks, W = 4 + sum(dec_blocks) + 4, max(6, *dec_blocks)
+    k_cache = torch.randn(num_blocks, bs, KVH, Dh, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, KVH, Dh, generator=g).to(dtype)
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
     q = torch.randn(24, H, Dh, generator=g).to(dtype)
     pre_tab = torch.zeros(4, W, dtype=torch.int32)
     pre_tab[0, :2], pre_tab[1, :2] = perm[0:2], perm[2:4]
     dec_tab = torch.zeros(6, W, dtype=torch.int32)
-    dec_tab[0, :1], dec_tab[1, :4], dec_tab[2, :3] = perm[4:5], perm[5:9], perm[9:12]
+    used = 4
+    for i, n in enumerate(dec_blocks):
+        dec_tab[i, :n] = perm[used:used + n]
+        used += n
     cu = torch.tensor([0, 5, 17, 17, 17], dtype=torch.int32)
     pre_ctx = torch.tensor([9, 12, 0, 0], dtype=torch.int32)
-    dec_ctx = torch.tensor([1, 30, 17, 0, 0, 0], dtype=torch.int32)
+    dec_ctx = torch.tensor([*dec_lens, 0, 0, 0], dtype=torch.int32)
     row0 = torch.tensor([17], dtype=torch.int32)
     scale = Dh ** -0.5
     ref = torch.cat([paged_prefill_attention_ref(q[:17], k_cache, v_cache, pre_tab[:2], cu[:3], pre_ctx[:2], scale, 12),
@@ -227,12 +232,16 @@ def _step_inputs(dtype: torch.dtype):
     return args, ref
 
 
-def check_step_attention(dtype: torch.dtype) -> dict:
+def check_step_attention(dtype: torch.dtype, splits: int = 1) -> dict:
     """``paged_step_attention`` on a padded step against the separate kernels on the real rows;
-    ``untouched``: the padding rows keep what ``out`` held."""
-    args, ref = _step_inputs(dtype)
+    ``untouched``: the padding rows keep what ``out`` held. With ``splits`` > 1 the decodes split
+    their keys (contexts 1, 150 and 70: one, several and all of the splits used)."""
+    args, ref = _step_inputs(dtype, (1, 30, 17) if splits == 1 else (1, 150, 70))
     out = torch.full_like(args[0], 7.0)
-    K.paged_step_attention(*args, out=out)
+    q = args[0]
+    partials = (torch.full((6, q.shape[1], splits, q.shape[2]), float("nan")),
+                torch.full((6, q.shape[1], splits), float("nan"))) if splits > 1 else None
+    K.paged_step_attention(*args, out=out, decode_splits=splits, decode_partials=partials)
     return {**errors(out[:20], ref), "untouched": bool((out[20:] == 7.0).all())}
 
 
@@ -259,6 +268,7 @@ def triton_checks_main() -> None:
     results["copy_blocks_multi_layer"] = _check_copy_blocks()
     results["precompile"] = _check_precompile()
     results["step_attention"] = check_step_attention(torch.float32)
+    results["step_attention_split"] = check_step_attention(torch.float32, splits=4)
     # The public API must really have dispatched to the Triton modules.
     results["dispatch"] = {
         "exact": all(f"kvrl.kernels.{m}" in sys.modules for m in ("triton_cache", "triton_decode", "triton_prefill"))
@@ -290,6 +300,14 @@ def test_triton_step_attention_matches_separate_kernels(triton_results):
     """The captured-step attention (padded prefill entries, decodes from a row offset, decode
     entries of context 0) equals the separate kernels on the real rows, and writes no padding row."""
     r = triton_results["step_attention"]
+    assert r["finite"] and r["rel"] < 1e-5 and r["untouched"], r
+
+
+def test_triton_step_attention_with_decode_key_splits_matches_separate_kernels(triton_results):
+    """The split graphs' attention: decodes split their keys 4 ways (a context of one tile, of
+    several, of more tiles than splits), merged into the decode rows from the row offset; partials
+    start as NaN, so a merge that read an unwritten split would show; padding rows stay untouched."""
+    r = triton_results["step_attention_split"]
     assert r["finite"] and r["rel"] < 1e-5 and r["untouched"], r
 
 

@@ -131,6 +131,27 @@ def test_step_graphs_match_transformers(checkpoint):
     assert len(engine.executor._piecewise._segments) >= 1   # and larger steps piecewise
 
 
+def test_split_step_graphs_match_transformers(checkpoint):
+    """Mixed steps whose decodes want key splits run on the split whole-step graphs (here past a
+    ``split_context`` lowered to 256 tokens, so that a tiny model's contexts cross it), and the greedy
+    output stays transformers' (the graphs' body run eagerly on CPU, with their split metadata)."""
+    prompts = prompts_of([300, 290, 20, 12, 310, 8, 40], seed=21)
+    expected = hf_greedy(checkpoint, prompts, 12)
+    engine = live_engine(checkpoint, num_blocks=320, block_size=4, budget=64, piecewise_sizes=(16, 32, 64),
+                         step_graph_max_tokens=64)
+    graphs = engine.executor._step_graphs
+    graphs.split_context = 256
+    served = []
+    run = graphs.run
+    graphs.run = lambda key, order, n_pre: served.append(key) or run(key, order, n_pre)
+    reqs = [Request(f"s{i}", 0.0, p, 12) for i, p in enumerate(prompts)]
+    summary = engine.run(reqs)
+    assert summary["finished"] == len(reqs)
+    assert [engine.outputs(r.request_id)[0] for r in reqs] == expected
+    assert any(key.split for key in served) and any(not key.split for key in served), served
+    assert graphs.split_steps == sum(key.split for key in served)
+
+
 def test_copy_on_write_forks_keep_greedy_output_exact(checkpoint):
     prompts = prompts_of([10, 7], seed=7)      # partial last blocks: forks write into a shared block
     expected = hf_greedy(checkpoint, prompts, 9)
@@ -185,36 +206,47 @@ def test_step_inputs_are_16_byte_aligned(checkpoint, padded):
 
 def test_step_graph_buffers_are_16_byte_aligned(checkpoint):
     """The whole-step graphs' attention inputs start 16-byte aligned, for every table width."""
-    from kvrl.executors.step_graph import StepGraphs
+    from kvrl.executors.step_graph import StepGraphs, StepKey
 
     model, config = load_model(checkpoint, dtype=torch.float32, device="cpu")
     for width, prefills, decodes in ((5, 3, 7), (16, 16, 512), (2561, 5, 9)):
-        g = StepGraphs(model, [], 4, width, sizes=(16, 1024), max_prefills=prefills, max_decodes=decodes, capture=False)
-        meta = g._meta(1024)
-        tensors = [meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables,
-                   meta.decode_context_lens, meta.decode_block_tables, meta.decode_row0, g._rows]
-        assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in tensors), (width, prefills, decodes)
+        g = StepGraphs(model, [], 4, width, sizes=(16, 512, 1024), max_prefills=prefills, max_decodes=decodes,
+                       capture=False)
+        for key in (StepKey(1024, False), StepKey(512, True)):
+            meta = g._meta(key)
+            tensors = [meta.prefill_cu_seqlens_q, meta.prefill_context_lens, meta.prefill_block_tables,
+                       meta.decode_context_lens, meta.decode_block_tables, meta.decode_row0, g._rows,
+                       *(meta.decode_partials or ())]
+            assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in tensors), (width, prefills, decodes)
 
 
-def test_step_graphs_leave_long_contexts_that_want_splits_to_piecewise(checkpoint):
-    """One key split leaves most SMs idle where a few items attend to a long context: such steps
-    run piecewise; short contexts, and long ones with enough items to fill the GPU, run whole-step."""
-    from kvrl.executors.step_graph import StepGraphs
+def test_step_graphs_split_long_decode_contexts_and_leave_long_prefill_contexts_to_piecewise(checkpoint):
+    """One key split leaves most SMs idle where a few items attend to a long context. Decodes that
+    want splits run on a split graph (up to its tokens and decodes), a short prefill query over a
+    long context runs piecewise; short contexts, and long ones with enough items to fill the GPU,
+    run on the plain whole-step graph."""
+    from kvrl.executors.step_graph import StepGraphs, StepKey
     from kvrl.profiling.batches import BatchFactory
 
     model, config = load_model(checkpoint, dtype=torch.float32, device="cpu")
-    g = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128, 2048), max_decodes=2048, capture=False)
+    g = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128, 2048), max_decodes=2048, split_max_tokens=128,
+                   split_decodes=8, capture=False)
     factory = BatchFactory(4096, 16, config.vocab_size, 9000)
 
-    def bucket(**spec):
+    def bucket(graphs=g, **spec):
         batch = factory.batch(**spec)
         order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
-        return g.bucket(order, sum(not s.is_decode for s in batch.seqs))
+        return graphs.bucket(order, sum(not s.is_decode for s in batch.seqs))
 
-    assert bucket(decode_lens=[1024] * 32, prefills=[(64, 0)]) == 128
-    assert bucket(decode_lens=[8192] * 4, prefills=[(64, 0)]) is None
+    assert g.split_sizes == (16, 64, 128) and g.decode_splits == 8
+    assert bucket(decode_lens=[1024] * 32, prefills=[(64, 0)]) == StepKey(128, False)
+    assert bucket(decode_lens=[8192] * 4, prefills=[(64, 0)]) == StepKey(128, True)
+    assert bucket(decode_lens=[8192] * 9, prefills=[(16, 0)]) is None       # more decodes than the split graphs hold
+    assert bucket(decode_lens=[8192] * 4, prefills=[(256, 0)]) is None      # more tokens than the split graphs hold
     assert bucket(prefills=[(64, 4096)]) is None
-    assert bucket(prefills=[(64, 1024)]) == 64
+    assert bucket(prefills=[(64, 1024)]) == StepKey(64, False)
     filling = -(-8 * 132 // config.num_kv_heads)                            # decodes x kv heads fill the GPU
-    assert bucket(decode_lens=[8192] * filling, prefills=[(16, 0)]) == 2048
+    assert bucket(decode_lens=[8192] * filling, prefills=[(16, 0)]) == StepKey(2048, False)
     assert bucket(prefills=[(8, 0)] * 17) is None                          # more prefill items than captured
+    off = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128), decode_splits=1, capture=False)
+    assert off.split_sizes == () and bucket(off, decode_lens=[8192] * 4, prefills=[(64, 0)]) is None

@@ -440,9 +440,9 @@ class LiveExecutor(Executor):
         prefills = [s for s in batch.seqs if not s.is_decode]
         order = prefills + [s for s in batch.seqs if s.is_decode]
         n_pre, num_tokens = len(prefills), sum(item.num_tokens for item in order)
-        size = self._step_graphs.bucket(order, n_pre) if self._step_graphs else None
-        if size:
-            return self._logits(*self._step_graphs.run(size, order, n_pre), order)
+        step_key = self._step_graphs.bucket(order, n_pre) if self._step_graphs else None
+        if step_key:
+            return self._logits(*self._step_graphs.run(step_key, order, n_pre), order)
         size = self._piecewise.bucket(num_tokens) if self._piecewise is not None else None
         input_ids, positions, meta, rows = self._prepare(order, n_pre, size or 0)
         if size:

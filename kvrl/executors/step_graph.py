@@ -17,13 +17,19 @@ from buffer shapes alone (:func:`kvrl.kernels.paged_step_attention`), so the who
   the rows to sample, then the used block-table rows; up to three uploads);
 * the price: one key split for prefill and decode attention. Where the eager path would split a
   short query or a few decodes over a context of more than ``split_context`` tokens, one split
-  leaves most SMs idle while a few programs walk the context, and the step runs piecewise instead
-  (H200, ``benchmarks/step_graph_ab.py``: Qwen3-0.6B, a 64-token prefill beside 4 decodes at 8,192
-  tokens took 8.0 ms whole-step against 5.1 ms piecewise; at contexts of 1-2k the whole-step graph
-  was 1.1-2.6x faster).
+  leaves most SMs idle while a few programs walk the context (H200, ``benchmarks/step_graph_ab.py``:
+  Qwen3-0.6B, a 64-token prefill beside 4 decodes at 8,192 tokens took 8.0 ms whole-step against
+  5.1 ms piecewise; at contexts of 1-2k the whole-step graph was 1.1-2.6x faster).
+* so, per bucket of up to ``split_max_tokens`` tokens, a second graph whose decodes split their
+  keys ``decode_splits`` ways (up to ``split_decodes`` decodes; a short context fills fewer
+  splits, the empty ones exit at once) serves the steps whose *decodes* want splits. Such steps
+  used to run piecewise, whose launch-bound small steps took 1.1-1.9x their back-to-back time
+  inside serving (docs/fidelity.md, session 37: a small prefill beside decodes past 4,096 tokens).
 
 A step with more prefill items than ``max_prefills``, more decodes than ``max_decodes``, more
-tokens than ``max_tokens``, or long contexts that want key splits (above) runs piecewise. Padding rows hold token 0 at position 0, write no K/V
+tokens than ``max_tokens``, a long prefill context that wants key splits, or decodes that want
+splits beyond the split graphs (more tokens than ``split_max_tokens`` or more decodes than
+``split_decodes``) runs piecewise. Padding rows hold token 0 at position 0, write no K/V
 and are never sampled. Without ``capture`` (CPU, tests) the same body runs eagerly on the same
 buffers.
 """
@@ -32,7 +38,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -53,6 +59,13 @@ def _aligned(n: int) -> int:
     return -(-n // 4) * 4
 
 
+class StepKey(NamedTuple):
+    """One captured whole-step graph: its token bucket, and whether its decodes split their keys."""
+
+    tokens: int
+    split: bool
+
+
 class StepGraphs:
     """Captured whole steps of one model over one KV pool, one per token bucket (see module doc).
 
@@ -63,6 +76,7 @@ class StepGraphs:
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
                  max_blocks_per_seq: int, sizes: Sequence[int] = TOKEN_SIZES, max_tokens: int = 2048,
                  max_prefills: int = 16, max_decodes: int = 512, split_context: int = 4096,
+                 split_max_tokens: int = 512, split_decodes: int = 128, decode_splits: int = 8,
                  capture: bool = True) -> None:
         cfg = model.config
         self.model = model
@@ -75,6 +89,11 @@ class StepGraphs:
         self.split_context = split_context
         self._heads = (cfg.num_heads, cfg.num_kv_heads)
         self.max_decodes = min(max_decodes, self.sizes[-1])
+        #: the split graphs (see the module doc): their buckets, decode capacity and key splits (none: 0 or 1)
+        self.split_decodes = min(int(split_decodes), self.max_decodes) if decode_splits > 1 else 0
+        self.decode_splits = int(decode_splits) if self.split_decodes else 1
+        self.split_sizes = tuple(s for s in self.sizes if s <= split_max_tokens) if self.split_decodes else ()
+        self.split_max_tokens = self.split_sizes[-1] if self.split_sizes else 0
         p = next(model.parameters())
         dev, dtype = p.device, p.dtype
         pin = dev.type == "cuda"
@@ -94,8 +113,13 @@ class StepGraphs:
         self._host = self._views(self.host_i32.numpy())
         self._cu, self._pre_ctx, self._row0, self._rows, self._dec_ctx, self._pre_tab, self._dec_tab = dv
         self.attn_out = torch.zeros(t_max, cfg.num_heads, cfg.head_dim, dtype=dtype, device=dev)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._hidden: dict[int, torch.Tensor] = {}
+        S = self.decode_splits
+        self._partials = (torch.zeros(self.split_decodes, cfg.num_heads, S, cfg.head_dim, dtype=torch.float32, device=dev),
+                          torch.zeros(self.split_decodes, cfg.num_heads, S, dtype=torch.float32, device=dev))
+        #: steps served by a split graph so far (tests and benchmarks check that a scenario took them)
+        self.split_steps = 0
+        self._graphs: dict[StepKey, torch.cuda.CUDAGraph] = {}
+        self._hidden: dict[StepKey, torch.Tensor] = {}
         self.capture_s = 0.0
         if capture:
             self._capture(dev)
@@ -106,42 +130,51 @@ class StepGraphs:
         return cu, pre_ctx, row0, rows, dec_ctx, buf[s[5]:s[5] + P * W].reshape(P, W), buf[s[6]:s[6] + D * W].reshape(D, W)
 
     # ----------------------------------------------------------------- buckets
-    def bucket(self, order: Sequence, num_prefills: int) -> Optional[int]:
-        """The bucket whose graph serves a step of the items ``order`` (prefill items first), or
-        None (the step runs piecewise; see the module doc)."""
+    def bucket(self, order: Sequence, num_prefills: int) -> Optional[StepKey]:
+        """The graph that serves a step of the items ``order`` (prefill items first), or None (the
+        step runs piecewise; see the module doc)."""
         num_tokens = sum(item.num_tokens for item in order)
         num_decodes = len(order) - num_prefills
         if num_prefills > self.max_prefills or num_decodes > self.max_decodes or num_tokens <= 0:
             return None
         i = bisect.bisect_left(self.sizes, num_tokens)
-        if i == len(self.sizes) or self._wants_splits(order, num_prefills):
+        if i == len(self.sizes):
             return None
-        return self.sizes[i]
+        prefill_splits, decode_splits = self._wants_splits(order, num_prefills)
+        if prefill_splits:
+            return None
+        if not decode_splits:
+            return StepKey(self.sizes[i], False)
+        if num_tokens <= self.split_max_tokens and num_decodes <= self.split_decodes:
+            return StepKey(self.sizes[i], True)
+        return None
 
-    def _wants_splits(self, order: Sequence, n_pre: int) -> bool:
-        """Whether the eager path would split the keys of this step's attention over contexts
-        longer than ``split_context`` (its split pickers, on the step's longest contexts)."""
+    def _wants_splits(self, order: Sequence, n_pre: int) -> tuple[bool, bool]:
+        """Whether the eager path would split the keys of this step's prefill attention, and of its
+        decode attention, over contexts longer than ``split_context`` (its split pickers, on the
+        step's longest contexts)."""
         from kvrl.kernels.triton_decode import pick_num_splits
         from kvrl.kernels.triton_prefill import pick_prefill_splits
 
         heads, kv_heads = self._heads
         pre_ctx = max((item.start + item.num_tokens for item in order[:n_pre]), default=0)
         dec_ctx = max((item.start + 1 for item in order[n_pre:]), default=0)
-        if pre_ctx > self.split_context:
-            q_max = max(item.num_tokens for item in order[:n_pre])
-            if pick_prefill_splits(heads, q_max, n_pre, pre_ctx, 64, _SMS) > 1:
-                return True
-        return dec_ctx > self.split_context and pick_num_splits(len(order) - n_pre, kv_heads, dec_ctx, _SMS) > 1
+        prefill = pre_ctx > self.split_context and pick_prefill_splits(
+            heads, max(item.num_tokens for item in order[:n_pre]), n_pre, pre_ctx, 64, _SMS) > 1
+        decode = dec_ctx > self.split_context and pick_num_splits(len(order) - n_pre, kv_heads, dec_ctx, _SMS) > 1
+        return prefill, decode
 
-    def _meta(self, size: int) -> PaddedAttentionMetadata:
-        d = min(size, self.max_decodes)
+    def _meta(self, key: StepKey) -> PaddedAttentionMetadata:
+        d = min(key.tokens, self.split_decodes if key.split else self.max_decodes)
         return PaddedAttentionMetadata(
             prefill_cu_seqlens_q=self._cu, prefill_context_lens=self._pre_ctx, prefill_block_tables=self._pre_tab,
-            decode_context_lens=self._dec_ctx[:d], decode_block_tables=self._dec_tab[:d], decode_row0=self._row0)
+            decode_context_lens=self._dec_ctx[:d], decode_block_tables=self._dec_tab[:d], decode_row0=self._row0,
+            decode_splits=self.decode_splits if key.split else 1, decode_partials=self._partials if key.split else None)
 
     # ----------------------------------------------------------------- the step
-    def _body(self, size: int) -> torch.Tensor:
-        m, caches, meta = self.model, self.kv_caches, self._meta(size)
+    def _body(self, key: StepKey) -> torch.Tensor:
+        size = key.tokens
+        m, caches, meta = self.model, self.kv_caches, self._meta(key)
         ids, pos, slots = self.i64[:3 * size].view(3, size)
         out = self.attn_out[:size]
         hidden, cos, sin = m.embed(ids, pos)
@@ -157,26 +190,31 @@ class StepGraphs:
         side = torch.cuda.Stream(dev)
         self._cu.zero_()               # warm-up and capture: no prefill rows, no decodes, no K/V written
         self._dec_ctx.zero_()
-        for size in reversed(self.sizes):   # largest first: the smaller ones reuse its pool memory
+        keys = [StepKey(s, False) for s in self.sizes] + [StepKey(s, True) for s in self.split_sizes]
+        for key in sorted(keys, reverse=True):   # largest first: the smaller ones reuse its pool memory
+            size = key.tokens
             self.i64[:2 * size].zero_()
             self.i64[2 * size:3 * size].fill_(-1)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side), torch.inference_mode():
-                self._body(size)        # Triton compilation, cuBLAS handles and workspaces outside the capture
+                self._body(key)         # Triton compilation, cuBLAS handles and workspaces outside the capture
             torch.cuda.current_stream(dev).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.inference_mode(), torch.cuda.graph(g, pool=pool):
-                self._hidden[size] = self._body(size)
-            self._graphs[size] = g
+                self._hidden[key] = self._body(key)
+            self._graphs[key] = g
         torch.cuda.synchronize(dev)
         self.capture_s = time.perf_counter() - t0
-        log.info("captured whole-step graphs for %d token sizes (%d..%d) in %.1f s",
-                 len(self.sizes), self.sizes[0], self.sizes[-1], self.capture_s)
+        log.info("captured whole-step graphs for %d token sizes (%d..%d; %d with %d decode key splits) in %.1f s",
+                 len(self.sizes), self.sizes[0], self.sizes[-1], len(self.split_sizes), self.decode_splits,
+                 self.capture_s)
 
-    def run(self, size: int, order: Sequence, num_prefills: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Serve the items ``order`` (prefill items first; counts that :meth:`bucket` mapped to
-        ``size``). Returns ``(hidden, rows)``: the final-norm hidden states ``[size, hidden]`` and the
+    def run(self, key: StepKey, order: Sequence, num_prefills: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Serve the items ``order`` (prefill items first) on the graph :meth:`bucket` chose for them.
+        Returns ``(hidden, rows)``: the final-norm hidden states ``[key.tokens, hidden]`` and the
         device rows (int32) of the items that sample, in order."""
+        size = key.tokens
+        self.split_steps += key.split
         n_pre, n_dec = num_prefills, len(order) - num_prefills
         h64 = self.host_i64.numpy()[:3 * size]
         ids, pos, slots = h64[:size], h64[size:2 * size], h64[2 * size:]
@@ -196,10 +234,10 @@ class StepGraphs:
             self.i32[s[5]:s[5] + n_pre * W].copy_(self.host_i32[s[5]:s[5] + n_pre * W], non_blocking=True)
         if n_dec:
             self.i32[s[6]:s[6] + n_dec * W].copy_(self.host_i32[s[6]:s[6] + n_dec * W], non_blocking=True)
-        graph = self._graphs.get(size)
+        graph = self._graphs.get(key)
         if graph is None:               # not captured (CPU): the same body, now
-            hidden = self._body(size)
+            hidden = self._body(key)
         else:
             graph.replay()
-            hidden = self._hidden[size]
+            hidden = self._hidden[key]
         return hidden, self._rows[:num_rows]

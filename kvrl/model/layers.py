@@ -177,7 +177,7 @@ class Attention(nn.Module):
         return paged_step_attention(
             q, kv_cache[0], kv_cache[1], attn.prefill_block_tables, attn.prefill_cu_seqlens_q,
             attn.prefill_context_lens, attn.decode_block_tables, attn.decode_context_lens, attn.decode_row0,
-            self.scale, out)
+            self.scale, out, attn.decode_splits, attn.decode_partials)
 
     def forward(
         self,

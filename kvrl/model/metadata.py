@@ -11,6 +11,7 @@ num_kv_heads, head_dim]``; token slot ``s`` lives at block ``s // block_size``, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -65,6 +66,9 @@ class PaddedAttentionMetadata:
         decode_context_lens: int32 ``[D_max]``; 0 for unused entries.
         decode_block_tables: int32 ``[D_max, W]``.
         decode_row0: int32 ``[1]``; the row of the first decode query (the prefill token count).
+        decode_splits: key splits of every decode's context (fixed per captured graph).
+        decode_partials: with ``decode_splits > 1``, the float32 split partials
+            ``(part_o [D_max, num_heads, decode_splits, head_dim], part_lse [D_max, num_heads, decode_splits])``.
     """
 
     prefill_cu_seqlens_q: torch.Tensor
@@ -73,3 +77,5 @@ class PaddedAttentionMetadata:
     decode_context_lens: torch.Tensor
     decode_block_tables: torch.Tensor
     decode_row0: torch.Tensor
+    decode_splits: int = 1
+    decode_partials: Optional[tuple[torch.Tensor, torch.Tensor]] = None
