@@ -48,11 +48,11 @@ def hf_reference(path, prompts, max_new, dtype, device):
 
 
 def engine_for(executor, num_blocks, num_cpu_blocks, mode, prefix_cache, block_size=16, tier=None,
-               max_model_len=4096, **tiers):
+               max_model_len=4096, max_num_batched_tokens=2048, **tiers):
     """An fcfs / fixed 0 / lifo engine; ``tier`` (a tier plugin name) with ``tiers``: the
     :class:`~kvrl.engine.config.EngineConfig` tier fields (``cpu_tier_blocks``, ``disk_tier_*``)."""
     cfg = dict(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
-               max_model_len=max_model_len, max_num_batched_tokens=2048, **tiers)
+               max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens, **tiers)
     return build_engine({"engine": cfg, "scheduler": {"name": "fcfs"}, "watermark": {"name": "fixed", "fraction": 0.0},
                          "eviction": {"name": "lifo", "mode": mode}, "prefix_cache": {"name": prefix_cache},
                          "tier": {"name": tier or "none"}},
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     plain = [rng.integers(0, 10000, int(n), dtype=np.int32) for n in rng.integers(20, 400, args.num_prompts)]
     shared = [np.concatenate([system, rng.integers(0, 10000, int(n), dtype=np.int32)])
               for n in rng.integers(1, 60, args.num_prompts // 2)]
-    # a few prompts past 4,096 tokens at t=0, the plain ones arriving while they decode: small prefill
-    # chunks beside long decode contexts (whole-step graphs with decode key splits)
+    # a few prompts past 4,096 tokens at t=0, the plain ones behind them; a 256-token budget, so the plain
+    # prompts' chunks run beside the long ones' decodes as small steps (whole-step graphs with decode key splits)
     long_ctx = [rng.integers(0, 10000, int(n), dtype=np.int32) for n in rng.integers(4300, 5200, args.num_long)]
     t0 = time.time()
     want_plain, gaps_plain = hf_reference(path, plain, args.max_new, dtype, device)
@@ -131,12 +131,13 @@ def main(argv=None) -> int:
               cpu_tier_blocks=16, disk_tier_blocks=need, disk_tier_dir=disk_dir.name), 1),
         ("prefills beside decodes past 4,096 tokens", [*long_ctx, *plain], [*want_long, *want_plain],
          [*gaps_long, *gaps_plain], beside_long,
-         dict(num_blocks=need_long + 64, num_cpu_blocks=0, mode="recompute", prefix_cache="none", max_model_len=8192), 1),
+         dict(num_blocks=need_long + 64, num_cpu_blocks=0, mode="recompute", prefix_cache="none", max_model_len=8192,
+              max_num_batched_tokens=256), 1),
     ]
-    step_graphs = getattr(executor, "_step_graphs", None)
     rows, failed = [], False
     for name, prompts, want, gaps, arrivals, kw, n in scenarios:
         eng = engine_for(executor, **kw)
+        step_graphs = executor._step_graphs     # built with this engine's KV pool (None: no whole-step graphs)
         split_before = step_graphs.split_steps if step_graphs else 0
         arrivals = arrivals or [0.0] * len(prompts)
         reqs = [Request(f"{i}", a, p, args.max_new, n=n) for i, (p, a) in enumerate(zip(prompts, arrivals))]

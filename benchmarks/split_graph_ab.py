@@ -67,10 +67,6 @@ def main() -> None:
 
     cfg = compose_fidelity([f"model={args.model}"] + ([f"max_requests={args.max_requests}"] if args.max_requests else []))
     live = build_live(cfg["model"], cfg["live"])
-    graphs = live._step_graphs
-    if graphs is None or not graphs.split_sizes:
-        raise SystemExit("this executor has no split whole-step graphs (CUDA with backend.step_graphs on)")
-    split_decodes = graphs.split_decodes
     base = shared_engine(cfg, live)
     workloads = {w: cfg["workloads"][w] for w in args.workloads.split(",")}
     policies = {p: cfg["policies"][p] for p in args.policies.split(",")}
@@ -78,6 +74,10 @@ def main() -> None:
     for wname, w in workloads.items():
         ecfg = workload_engine(base, w)
         warm_up(live, ecfg, cfg["warmup_requests"], seed=101)
+        graphs = live._step_graphs           # built with the KV pool, for this workload's pool
+        if graphs is None or not graphs.split_sizes:
+            raise SystemExit("this executor has no split whole-step graphs (backend.step_graphs on, on CUDA)")
+        split_decodes = graphs.split_decodes
         requests = workload_requests(w, cfg["max_requests"], live.vocab_size,
                                      ecfg.get("max_model_len") or live.max_model_len)
         for pname, pcfg in policies.items():
@@ -95,7 +95,7 @@ def main() -> None:
                                split_steps=graphs.split_steps - before, finished=m["finished"])
                     runs.append(row)
                     print(json.dumps(row), flush=True)
-    graphs.split_decodes = split_decodes
+        graphs.split_decodes = split_decodes
     device = torch.cuda.get_device_name(live.device) if live.device.type == "cuda" else "CPU"
     result = {"model": args.model, "device": device, "rounds": args.rounds,
               "torch": torch.__version__, "runs": runs}

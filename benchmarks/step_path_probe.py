@@ -87,17 +87,24 @@ def main() -> None:
                 key = graphs.bucket(order, 1) if graphs is not None else None     # the executor's own choice
                 path = "piecewise" if key is None else "split graph" if key.split else "whole-step"
                 t = timed(batch)
-                t_piecewise = None
+                t_piecewise = t_split = None
                 if key is not None and key.split:            # the same step with the split graphs off
                     graphs.split_decodes = 0
                     t_piecewise = timed(batch)
                     graphs.split_decodes = split_decodes
+                elif key is not None:                        # a plain whole-step: the same on a split graph
+                    context, graphs.split_context = graphs.split_context, 0
+                    forced = graphs.bucket(order, 1)
+                    if forced is not None and forced.split:
+                        t_split = timed(batch)
+                    graphs.split_context = context
                 priced = model.predict_features(f, True) if model is not None else float("nan")
                 pw = long_decode_piecewise(f, shape.num_heads, shape.num_kv_heads)
                 rows.append(dict(prefill=q, decodes=b, long=long, piecewise=pw, executor_path=path, t=t,
-                                 t_piecewise=t_piecewise, priced=priced))
+                                 t_piecewise=t_piecewise, t_split=t_split, priced=priced))
                 print(f"q={q:4d} b={b:3d} long={long:5d} {path:11s} {t * 1e3:7.3f} ms"
                       + (f" (piecewise {t_piecewise * 1e3:7.3f} ms)" if t_piecewise else "")
+                      + (f" (split graph {t_split * 1e3:7.3f} ms)" if t_split else "")
                       + f" priced {priced * 1e3:7.3f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
