@@ -16,6 +16,7 @@ floor fitted (relative least squares) on the profile's own grid samples of this 
 fitted from today's grid would do.
 
     python scripts/fidelity_step_path.py RUN_DIR [RUN_DIR ...] --profile PROFILE.json [--out FILE] [--model qwen3-0.6b]
+        [--split-graphs]
     python scripts/fidelity_step_path.py --table FILE
 
 ``RUN_DIR``: a kvrl-fidelity share directory with ``runs/<workload>/<policy>/replay.csv`` (a committed run's
@@ -32,12 +33,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 @functools.lru_cache(maxsize=None)
-def _step_graphs(heads: int, kv_heads: int):
+def _step_graphs(heads: int, kv_heads: int, split_graphs: bool = False):
     """A stand-in :class:`~kvrl.executors.step_graph.StepGraphs` with the live executor's defaults (token
     buckets up to ``step_graph_max_tokens``, the prefill and decode limits, ``split_context``), so that its
-    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here. Without the
-    split graphs of session 38 (``split_decodes`` 0): the recorded runs predate them, so their steps whose
-    decodes wanted key splits ran piecewise."""
+    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here. Without
+    ``split_graphs``, without the split graphs of session 38 (``split_decodes`` 0): the runs of sessions 37 and
+    before predate them, so their steps whose decodes wanted key splits ran piecewise."""
     from kvrl.executors.live import LiveExecutor
     from kvrl.executors.piecewise import TOKEN_SIZES
     from kvrl.executors.step_graph import StepGraphs
@@ -45,26 +46,40 @@ def _step_graphs(heads: int, kv_heads: int):
     graph_args = inspect.signature(StepGraphs.__init__).parameters
     max_tokens = inspect.signature(LiveExecutor.__init__).parameters["step_graph_max_tokens"].default
     sizes = tuple(s for s in sorted(TOKEN_SIZES) if s <= max_tokens)
-    rule = SimpleNamespace(sizes=sizes, max_prefills=graph_args["max_prefills"].default,
-                           max_decodes=min(graph_args["max_decodes"].default, sizes[-1]),
+    max_decodes = min(graph_args["max_decodes"].default, sizes[-1])
+    split_decodes = min(graph_args["split_decodes"].default, max_decodes) if split_graphs else 0
+    split_max_tokens = max((s for s in sizes if s <= graph_args["split_max_tokens"].default), default=0) \
+        if split_graphs else 0
+    rule = SimpleNamespace(sizes=sizes, max_prefills=graph_args["max_prefills"].default, max_decodes=max_decodes,
                            split_context=graph_args["split_context"].default, _heads=(heads, kv_heads),
-                           split_decodes=0, split_max_tokens=0)
+                           split_decodes=split_decodes, split_max_tokens=split_max_tokens)
     rule._wants_splits = functools.partial(StepGraphs._wants_splits, rule)
     return rule
 
 
-def _whole_step(f: dict, dec_max: int, heads: int, kv_heads: int) -> bool:
-    """Whether the executor would run a step of features ``f`` (its longest decode context ``dec_max``) as a
-    whole-step graph. The stand-in items: one prefill of all the prefill tokens at the longest prefill context
-    (the others empty, so they count as prefills and add no tokens), then one decode at ``dec_max`` and the rest
-    at the first position."""
+def _step_key(f: dict, dec_max: int, heads: int, kv_heads: int, split_graphs: bool = False):
+    """The graph (:class:`~kvrl.executors.step_graph.StepKey`) the executor would run a step of features ``f``
+    (its longest decode context ``dec_max``) on, or None (piecewise). The stand-in items: one prefill of all the
+    prefill tokens at the longest prefill context (the others empty, so they count as prefills and add no
+    tokens), then one decode at ``dec_max`` and the rest at the first position."""
     from kvrl.executors.step_graph import StepGraphs
 
     item = lambda start, tokens: SimpleNamespace(start=start, num_tokens=tokens)
     n_pre, n_dec = f["n_pre"], f["n_dec"]
     order = [item(max(f["pre_max_ctx"] - f["pre_tok"], 0), f["pre_tok"])] + [item(0, 0)] * (n_pre - 1)
     order += [item(dec_max - 1, 1)] + [item(0, 1)] * (n_dec - 1)
-    return StepGraphs.bucket(_step_graphs(heads, kv_heads), order, n_pre) is not None
+    return StepGraphs.bucket(_step_graphs(heads, kv_heads, split_graphs), order, n_pre)
+
+
+def _whole_step(f: dict, dec_max: int, heads: int, kv_heads: int) -> bool:
+    """Whether the executor before split graphs would run a step of features ``f`` as a whole-step graph."""
+    return _step_key(f, dec_max, heads, kv_heads) is not None
+
+
+def on_split_graph(f: dict, heads: int, kv_heads: int) -> bool:
+    """Whether today's executor runs a step of features ``f`` on a split whole-step graph."""
+    key = _step_key(f, f["dec_max"], heads, kv_heads, split_graphs=True)
+    return key is not None and key.split
 
 
 def long_decode_piecewise(f: dict, heads: int, kv_heads: int) -> bool:
@@ -93,9 +108,10 @@ def grid_floor(samples: list[dict], model, heads: int, kv_heads: int) -> tuple[f
     return float(floors[int(np.argmin(err))]), len(pts)
 
 
-def pairs(run: Path, model, heads: int, kv_heads: int, floor: float) -> list[dict]:
+def pairs(run: Path, model, heads: int, kv_heads: int, floor: float, split_graphs: bool = False) -> list[dict]:
     """Per pair of ``run``: its live seconds, and those steps' count, live and priced execute seconds
-    (without and with ``floor``)."""
+    (without and with ``floor``); with ``split_graphs`` (a run since session 38), also the count, live and
+    priced seconds of those that ran on split whole-step graphs."""
     from kvrl.fidelity.replay import read_replay_csv
 
     out, k = [], model.engine_factor["eager"]
@@ -103,17 +119,24 @@ def pairs(run: Path, model, heads: int, kv_heads: int, floor: float) -> list[dic
         steps = read_replay_csv(csv)
         hit = [s for s in steps if s["kind"] == "mixed" and long_decode_piecewise(s, heads, kv_heads)]
         prices = [model.forward_s(*model.forward_args(s)[:10], cuda_graphs=True) for s in hit]
-        out.append({"run": run.parent.name if run.name.startswith("pressure") else run.name,
-                    "pair": f"{csv.parent.parent.name}/{csv.parent.name}", "live_s": sum(s["live_s"] for s in steps),
-                    "steps": len(hit), "steps_live_s": sum(s["live_execute_s"] for s in hit),
-                    "steps_priced_s": k * sum(prices), "steps_floored_s": k * sum(max(p, floor) for p in prices),
-                    "floor_s": floor})
+        row = {"run": run.parent.name if run.name.startswith("pressure") else run.name,
+               "pair": f"{csv.parent.parent.name}/{csv.parent.name}", "live_s": sum(s["live_s"] for s in steps),
+               "steps": len(hit), "steps_live_s": sum(s["live_execute_s"] for s in hit),
+               "steps_priced_s": k * sum(prices), "steps_floored_s": k * sum(max(p, floor) for p in prices),
+               "floor_s": floor}
+        if split_graphs:
+            split = [on_split_graph(s, heads, kv_heads) for s in hit]
+            row.update(split_steps=sum(split), split_live_s=sum(s["live_execute_s"] for s, x in zip(hit, split) if x),
+                       split_priced_s=k * sum(p for p, x in zip(prices, split) if x))
+        out.append(row)
     return out
 
 
 def table(path: Path) -> str:
     """A Markdown table of an ``--out`` file: the pairs with such steps."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if rows and "split_steps" in rows[0]:
+        return split_table(rows)
     floor = rows[0]["floor_s"] * 1e3 if rows else 0.0
     lines = ["| run | pair | such steps | their live s | priced s | live / priced | unpriced, % of the pair's live time | "
              f"live / priced with the grid's floor ({floor:.1f} ms) | unpriced with it, % |",
@@ -127,6 +150,22 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def split_table(rows: list[dict]) -> str:
+    """A run since session 38: those steps split by the graph they ran on (a split whole-step graph, or still
+    piecewise), each with its live / priced seconds."""
+    ratio = lambda live, priced: f"{live / priced:.2f}" if priced else "-"
+    lines = ["| run | pair | such steps | live / priced | unpriced, % of the pair's live time | on split graphs | "
+             "their live / priced | still piecewise | their live / priced |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["steps"]:
+            gap = r["steps_live_s"] - r["steps_priced_s"]
+            rest_live, rest_priced = r["steps_live_s"] - r["split_live_s"], r["steps_priced_s"] - r["split_priced_s"]
+            lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {ratio(r['steps_live_s'], r['steps_priced_s'])} | "
+                         f"{100 * gap / r['live_s']:+.1f} | {r['split_steps']} | {ratio(r['split_live_s'], r['split_priced_s'])} | "
+                         f"{r['steps'] - r['split_steps']} | {ratio(rest_live, rest_priced)} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="*", type=Path)
@@ -134,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--table", type=Path, default=None)
+    ap.add_argument("--split-graphs", action="store_true",
+                    help="runs since session 38: also split those steps by the graph they ran on")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.table))
@@ -147,7 +188,8 @@ def main(argv=None) -> int:
     profile = StepProfile.load(args.profile)
     floor, n = grid_floor(profile.samples, profile.model, shape.num_heads, shape.num_kv_heads)
     print(f"the grid's floor: {floor * 1e3:.2f} ms from {n} samples", file=sys.stderr)
-    rows = [r for run in args.runs for r in pairs(run, profile.model, shape.num_heads, shape.num_kv_heads, floor)]
+    rows = [r for run in args.runs
+            for r in pairs(run, profile.model, shape.num_heads, shape.num_kv_heads, floor, args.split_graphs)]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if args.out:
         args.out.write_text(text)
