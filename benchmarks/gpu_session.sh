@@ -6,7 +6,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 . "$(dirname "$0")/device_env.sh"
-run() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40; }
+failed=()   # stages that exited non-zero (an exactness stage exits 1 on a divergence past a tie): named at the end
+run() {
+  local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40
+  local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || { echo "=== $name exited $rc"; failed+=("$name"); }
+}
 for stage in "$@"; do
   case $stage in
     env) run env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"' ;;
@@ -33,3 +38,4 @@ for stage in "$@"; do
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
+[ ${#failed[@]} = 0 ] || { echo "=== failed stages: ${failed[*]}"; exit 1; }
