@@ -20,24 +20,37 @@ import time
 from pathlib import Path
 
 
+def _paired(ratio) -> str:
+    """Mean of per-round ratios with its range and, from 3 rounds, the 95% interval (Student t)."""
+    import numpy as np
+    from scipy import stats
+
+    text = f"{ratio.mean():.3f} ({ratio.min():.3f}-{ratio.max():.3f})"
+    if len(ratio) >= 3:
+        half = stats.t.ppf(0.975, len(ratio) - 1) * ratio.std(ddof=1) / np.sqrt(len(ratio))
+        text += f" ± {half:.3f}"
+    return text
+
+
 def table(path: Path) -> str:
     """Per workload and policy: each side's mean throughput and TPOT over its runs, and the paired
-    throughput ratio (on / off, per round) with its range."""
+    ratios (on / off, per round): mean (range) ± the 95% interval's half-width."""
     import numpy as np
 
     d = json.loads(path.read_text())
     lines = [f"{d['model']}, {d['device']}, {d['rounds']} rounds (off and on in alternating order)", "",
-             "| workload | policy | off: tok/s | on: tok/s | on / off, paired (min-max) | off: TPOT mean ms | "
-             "on: TPOT mean ms | steps on split graphs (on) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| workload | policy | off: tok/s | on: tok/s | on / off, paired (min-max) ± 95% | off: TPOT mean ms | "
+             "on: TPOT mean ms | on / off, paired (min-max) ± 95% | steps on split graphs (on) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key in dict.fromkeys((r["workload"], r["policy"]) for r in d["runs"]):
         runs = [r for r in d["runs"] if (r["workload"], r["policy"]) == key]
         side = {s: [r for r in runs if r["split"] == s] for s in (False, True)}
         tput = {s: np.array([r["tok_s"] for r in sorted(side[s], key=lambda r: r["round"])]) for s in side}
         ratio = tput[True] / tput[False]
-        tpot = {s: 1e3 * np.mean([r["tpot_mean_s"] for r in side[s]]) for s in side}
+        tpot = {s: np.array([1e3 * r["tpot_mean_s"] for r in sorted(side[s], key=lambda r: r["round"])]) for s in side}
+        tpot_ratio = tpot[True] / tpot[False]
         lines.append(f"| {key[0]} | {key[1]} | {tput[False].mean():,.0f} | {tput[True].mean():,.0f} | "
-                     f"{ratio.mean():.3f} ({ratio.min():.3f}-{ratio.max():.3f}) | {tpot[False]:.2f} | {tpot[True]:.2f} | "
+                     f"{_paired(ratio)} | {tpot[False].mean():.2f} | {tpot[True].mean():.2f} | {_paired(tpot_ratio)} | "
                      f"{np.mean([r['split_steps'] for r in side[True]]):,.0f} |")
     return "\n".join(lines)
 
