@@ -138,13 +138,14 @@ def table(path: Path) -> str:
     if rows and "split_steps" in rows[0]:
         return split_table(rows)
     floor = rows[0]["floor_s"] * 1e3 if rows else 0.0
-    lines = ["| run | pair | such steps | their live s | priced s | live / priced | unpriced, % of the pair's live time | "
-             f"live / priced with the grid's floor ({floor:.1f} ms) | unpriced with it, % |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | pair | such steps | their live s | their share of the pair's live time, % | priced s | live / priced | "
+             f"unpriced, % of the pair's live time | live / priced with the grid's floor ({floor:.1f} ms) | unpriced with it, % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["steps"]:
             gap, gap_floor = r["steps_live_s"] - r["steps_priced_s"], r["steps_live_s"] - r["steps_floored_s"]
-            lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {r['steps_live_s']:.3f} | {r['steps_priced_s']:.3f} | "
+            lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {r['steps_live_s']:.3f} | "
+                         f"{100 * r['steps_live_s'] / r['live_s']:.1f} | {r['steps_priced_s']:.3f} | "
                          f"{r['steps_live_s'] / r['steps_priced_s']:.2f} | {100 * gap / r['live_s']:+.1f} | "
                          f"{r['steps_live_s'] / r['steps_floored_s']:.2f} | {100 * gap_floor / r['live_s']:+.1f} |")
     return "\n".join(lines)
@@ -154,13 +155,15 @@ def split_table(rows: list[dict]) -> str:
     """A run since session 38: those steps split by the graph they ran on (a split whole-step graph, or still
     piecewise), each with its live / priced seconds."""
     ratio = lambda live, priced: f"{live / priced:.2f}" if priced else "-"
-    lines = ["| run | pair | such steps | live / priced | unpriced, % of the pair's live time | on split graphs | "
-             "their live / priced | still piecewise | their live / priced |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | pair | such steps | their share of the pair's live time, % | live / priced | "
+             "unpriced, % of the pair's live time | on split graphs | their live / priced | still piecewise | "
+             "their live / priced |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["steps"]:
             gap = r["steps_live_s"] - r["steps_priced_s"]
             rest_live, rest_priced = r["steps_live_s"] - r["split_live_s"], r["steps_priced_s"] - r["split_priced_s"]
-            lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {ratio(r['steps_live_s'], r['steps_priced_s'])} | "
+            lines.append(f"| {r['run']} | {r['pair']} | {r['steps']} | {100 * r['steps_live_s'] / r['live_s']:.1f} | "
+                         f"{ratio(r['steps_live_s'], r['steps_priced_s'])} | "
                          f"{100 * gap / r['live_s']:+.1f} | {r['split_steps']} | {ratio(r['split_live_s'], r['split_priced_s'])} | "
                          f"{r['steps'] - r['split_steps']} | {ratio(rest_live, rest_priced)} |")
     return "\n".join(lines)
