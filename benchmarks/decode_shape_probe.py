@@ -48,18 +48,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from kvrl.executors.profile import batch_features
-    from kvrl.profiling.batches import BatchFactory
-    from kvrl.profiling.timing import time_batch, warm_graphs
-    from probe_common import BLOCK_SIZE as block_size, live_probe
+    from kvrl.profiling.timing import time_batch
+    from probe_common import live_probe, zeroed_pool
 
     ex, model, full, _ = live_probe(args.model, args.profile)
     max_len = ex.max_model_len
     rows = []
     for pool in [int(p) or full for p in args.pools.split(",")]:
-        ex.allocate_kv(pool, 64, block_size)
-        ex.kv.zero_()
-        factory = BatchFactory(pool, block_size, ex.vocab_size, max_len, seed=0)
-        warm_graphs(ex, factory, max(int(b) for b in args.batches.split(",")))
+        factory = zeroed_pool(ex, pool, max(int(b) for b in args.batches.split(",")))
         for b in (int(x) for x in args.batches.split(",")):
             for ctx in (int(x) for x in args.ctx.split(",")):
                 for kind in ("equal", "ragged", "lognormal"):

@@ -1,5 +1,6 @@
 """What the step-time probes share (``decode_shape_probe.py``, ``kv_content_probe.py``,
-``shared_degree_probe.py``): the live executor they time and the step model that prices its batches.
+``shared_degree_probe.py``, ``step_path_probe.py``): the live executor they time, the step model that prices
+its batches, and a zeroed pool with its batch factory.
 Imported as ``probe_common`` (the probes run as scripts, so ``benchmarks/`` is on ``sys.path``)."""
 from __future__ import annotations
 
@@ -32,3 +33,16 @@ def live_probe(model_name: str, profile: str = "auto") -> Probe:
     print(f"profile: {sim.cost_source}")
     full = ex.kv_capacity_blocks(BLOCK_SIZE, 0.9) if ex.device.type == "cuda" else 2048
     return Probe(ex, sim.profile.model if sim.profile is not None else None, full, sim.cost_source)
+
+
+def zeroed_pool(executor, pool_blocks: int, max_decodes: int):
+    """Allocate ``pool_blocks`` KV blocks (and 64 CPU blocks) on ``executor``, zero them, capture the decode
+    graphs up to ``max_decodes`` sequences, and return the seeded ``BatchFactory`` over that pool."""
+    from kvrl.profiling.batches import BatchFactory
+    from kvrl.profiling.timing import warm_graphs
+
+    executor.allocate_kv(pool_blocks, 64, BLOCK_SIZE)
+    executor.kv.zero_()
+    factory = BatchFactory(pool_blocks, BLOCK_SIZE, executor.vocab_size, executor.max_model_len, seed=0)
+    warm_graphs(executor, factory, max_decodes)
+    return factory

@@ -93,17 +93,12 @@ def main() -> None:
         return
 
     from kvrl.executors.profile import batch_features
-    from kvrl.profiling.batches import BatchFactory
-    from kvrl.profiling.timing import time_batch, warm_graphs
-    from probe_common import live_probe
+    from kvrl.profiling.timing import time_batch
+    from probe_common import live_probe, zeroed_pool
 
     ex, model, pool, cost_source = live_probe(args.model, args.profile)
-    max_len = ex.max_model_len
-    ex.allocate_kv(pool, 64, BLOCK_SIZE)
-    ex.kv.zero_()
-    factory = BatchFactory(pool, BLOCK_SIZE, ex.vocab_size, max_len, seed=0)
     batches = [int(x) for x in args.batches.split(",")]
-    warm_graphs(ex, factory, max(batches))
+    factory = zeroed_pool(ex, pool, max(batches))
     rows = []
     for b in batches:
         for ctx in (int(x) for x in args.ctx.split(",")):

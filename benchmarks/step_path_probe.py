@@ -64,16 +64,12 @@ def main() -> None:
 
     from fidelity_step_path import long_decode_piecewise
     from kvrl.executors.profile import batch_features
-    from kvrl.profiling.batches import BatchFactory
-    from kvrl.profiling.timing import time_batch, warm_graphs
-    from probe_common import BLOCK_SIZE as block_size, live_probe
+    from kvrl.profiling.timing import time_batch
+    from probe_common import live_probe, zeroed_pool
 
     ex, model, pool, cost_source = live_probe(args.model, args.profile)
     shape = ex.cost_model.model
-    ex.allocate_kv(pool, 64, block_size)
-    ex.kv.zero_()
-    factory = BatchFactory(pool, block_size, ex.vocab_size, ex.max_model_len, seed=0)
-    warm_graphs(ex, factory, max(int(x) for x in args.decodes.split(",")))
+    factory = zeroed_pool(ex, pool, max(int(x) for x in args.decodes.split(",")))
     graphs = getattr(ex, "_step_graphs", None)
     split_decodes = graphs.split_decodes if graphs is not None else 0
     timed = lambda batch: float(np.median(time_batch(ex, batch, warmup=3, reps=args.reps, budget_s=0.5)[0]))
