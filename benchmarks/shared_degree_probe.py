@@ -54,9 +54,10 @@ def summary(d: dict, models: dict) -> str:
     from kvrl.executors.hardware import MODEL_SHAPES
     from kvrl.executors.profile import batch_features
 
+    vocab_size = d.get("vocab_size") or MODEL_SHAPES[d["model"]].vocab_size   # runs before session 38 name a shipped shape
     cells: dict = {}
     for r in d["rows"]:
-        f = batch_features(rebuild(r, d["pool_blocks"], MODEL_SHAPES[d["model"]].vocab_size))
+        f = batch_features(rebuild(r, d["pool_blocks"], vocab_size))
         if f["dec_shared"] != r["dec_shared"]:
             raise SystemExit(f"a rebuilt batch differs from the run's ({r})")
         cells.setdefault(r["degree"], []).append(
@@ -120,11 +121,11 @@ def main() -> None:
                                      dec_shared=f["dec_shared"], t=t, priced=p))
                     print(f"b={b:3d} ctx={ctx:5d} prefix={prefix:5d} {name:10s} {t * 1e3:7.3f} ms  priced "
                           f"{p * 1e3:7.3f} ms  measured/priced {t / p:5.3f}", flush=True)
-    data = {"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}
-    print("\n" + summary(data, {"this run's profile": model} if model is not None else {}))
+    data = {"model": args.model, "vocab_size": ex.vocab_size, "profile": cost_source, "pool_blocks": pool, "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(data, f, indent=1)
+    print("\n" + summary(data, {"this run's profile": model} if model is not None else {}))
 
 
 if __name__ == "__main__":
