@@ -22,14 +22,10 @@ from pathlib import Path
 
 def _paired(ratio) -> str:
     """Mean of per-round ratios with its range and, from 3 rounds, the 95% interval (Student t)."""
-    import numpy as np
-    from scipy import stats
+    from kvrl.analysis.stats import mean_ci
 
-    text = f"{ratio.mean():.3f} ({ratio.min():.3f}-{ratio.max():.3f})"
-    if len(ratio) >= 3:
-        half = stats.t.ppf(0.975, len(ratio) - 1) * ratio.std(ddof=1) / np.sqrt(len(ratio))
-        text += f" ± {half:.3f}"
-    return text
+    mean, half = mean_ci(ratio)
+    return f"{mean:.3f} ({ratio.min():.3f}-{ratio.max():.3f})" + (f" ± {half:.3f}" if len(ratio) >= 3 else "")
 
 
 def table(path: Path) -> str:
