@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         reloaded = summary.get("tier_loaded_blocks", 0)
         failed |= "tier" in kw and not reloaded      # a tier scenario must reload something
         split = step_graphs.split_steps - split_before if step_graphs else 0
-        long_contexts = kw.get("max_model_len", 4096) > step_graphs.split_context if step_graphs else False
+        long_contexts = kw.get("max_model_len", 4096) > step_graphs.rule.split_context if step_graphs else False
         failed |= bool(long_contexts and step_graphs.split_sizes and not split)   # it must take the split graphs
         rows.append((name, int(counts.sum()), *counts.tolist(), summary["preemptions"], summary["swapped_out_blocks"],
                      summary["recomputed_tokens"], round(summary["prefix_hit_rate"], 3), reloaded,

@@ -12,6 +12,7 @@ says which path the executor serves the batch by (long contexts that want key sp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -71,9 +72,9 @@ def main() -> None:
         order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
         n_pre = sum(not s.is_decode for s in batch.seqs)
         served = "step graph" if steps.bucket(order, n_pre) else "piecewise"   # what the executor does
-        rule, steps.split_context = steps.split_context, 1 << 30   # time the step graph even where it is not used
+        rule, steps.rule = steps.rule, dataclasses.replace(steps.rule, split_context=1 << 30)   # time the step graph even where it is not used
         if steps.bucket(order, n_pre) is None:
-            steps.split_context = rule
+            steps.rule = rule
             lines.append(f"| {name} | (too large for a step graph) | | | | | | |")
             continue
         times = {"step": [], "piecewise": []}
@@ -91,7 +92,7 @@ def main() -> None:
                     with torch.inference_mode():
                         logits[path] = ex._forward(batch)[0].float().clone()
         ex._step_graphs = steps
-        steps.split_context = rule
+        steps.rule = rule
         a, b = logits["step"], logits["piecewise"]
         ms = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
         lines.append(f"| {name} | {ms['step']:.2f} | {ms['piecewise']:.2f} | {ms['piecewise'] / ms['step']:.2f} "

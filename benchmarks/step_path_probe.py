@@ -16,6 +16,7 @@ switched off), and the price of a profile (default: the shipped one of this devi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -71,7 +72,6 @@ def main() -> None:
     shape = ex.cost_model.model
     factory = zeroed_pool(ex, pool, max(int(x) for x in args.decodes.split(",")))
     graphs = getattr(ex, "_step_graphs", None)
-    split_decodes = graphs.split_decodes if graphs is not None else 0
     timed = lambda batch: float(np.median(time_batch(ex, batch, warmup=3, reps=args.reps, budget_s=0.5)[0]))
     rows = []
     for q in (int(x) for x in args.prefill.split(",")):
@@ -85,15 +85,15 @@ def main() -> None:
                 t = timed(batch)
                 t_piecewise = t_split = None
                 if key is not None and key.split:            # the same step with the split graphs off
-                    graphs.split_decodes = 0
+                    rule, graphs.rule = graphs.rule, dataclasses.replace(graphs.rule, split_decodes=0)
                     t_piecewise = timed(batch)
-                    graphs.split_decodes = split_decodes
+                    graphs.rule = rule
                 elif key is not None:                        # a plain whole-step: the same on a split graph
-                    context, graphs.split_context = graphs.split_context, 0
+                    rule, graphs.rule = graphs.rule, dataclasses.replace(graphs.rule, split_context=0)
                     forced = graphs.bucket(order, 1)
                     if forced is not None and forced.split:
                         t_split = timed(batch)
-                    graphs.split_context = context
+                    graphs.rule = rule
                 priced = model.predict_features(f, True) if model is not None else float("nan")
                 pw = long_decode_piecewise(f, shape.num_heads, shape.num_kv_heads)
                 rows.append(dict(prefill=q, decodes=b, long=long, piecewise=pw, executor_path=path, t=t,

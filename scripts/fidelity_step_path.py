@@ -8,9 +8,9 @@ then, steps whose decodes want the splits run on split whole-step graphs; the ru
 reads more than ``split_context`` tokens is such a step. No term of the step model says which path a step
 takes, and the profile grid holds few such steps (a handful of its random points). From each recorded step's
 features (``replay.csv``: the longest decode context, the decode count, the prefill tokens and longest prefill
-context) this asks the executor's own rule (``StepGraphs.bucket`` with the live executor's defaults) about
-a stand-in of the step's items (a step with several prefill chunks is judged as if they were one, the largest
-query a replay does not keep), and prices the steps
+context) this asks the executor's own rule (``StepRule`` with the live executor's defaults as they were then) about
+the step (a step with several prefill chunks is judged as if they were one, the largest query a replay
+of those runs does not keep), and prices the steps
 by a profile, and by the same profile with one constant floor under such steps (``max(price, floor)``), the
 floor fitted (relative least squares) on the profile's own grid samples of this kind: what a path term
 fitted from today's grid would do.
@@ -30,45 +30,36 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 @functools.lru_cache(maxsize=None)
-def _step_graphs(heads: int, kv_heads: int, split_graphs: bool = False):
-    """A stand-in :class:`~kvrl.executors.step_graph.StepGraphs` with the live executor's defaults (token
-    buckets up to ``step_graph_max_tokens``, the prefill and decode limits, ``split_context``), so that its
-    own :meth:`~kvrl.executors.step_graph.StepGraphs.bucket` decides: no copy of the rule here. Without
-    ``split_graphs``, without the split graphs of session 38 (``split_decodes`` 0): the runs of sessions 37 and
-    before predate them, so their steps whose decodes wanted key splits ran piecewise."""
+def _rule(heads: int, kv_heads: int, split_graphs: bool = False):
+    """The :class:`~kvrl.executors.step_rule.StepRule` of a live executor with its defaults (token buckets up to
+    ``step_graph_max_tokens``, the prefill and decode limits, ``split_context``) as the runs read here had it:
+    split graphs only where the eager path splits (session 38; ``split_where_pays`` off), and without
+    ``split_graphs`` none at all (``split_decodes`` 0: the runs of sessions 37 and before predate them, so their
+    steps whose decodes wanted key splits ran piecewise)."""
     from kvrl.executors.live import LiveExecutor
     from kvrl.executors.piecewise import TOKEN_SIZES
     from kvrl.executors.step_graph import StepGraphs
+    from kvrl.executors.step_rule import StepRule
 
     graph_args = inspect.signature(StepGraphs.__init__).parameters
+    default = lambda name: graph_args[name].default
     max_tokens = inspect.signature(LiveExecutor.__init__).parameters["step_graph_max_tokens"].default
     sizes = tuple(s for s in sorted(TOKEN_SIZES) if s <= max_tokens)
-    max_decodes = min(graph_args["max_decodes"].default, sizes[-1])
-    split_decodes = min(graph_args["split_decodes"].default, max_decodes) if split_graphs else 0
-    split_max_tokens = max((s for s in sizes if s <= graph_args["split_max_tokens"].default), default=0) \
-        if split_graphs else 0
-    rule = SimpleNamespace(sizes=sizes, max_prefills=graph_args["max_prefills"].default, max_decodes=max_decodes,
-                           split_context=graph_args["split_context"].default, _heads=(heads, kv_heads),
-                           split_decodes=split_decodes, split_max_tokens=split_max_tokens)
-    rule._wants_splits = functools.partial(StepGraphs._wants_splits, rule)
-    return rule
+    max_decodes = min(default("max_decodes"), sizes[-1])
+    return StepRule(sizes, default("max_prefills"), max_decodes, heads, kv_heads, default("split_context"),
+                    tuple(s for s in sizes if s <= default("split_max_tokens")) if split_graphs else (),
+                    min(default("split_decodes"), max_decodes) if split_graphs else 0, default("decode_splits"),
+                    split_where_pays=False)
 
 
 def _step_key(f: dict, dec_max: int, heads: int, kv_heads: int, split_graphs: bool = False):
-    """The graph (:class:`~kvrl.executors.step_graph.StepKey`) the executor would run a step of features ``f``
-    (its longest decode context ``dec_max``) on, or None (piecewise). The stand-in items: one prefill of all the
-    prefill tokens at the longest prefill context (the others empty, so they count as prefills and add no
-    tokens), then one decode at ``dec_max`` and the rest at the first position."""
-    from kvrl.executors.step_graph import StepGraphs
-
-    item = lambda start, tokens: SimpleNamespace(start=start, num_tokens=tokens)
-    n_pre, n_dec = f["n_pre"], f["n_dec"]
-    order = [item(max(f["pre_max_ctx"] - f["pre_tok"], 0), f["pre_tok"])] + [item(0, 0)] * (n_pre - 1)
-    order += [item(dec_max - 1, 1)] + [item(0, 1)] * (n_dec - 1)
-    return StepGraphs.bucket(_step_graphs(heads, kv_heads, split_graphs), order, n_pre)
+    """The graph (:class:`~kvrl.executors.step_rule.StepKey`) the executor would run a step of features ``f``
+    (its longest decode context ``dec_max``) on, or None (piecewise); its prefill chunks judged as if they were
+    one of all the prefill tokens at the longest prefill context."""
+    return _rule(heads, kv_heads, split_graphs).key(f["pre_tok"] + f["n_dec"], f["n_pre"], f["pre_tok"],
+                                                    f["pre_max_ctx"], f["n_dec"], dec_max)
 
 
 def _whole_step(f: dict, dec_max: int, heads: int, kv_heads: int) -> bool:

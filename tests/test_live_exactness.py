@@ -3,6 +3,8 @@ on random-weight tiny checkpoints of every family, also under preemption (swap a
 prefix-cache hits and copy-on-write forks (n > 1)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -140,7 +142,7 @@ def test_split_step_graphs_match_transformers(checkpoint):
     engine = live_engine(checkpoint, num_blocks=320, block_size=4, budget=64, piecewise_sizes=(16, 32, 64),
                          step_graph_max_tokens=64)
     graphs = engine.executor._step_graphs
-    graphs.split_context = 256
+    graphs.rule = dataclasses.replace(graphs.rule, split_context=256)
     served = []
     run = graphs.run
     graphs.run = lambda key, order, n_pre: served.append(key) or run(key, order, n_pre)
@@ -250,3 +252,15 @@ def test_step_graphs_split_long_decode_contexts_and_leave_long_prefill_contexts_
     assert bucket(prefills=[(8, 0)] * 17) is None                          # more prefill items than captured
     off = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128), decode_splits=1, capture=False)
     assert off.split_sizes == () and bucket(off, decode_lens=[8192] * 4, prefills=[(64, 0)]) is None
+    # below split_context: a split graph where few decodes read long contexts (at least 512 keys, 32 per decode)
+    assert bucket(decode_lens=[512] * 4, prefills=[(64, 0)]) == StepKey(128, True)
+    assert bucket(decode_lens=[511] * 4, prefills=[(64, 0)]) == StepKey(128, False)
+    assert bucket(decode_lens=[100, 600], prefills=[(16, 0)]) == StepKey(64, True)     # the longest decode counts
+    assert bucket(decode_lens=[511] * 8 + [512], prefills=[(16, 0)]) == StepKey(64, False)   # 9 decodes > split_decodes
+    wide = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128, 2048), max_decodes=2048, capture=False)
+    assert bucket(wide, decode_lens=[2047] * 64, prefills=[(64, 0)]) == StepKey(128, False)   # 32 keys per decode
+    assert bucket(wide, decode_lens=[2048] * 64, prefills=[(64, 0)]) == StepKey(128, True)
+    assert bucket(wide, decode_lens=[2048] * 64, prefills=[(512, 0)]) == StepKey(2048, False)  # > split_max_tokens
+    only_eager = StepGraphs(model, [], 16, 1024, sizes=(16, 64, 128), split_where_pays=False, capture=False)
+    assert bucket(only_eager, decode_lens=[1024] * 4, prefills=[(64, 0)]) == StepKey(128, False)   # session 38's rule
+    assert bucket(only_eager, decode_lens=[8192] * 4, prefills=[(64, 0)]) == StepKey(128, True)

@@ -1,6 +1,7 @@
 """scripts/fidelity_step_path.py reads which graph a recorded step ran on from its features alone, through a
 stand-in of :class:`~kvrl.executors.step_graph.StepGraphs` with the live executor's defaults. Its answer must be
-the executor's own, with and without the split graphs, for steps of one prefill chunk beside decodes."""
+the executor's own, with and without the split graphs (as session 38 had them: only where the eager path splits),
+for steps of one prefill chunk beside decodes."""
 from __future__ import annotations
 
 import importlib.util
@@ -33,7 +34,7 @@ def test_the_stand_in_picks_the_executors_graph(model, split_graphs):
     cfg = model.config
     block_size, max_len = 16, 16384
     graphs = StepGraphs(model, [], block_size, max_len // block_size, TOKEN_SIZES, 2048,
-                        decode_splits=8 if split_graphs else 1, capture=False)
+                        decode_splits=8 if split_graphs else 1, split_where_pays=False, capture=False)
     factory = BatchFactory(80000, block_size, cfg.vocab_size, max_len, seed=0)
     kinds = set()
     for prefill in (64, 256, 600):

@@ -25,7 +25,8 @@ from typing import Optional
 #: and configuration code (kvrl.model.loader, .config, .random_checkpoint) runs before timing starts.
 TIMING_SOURCES = ("kvrl.kernels", "kvrl.model.layers", "kvrl.model.model", "kvrl.model.metadata",
                   "kvrl.executors.live", "kvrl.executors.decode_graph", "kvrl.executors.sampling",
-                  "kvrl.executors.piecewise", "kvrl.executors.step_graph", "kvrl.executors.step_inputs",
+                  "kvrl.executors.piecewise", "kvrl.executors.step_graph", "kvrl.executors.step_rule",
+                  "kvrl.executors.step_inputs",
                   "kvrl.executors.base")
 
 

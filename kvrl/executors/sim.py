@@ -300,7 +300,7 @@ class SimExecutor(Executor):
         plain decodes of a batch with the planner's summary (``batch.plain``) are priced from it and
         their tokens left to the returned :attr:`~StepOutput.decode_tokens` (``None`` entries of
         ``sampled``); every other item is looked at one by one."""
-        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = rows = other = 0
+        n_pre = pre_tok = pre_pairs = pre_ctx = pre_max_ctx = pre_max_q = rows = other = 0
         vocab, seed = self.model.vocab_size, self.seed
         # a decode's id, ``(seq_id * 2654435761 + (start + 1) * 40503 + seed) % vocab``, computed as
         # ``(seq_id * (2654435761 % vocab) + start * 40503 + seed + 40503) % vocab``: the same residue
@@ -340,6 +340,8 @@ class SimExecutor(Executor):
                 pre_ctx += start + k
                 if start + k > pre_max_ctx:
                     pre_max_ctx = start + k
+                if k > pre_max_q:
+                    pre_max_q = k
             if item.num_samples:
                 rows += 1
                 base = seq.seq_id * 2654435761 + (start + k) * 40503 + seed
@@ -353,7 +355,8 @@ class SimExecutor(Executor):
         m = self._step_model
         n_out, n_in = len(batch.swap_out), len(batch.swap_in)
         compute = m.predict(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared, rows,
-                            len(batch.copies), n_out, n_in, self.cuda_graphs, host_scale=self.host_speed)
+                            len(batch.copies), n_out, n_in, self.cuda_graphs, host_scale=self.host_speed,
+                            pre_max_q=pre_max_q)
         if n_pre or n_dec:
             swaps = n_out + n_in
             compute += self.host_speed * m.host_work_s(batch.num_admitted, batch.num_preempted, batch.num_finished, batch.num_waiting,
@@ -366,7 +369,7 @@ class SimExecutor(Executor):
             self._clock += compute     # the common step: no swap stream involved
             return StepOutput(sampled, compute, decode_tokens=rule)
         forward = scale * m.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv,
-                                                     dec_max, dec_shared, rows, self.cuda_graphs)
+                                      dec_max, dec_shared, rows, self.cuda_graphs, pre_max_q)
         return StepOutput(sampled, self._timed(compute, forward, m.swap_out_xfer(n_out), m.swap_in_xfer(n_in)),
                           decode_tokens=rule)
 

@@ -22,48 +22,38 @@ from buffer shapes alone (:func:`kvrl.kernels.paged_step_attention`), so the who
   5.1 ms piecewise; at contexts of 1-2k the whole-step graph was 1.1-2.6x faster).
 * so, per bucket of up to ``split_max_tokens`` tokens, a second graph whose decodes split their
   keys ``decode_splits`` ways (up to ``split_decodes`` decodes; a short context fills fewer
-  splits, the empty ones exit at once) serves the steps whose *decodes* want splits. Such steps
-  used to run piecewise, whose launch-bound small steps took 1.1-1.9x their back-to-back time
-  inside serving (docs/fidelity.md, session 37: a small prefill beside decodes past 4,096 tokens).
+  splits, the empty ones exit at once) serves the steps whose decodes want splits: on the eager
+  path (such steps used to run piecewise, whose launch-bound small steps took 1.1-1.9x their
+  back-to-back time inside serving; docs/fidelity.md, session 37), and, since session 39, wherever
+  few decodes read long contexts (:meth:`~kvrl.executors.step_rule.StepRule.split_pays`).
 
-A step with more prefill items than ``max_prefills``, more decodes than ``max_decodes``, more
-tokens than ``max_tokens``, a long prefill context that wants key splits, or decodes that want
-splits beyond the split graphs (more tokens than ``split_max_tokens`` or more decodes than
-``split_decodes``) runs piecewise. Padding rows hold token 0 at position 0, write no K/V
+Which graph a step takes is :class:`~kvrl.executors.step_rule.StepRule` (the sim prices the same
+rule). A step with more prefill items than ``max_prefills``, more decodes than ``max_decodes``, more
+tokens than ``max_tokens``, a long prefill context that wants key splits, or decodes that want the
+eager path's splits beyond the split graphs (more tokens than ``split_max_tokens`` or more decodes
+than ``split_decodes``) runs piecewise. Padding rows hold token 0 at position 0, write no K/V
 and are never sampled. Without ``capture`` (CPU, tests) the same body runs eagerly on the same
 buffers.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import time
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from kvrl.executors.piecewise import TOKEN_SIZES
 from kvrl.executors.step_inputs import fill_step_inputs
+from kvrl.executors.step_rule import StepKey, StepRule
 from kvrl.model import CausalLM, PaddedAttentionMetadata
 
 log = logging.getLogger(__name__)
 
-#: streaming multiprocessors assumed by the split rule (an H100 / H200), so the rule, and the sim's
-#: reading of it, do not depend on the machine
-_SMS = 132
-
-
 def _aligned(n: int) -> int:
     """``n`` int32 entries rounded up to 16 bytes (Triton specialises kernels on pointer alignment)."""
     return -(-n // 4) * 4
-
-
-class StepKey(NamedTuple):
-    """One captured whole-step graph: its token bucket, and whether its decodes split their keys."""
-
-    tokens: int
-    split: bool
 
 
 class StepGraphs:
@@ -77,7 +67,7 @@ class StepGraphs:
                  max_blocks_per_seq: int, sizes: Sequence[int] = TOKEN_SIZES, max_tokens: int = 2048,
                  max_prefills: int = 16, max_decodes: int = 512, split_context: int = 4096,
                  split_max_tokens: int = 512, split_decodes: int = 128, decode_splits: int = 8,
-                 capture: bool = True) -> None:
+                 split_where_pays: bool = True, capture: bool = True) -> None:
         cfg = model.config
         self.model = model
         self.kv_caches = kv_caches
@@ -86,14 +76,14 @@ class StepGraphs:
         if not self.sizes:
             raise ValueError(f"no token bucket up to max_tokens={max_tokens}")
         self.max_prefills = max_prefills
-        self.split_context = split_context
-        self._heads = (cfg.num_heads, cfg.num_kv_heads)
         self.max_decodes = min(max_decodes, self.sizes[-1])
         #: the split graphs (see the module doc): their buckets, decode capacity and key splits (none: 0 or 1)
         self.split_decodes = min(int(split_decodes), self.max_decodes) if decode_splits > 1 else 0
         self.decode_splits = int(decode_splits) if self.split_decodes else 1
         self.split_sizes = tuple(s for s in self.sizes if s <= split_max_tokens) if self.split_decodes else ()
-        self.split_max_tokens = self.split_sizes[-1] if self.split_sizes else 0
+        #: which graph serves a step (the sim's step model reads the same rule from the profile)
+        self.rule = StepRule(self.sizes, max_prefills, self.max_decodes, cfg.num_heads, cfg.num_kv_heads, split_context,
+                             self.split_sizes, self.split_decodes, self.decode_splits, split_where_pays)
         p = next(model.parameters())
         dev, dtype = p.device, p.dtype
         pin = dev.type == "cuda"
@@ -132,37 +122,8 @@ class StepGraphs:
     # ----------------------------------------------------------------- buckets
     def bucket(self, order: Sequence, num_prefills: int) -> Optional[StepKey]:
         """The graph that serves a step of the items ``order`` (prefill items first), or None (the
-        step runs piecewise; see the module doc)."""
-        num_tokens = sum(item.num_tokens for item in order)
-        num_decodes = len(order) - num_prefills
-        if num_prefills > self.max_prefills or num_decodes > self.max_decodes or num_tokens <= 0:
-            return None
-        i = bisect.bisect_left(self.sizes, num_tokens)
-        if i == len(self.sizes):
-            return None
-        prefill_splits, decode_splits = self._wants_splits(order, num_prefills)
-        if prefill_splits:
-            return None
-        if not decode_splits:
-            return StepKey(self.sizes[i], False)
-        if num_tokens <= self.split_max_tokens and num_decodes <= self.split_decodes:
-            return StepKey(self.sizes[i], True)
-        return None
-
-    def _wants_splits(self, order: Sequence, n_pre: int) -> tuple[bool, bool]:
-        """Whether the eager path would split the keys of this step's prefill attention, and of its
-        decode attention, over contexts longer than ``split_context`` (its split pickers, on the
-        step's longest contexts)."""
-        from kvrl.kernels.triton_decode import pick_num_splits
-        from kvrl.kernels.triton_prefill import pick_prefill_splits
-
-        heads, kv_heads = self._heads
-        pre_ctx = max((item.start + item.num_tokens for item in order[:n_pre]), default=0)
-        dec_ctx = max((item.start + 1 for item in order[n_pre:]), default=0)
-        prefill = pre_ctx > self.split_context and pick_prefill_splits(
-            heads, max(item.num_tokens for item in order[:n_pre]), n_pre, pre_ctx, 64, _SMS) > 1
-        decode = dec_ctx > self.split_context and pick_num_splits(len(order) - n_pre, kv_heads, dec_ctx, _SMS) > 1
-        return prefill, decode
+        step runs piecewise): :meth:`StepRule.key_of <kvrl.executors.step_rule.StepRule.key_of>`."""
+        return self.rule.key_of(order, num_prefills)
 
     def _meta(self, key: StepKey) -> PaddedAttentionMetadata:
         d = min(key.tokens, self.split_decodes if key.split else self.max_decodes)

@@ -21,6 +21,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         mixed_batch=[16, 64, 256], mixed_ctx=[512, 2048], mixed_prefill=[256, 2048],
         mixed_long_batch=[8, 32, 96], mixed_long_ctx=[1024, 4096], mixed_long_prefill=[32, 256],
         mixed_long_cached=[0, 1024],
+        split_batch=[4, 16, 64], split_ctx=[1024, 2048, 8192], split_prefill=[64, 256],
         scatter_batch=[16, 64], scatter_ctx=[1024, 2048],
         shared_batch=[16, 64], shared_ctx=[1024, 2048], shared_prefix=[512, 1024], shared_mixed_prefill=256,
         copies=[1, 16, 128, 1024],
@@ -42,6 +43,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         mixed_batch=[4, 16], mixed_ctx=[64, 256], mixed_prefill=[32, 128],
         mixed_long_batch=[4, 16], mixed_long_ctx=[256], mixed_long_prefill=[8, 32],
         mixed_long_cached=[0, 64],
+        split_batch=[2, 8], split_ctx=[64, 256], split_prefill=[8],
         scatter_batch=[8], scatter_ctx=[256],
         shared_batch=[8], shared_ctx=[256], shared_prefix=[64, 128], shared_mixed_prefill=32,
         copies=[1, 4, 16, 64],
@@ -166,6 +168,14 @@ def grid_points(g: dict, graphs: bool, max_len: int) -> list[tuple[str, bool, di
                 for c in g["mixed_long_cached"]:
                     if L <= max_len and n + c <= max_len:
                         pts.append(("mixed_long", False, {"decode_lens": [L] * b, "prefills": [(n, c)]}))
+    # a small prefill beside a few decodes, one of them long, the rest at a quarter of it: the steps the live
+    # executor runs on split whole-step graphs (kvrl.executors.step_rule), which fit version 13's path term prices
+    for b in g.get("split_batch", ()):
+        for L in g["split_ctx"]:
+            for n in g["split_prefill"]:
+                if L <= max_len:
+                    pts.append(("split_mixed", False, {"decode_lens": [L] + [max(L // 4, 2)] * (b - 1),
+                                                       "prefills": [(n, 0)]}))
     # diagnostic, never fitted: decode batches whose KV blocks are scattered over the pool; the fit
     # report's error on them is what scattering costs beyond the model (which has no such feature)
     for b in g.get("scatter_batch", ()):

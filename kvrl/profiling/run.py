@@ -71,7 +71,9 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
-    model = StepModel.fit(samples + engine, graph_sizes, token_sizes=token_sizes)
+    graphs = getattr(ex, "_step_graphs", None)
+    step_rule = graphs.rule.to_dict() if graphs is not None else None   # the path term's rule (fit version 13)
+    model = StepModel.fit(samples + engine, graph_sizes, token_sizes=token_sizes, step_rule=step_rule)
     pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
     # grid and held-out steps are timed alike, so their errors are those of the grid fit alone
     fit = {"grid": error_stats(pred(samples), [s["t"] for s in samples]),
@@ -104,7 +106,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
             [s["t_xfer"] for s in xfer])
     meta = {"created": time.time(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model": model_name, "block_size": block_size, "num_blocks": nb, "cuda_graphs": graphs,
-            "step_graphs": bool(getattr(ex, "use_step_graphs", False)),
+            "step_graphs": bool(getattr(ex, "use_step_graphs", False)), "step_rule": step_rule,
             "graph_batch_sizes": graph_sizes, "piecewise_token_sizes": token_sizes, "sampling": dataclasses.asdict(ex.sampling),
             "torch": torch.__version__, "triton": package_version("triton"), "transformers": package_version("transformers"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

@@ -18,6 +18,13 @@ FEATURES = ("n_pre", "pre_tok", "pre_pairs", "pre_ctx", "pre_max_ctx", "n_dec", 
 CO_READ = "dec_coread"
 
 
+#: the longest prefill chunk's query tokens: with the longest prefill context, what decides whether
+#: the live executor's eager path splits a prefill's keys, and so which graph a step runs on
+#: (:class:`~kvrl.executors.step_rule.StepRule`). Not a forward feature argument: recorded since fit
+#: version 13 (older samples: ``pre_tok``, exact for one chunk).
+PRE_MAX_Q = "pre_max_q"
+
+
 #: the features of the forward pass (the arguments of :meth:`StepModel.forward_s`)
 FORWARD_FEATURES = FEATURES[:10]
 
@@ -45,8 +52,8 @@ QUEUE_STEP_TERM = "per_wait_step"
 
 
 def batch_features(batch) -> dict[str, int]:
-    """The :data:`FEATURES` and :data:`CO_READ` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
-    f = dict.fromkeys((*FEATURES, CO_READ), 0)
+    """The :data:`FEATURES`, :data:`CO_READ` and :data:`PRE_MAX_Q` of a :class:`~kvrl.engine.batch.ScheduledBatch`."""
+    f = dict.fromkeys((*FEATURES, CO_READ, PRE_MAX_Q), 0)
     for item in batch.seqs:
         k, start = item.num_tokens, item.start
         if k == 1:
@@ -61,6 +68,7 @@ def batch_features(batch) -> dict[str, int]:
             f["pre_pairs"] += k * start + k * (k + 1) // 2
             f["pre_ctx"] += start + k
             f["pre_max_ctx"] = max(f["pre_max_ctx"], start + k)
+            f[PRE_MAX_Q] = max(f[PRE_MAX_Q], k)
         if item.num_samples:
             f["rows"] += 1
     f["copies"], f["swap_out"], f["swap_in"] = len(batch.copies), len(batch.swap_out), len(batch.swap_in)
@@ -95,6 +103,11 @@ def host_work_rows(batches) -> list[dict[str, int]]:
 
 #: the profile grid's groups whose decodes all read one common prefix (kvrl.profiling.batches)
 ONE_PREFIX_GROUPS = ("shared", "shared_mixed")
+
+
+def pre_max_q_of(sample: dict) -> int:
+    """:data:`PRE_MAX_Q` of a feature dict (samples recorded before fit version 13: ``pre_tok``)."""
+    return int(sample.get(PRE_MAX_Q, sample.get("pre_tok", 0)))
 
 
 def co_read_of(sample: dict) -> float:

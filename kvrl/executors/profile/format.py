@@ -17,7 +17,7 @@ FORMAT = "kvrl-step-profile"
 VERSION = 1
 
 
-FIT_VERSION = 12
+FIT_VERSION = 13
 
 
 #: stored models of these fit versions load as they are (version 5 lacks ``pre_max_ctx`` and
@@ -25,8 +25,9 @@ FIT_VERSION = 12
 #: versions 5-8 ``mixed_dec`` and the host terms of the previous step's prefill tokens and of swaps,
 #: versions 5-9 ``mixed_shared``, versions 5-10 ``per_wait_step``: those then price as zero / no
 #: padding / as private KV tokens / as ``dec_shared`` / as zero, and the old predictions are unchanged;
-#: versions 5-11 price every prefix-cache token of a decode as shared, version 12 the co-read ones only)
-LOADABLE_FIT_VERSIONS = (5, 6, 7, 8, 9, 10, 11, 12)
+#: versions 5-11 price every prefix-cache token of a decode as shared, version 12 the co-read ones only;
+#: versions 5-12 have no path term: a mixed step on a split whole-step graph is priced as on the plain one)
+LOADABLE_FIT_VERSIONS = (5, 6, 7, 8, 9, 10, 11, 12, 13)
 
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",

@@ -11,10 +11,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from kvrl.executors.profile.features import (FEATURES, FORWARD_FEATURES, HOST_WORK, HOST_WORK_TERMS, QUEUE_STEP_TERM,
-                                             co_read_of)
+                                             co_read_of, pre_max_q_of)
 from kvrl.executors.profile.fit import (FLOOR_TERMS, choose_knots, column, error_stats, fit_host, fit_max,
                                         fit_weighted, hat_basis, unidentified_host_terms)
 from kvrl.executors.profile.format import FIT_VERSION, ProfileError
+from kvrl.executors.step_rule import StepRule
 
 
 class Linear1D:
@@ -85,7 +86,7 @@ class StepModel:
 
     def __init__(self, graph_sizes: Sequence[int], graph: Optional[dict], eager: dict, ops: dict,
                  host: dict, engine_factor: Optional[dict] = None, token_sizes: Sequence[int] = (),
-                 fit_version: int = FIT_VERSION) -> None:
+                 fit_version: int = FIT_VERSION, step_rule: Optional[dict] = None) -> None:
         #: the fit version that made these terms (:data:`FIT_VERSION` for a fresh fit; a loaded profile keeps its
         #: own, so saving it again does not relabel an older fit as the current one)
         self.fit_version = int(fit_version)
@@ -104,6 +105,10 @@ class StepModel:
         self.host = host
         #: forward passes inside an engine run vs the same shapes timed by the grid (see fit_engine_factor)
         self.engine_factor = dict(engine_factor or {"graph": 1.0, "eager": 1.0})
+        #: the live executor's graph rule (:class:`~kvrl.executors.step_rule.StepRule` as a dict; fit version
+        #: 13, recorded by ``kvrl-profile``): a mixed step it runs on a split whole-step graph is priced with
+        #: its decodes' longest context cut ``decode_splits`` ways and the ``split`` terms (None: no path term)
+        self.step_rule = step_rule
         self._build()
 
     def _build(self) -> None:
@@ -138,6 +143,10 @@ class StepModel:
         #: per step with a request waiting (fit version 11; older profiles: 0)
         self._h_wait_step = float(h.get(QUEUE_STEP_TERM, 0.0))
         self._k_graph, self._k_eager = float(self.engine_factor["graph"]), float(self.engine_factor["eager"])
+        self._rule = StepRule.from_dict(self.step_rule) if self.step_rule else None
+        #: the split-graph terms (fit version 13): per step and per decode of a step on a split graph
+        self._split_price = (float(c.get("split", 0.0)), float(c.get("split_dec", 0.0)))
+        self._prices_split = self._rule is not None and "split" in c
 
     # ------------------------------------------------------------------ prediction
     def pad(self, b: int) -> int:
@@ -160,8 +169,11 @@ class StepModel:
         return cuda_graphs and self.graph is not None and n_pre == 0 and 0 < n_dec <= self.max_graph
 
     def forward_s(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
-                  dec_kv: int, dec_max: int, dec_shared: int, rows: int, cuda_graphs: bool = True) -> float:
-        """Seconds of the forward pass and sampling (no block operations, no host overhead)."""
+                  dec_kv: int, dec_max: int, dec_shared: int, rows: int, cuda_graphs: bool = True,
+                  pre_max_q: int = -1) -> float:
+        """Seconds of the forward pass and sampling (no block operations, no host overhead).
+        ``pre_max_q``: the longest prefill chunk's query tokens (-1: ``pre_tok``), which with a path term
+        (:attr:`step_rule`) decides whether the step runs on a split graph."""
         if n_pre == 0 and n_dec == 0:
             return 0.0
         if cuda_graphs and self.graph is not None and n_pre == 0 and n_dec <= self.max_graph:
@@ -182,11 +194,15 @@ class StepModel:
         if n_pre:
             t += c_has_pre
         if b:
+            split = self._rule.split_piece(pre_tok + b, n_pre, pre_tok if pre_max_q < 0 else pre_max_q, pre_max_ctx,
+                                           b, dec_max) if self._prices_split else 0
             t += (c_has_dec + c_dec * b + self._e_kv(b) * (dec_kv - dec_shared)
                   + (self._e_mixed_shared if n_pre else self._e_shared) * dec_shared
-                  + self._e_kvmax(b) * b * dec_max)
+                  + self._e_kvmax(b) * b * (split or dec_max))
             if n_pre:
                 t += self._e_mixed_dec * b
+            if split:
+                t += self._split_price[0] + self._split_price[1] * b
         if self._has_floor:
             f0, f_seq, f_kv, f_tok = self._floor
             floor = f0 + f_seq * (n_pre + b) + f_kv * (dec_kv + pre_ctx) + f_tok * n
@@ -215,17 +231,18 @@ class StepModel:
 
     def predict(self, n_pre: int, pre_tok: int, pre_pairs: int, pre_ctx: int, pre_max_ctx: int, n_dec: int,
                 dec_kv: int, dec_max: int, dec_shared: int, rows: int, copies: int = 0, swap_out: int = 0,
-                swap_in: int = 0, cuda_graphs: bool = True, host: bool = True, host_scale: float = 1.0) -> float:
+                swap_in: int = 0, cuda_graphs: bool = True, host: bool = True, host_scale: float = 1.0,
+                pre_max_q: int = -1) -> float:
         """Seconds of one engine step's compute stream as the live executor reports it when no
         swap-in delays it (``host`` adds the engine's own time between steps, which live
         ``elapsed_s`` includes, times ``host_scale``: a live host that runs Python that much slower
         than the profiling one, :mod:`kvrl.executors.host_speed`). The sim's hot path: a few
-        microseconds, block-operation terms inlined."""
+        microseconds, block-operation terms inlined. ``pre_max_q``: as :meth:`forward_s`."""
         if n_pre == 0 and n_dec == 0:
             t = 0.0
         else:
             t = self.forward_s(n_pre, pre_tok, pre_pairs, pre_ctx, pre_max_ctx, n_dec, dec_kv, dec_max, dec_shared,
-                               rows, cuda_graphs)
+                               rows, cuda_graphs, pre_max_q)
             if host:
                 h0, h1, h2 = self._h
                 t += host_scale * (h0 + h1 * (n_pre + n_dec) + h2 * n_pre)   # exact at 1.0
@@ -248,7 +265,8 @@ class StepModel:
     def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False, host_scale: float = 1.0) -> float:
         """:meth:`predict` of a feature dict (:meth:`forward_args`); with ``host``, also the
         :data:`HOST_WORK` terms of the keys ``f`` has (all host terms times ``host_scale``)."""
-        t = self.predict(*self.forward_args(f), cuda_graphs=cuda_graphs, host=host, host_scale=host_scale)
+        t = self.predict(*self.forward_args(f), cuda_graphs=cuda_graphs, host=host, host_scale=host_scale,
+                         pre_max_q=pre_max_q_of(f))
         if host and (f.get("n_pre") or f.get("n_dec")):
             t += host_scale * self.host_work_s(*(int(f.get(k, 0)) for k in HOST_WORK))
         return t
@@ -259,15 +277,18 @@ class StepModel:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:
-        return {"fit_version": self.fit_version, "graph_sizes": self.graph_sizes, "graph": self.graph,
-                "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor,
-                "token_sizes": self.token_sizes}
+        d = {"fit_version": self.fit_version, "graph_sizes": self.graph_sizes, "graph": self.graph,
+             "eager": self.eager, "ops": self.ops, "host": self.host, "engine_factor": self.engine_factor,
+             "token_sizes": self.token_sizes}
+        if self.step_rule:
+            d["step_rule"] = self.step_rule
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "StepModel":
         try:
             return cls(d["graph_sizes"], d["graph"], d["eager"], d["ops"], d["host"], d.get("engine_factor"),
-                       d.get("token_sizes", ()), int(d.get("fit_version", FIT_VERSION)))
+                       d.get("token_sizes", ()), int(d.get("fit_version", FIT_VERSION)), d.get("step_rule"))
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"profile model is incomplete: {exc}") from None
 
@@ -275,9 +296,11 @@ class StepModel:
     @classmethod
     def fit(cls, samples: list[dict], graph_sizes: Sequence[int] = (),
             host_samples: Sequence[Sequence[float]] = (), max_knots: int = 10,
-            token_sizes: Sequence[int] = ()) -> "StepModel":
+            token_sizes: Sequence[int] = (), step_rule: Optional[dict] = None) -> "StepModel":
         """Fit every term from measured samples (dicts of :data:`FEATURES` plus ``graph`` (bool,
         the live executor used a CUDA graph) and ``t`` (median seconds of ``execute``)).
+        ``step_rule``: the live executor's graph rule (the profile's ``meta["step_rule"]``); where it
+        puts fitted samples on split graphs, the path terms ``split`` and ``split_dec`` are fitted too.
 
         Samples flagged ``holdout`` or ``diagnostic`` are ignored. ``host_samples`` are
         ``(num_seqs, n_pre, gap_s, *HOST_WORK)`` rows from an engine run (the time between two
@@ -315,7 +338,13 @@ class StepModel:
         knots_n = choose_knots(n, max_knots)
         knots_b = choose_knots(b, max_knots) or [1.0]
         hb = hat_basis(knots_b, np.maximum(b, 1.0))
-        kv, kvmax, shared = column(eager_s, "dec_kv"), b * column(eager_s, "dec_max"), shared_column(eager_s)
+        rule = StepRule.from_dict(step_rule) if step_rule else None
+        split_ctx = np.asarray([rule.split_piece(int(s.get("pre_tok", 0) + s.get("n_dec", 0)), int(s.get("n_pre", 0)),
+                                                 pre_max_q_of(s), int(s.get("pre_max_ctx", 0)), int(s.get("n_dec", 0)),
+                                                 int(s.get("dec_max", 0))) if rule else 0 for s in eager_s], dtype=float)
+        on_split = (split_ctx > 0).astype(float)
+        kv, shared = column(eager_s, "dec_kv"), shared_column(eager_s)
+        kvmax = b * np.where(on_split > 0, split_ctx, column(eager_s, "dec_max"))
         has_pre = (column(eager_s, "n_pre") > 0).astype(float)
         names = ("pre_pairs", "pre_ctx", "pre_max_ctx", "n_pre", "has_pre", "has_dec", "rows", "n_dec", "dec_shared",
                  "mixed_dec")
@@ -326,6 +355,9 @@ class StepModel:
             names += ("mixed_shared",)
             extra[names.index("dec_shared")] = shared * (1.0 - has_pre)
             extra.append(shared * has_pre)
+        if on_split.any():            # the path term (fit version 13)
+            names += ("split", "split_dec")
+            extra += [on_split, on_split * b]
         cols = [*hat_basis(knots_n, n).T, *(hb * (kv - shared)[:, None]).T, *(hb * kvmax[:, None]).T, *extra]
         floor_cols = [np.ones_like(n), b + column(eager_s, "n_pre"), kv + column(eager_s, "pre_ctx"), n]
         x, xf = fit_max(cols, floor_cols, column(eager_s, "t"))
@@ -351,7 +383,7 @@ class StepModel:
                 else:   # samples of a synchronous swap path (fit version 4): all of it is transfer
                     ops[op + "_xfer"], ops[key] = ops[key], [0.0, 0.0]
         model = cls(graph_sizes if graph is not None else [], graph, eager, ops,
-                    {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}, token_sizes=sizes)
+                    {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}, token_sizes=sizes, step_rule=step_rule)
         model.host = fit_host(host_samples)
         model._build()
         return model
@@ -371,7 +403,8 @@ def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int =
     than ``min_rows`` steps of a kind."""
     factor = {"graph": 1.0, "eager": 1.0}
     for kind, want_graph in (("graph", True), ("eager", False)):
-        ratios = [s["t"] / model.forward_s(*model.forward_args(s)[:len(FORWARD_FEATURES)], cuda_graphs=bool(s["graph"]))
+        ratios = [s["t"] / model.forward_s(*model.forward_args(s)[:len(FORWARD_FEATURES)], cuda_graphs=bool(s["graph"]),
+                                           pre_max_q=pre_max_q_of(s))
                   for s in samples if bool(s["graph"]) == want_graph and (s.get("n_pre") or s.get("n_dec"))
                   and not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))]
         ratios = [r for r in ratios if math.isfinite(r) and r > 0]
@@ -384,7 +417,7 @@ def fit_model(samples: list, engine_samples: list, host_samples: Sequence, meta:
     """The step model of a profile's samples: :meth:`StepModel.fit` over the grid and engine-run
     samples, then :func:`fit_engine_factor` over the engine run's."""
     model = StepModel.fit(samples + engine_samples, meta.get("graph_batch_sizes", ()), host_samples,
-                          token_sizes=meta.get("piecewise_token_sizes", ()))
+                          token_sizes=meta.get("piecewise_token_sizes", ()), step_rule=meta.get("step_rule"))
     model.engine_factor = fit_engine_factor(model, engine_samples)
     model._build()
     return model
