@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 def table(path: Path) -> str:
     """A committed run's rows: time, path and price, by long context, decodes and prefill (runs since
-    session 38 also the executor's path and the same step piecewise)."""
+    session 38 also the executor's path and the same step on the other path: piecewise or a split graph, since
+    session 39 also a plain whole-step graph)."""
     d = json.loads(path.read_text())
     lines = [f"{d['model']}, priced by {d['profile']}", ""]
     if "t_piecewise" not in d["rows"][0]:
@@ -39,7 +40,8 @@ def table(path: Path) -> str:
     lines += ["| prefill tokens | decodes | longest decode context | executor's path | measured ms | the other path | "
               "its ms | its ms / measured | priced ms | measured / priced |", "|---:|---:|---:|---|---:|---|---:|---:|---:|---:|"]
     for r in d["rows"]:
-        other = ("piecewise", r["t_piecewise"]) if r.get("t_piecewise") else ("split graph", r.get("t_split"))
+        other = (("piecewise", r["t_piecewise"]) if r.get("t_piecewise") else ("whole-step", r["t_plain"])
+                 if r.get("t_plain") else ("split graph", r.get("t_split")))
         lines.append(f"| {r['prefill']} | {r['decodes']} | {r['long']} | {r['executor_path']} | {r['t'] * 1e3:.2f} | "
                      + (f"{other[0]} | {other[1] * 1e3:.2f} | {other[1] / r['t']:.2f}" if other[1] else "- | - | -")
                      + f" | {r['priced'] * 1e3:.2f} | {r['t'] / r['priced']:.2f} |")
@@ -83,10 +85,13 @@ def main() -> None:
                 key = graphs.bucket(order, 1) if graphs is not None else None     # the executor's own choice
                 path = "piecewise" if key is None else "split graph" if key.split else "whole-step"
                 t = timed(batch)
-                t_piecewise = t_split = None
+                t_piecewise = t_split = t_plain = None
                 if key is not None and key.split:            # the same step with the split graphs off
                     rule, graphs.rule = graphs.rule, dataclasses.replace(graphs.rule, split_decodes=0)
-                    t_piecewise = timed(batch)
+                    if graphs.bucket(order, 1) is None:
+                        t_piecewise = timed(batch)
+                    else:                                    # split where it pays (session 39): else a plain graph
+                        t_plain = timed(batch)
                     graphs.rule = rule
                 elif key is not None:                        # a plain whole-step: the same on a split graph
                     rule, graphs.rule = graphs.rule, dataclasses.replace(graphs.rule, split_context=0)
@@ -97,9 +102,10 @@ def main() -> None:
                 priced = model.predict_features(f, True) if model is not None else float("nan")
                 pw = long_decode_piecewise(f, shape.num_heads, shape.num_kv_heads)
                 rows.append(dict(prefill=q, decodes=b, long=long, piecewise=pw, executor_path=path, t=t,
-                                 t_piecewise=t_piecewise, t_split=t_split, priced=priced))
+                                 t_piecewise=t_piecewise, t_split=t_split, t_plain=t_plain, priced=priced))
                 print(f"q={q:4d} b={b:3d} long={long:5d} {path:11s} {t * 1e3:7.3f} ms"
                       + (f" (piecewise {t_piecewise * 1e3:7.3f} ms)" if t_piecewise else "")
+                      + (f" (whole-step {t_plain * 1e3:7.3f} ms)" if t_plain else "")
                       + (f" (split graph {t_split * 1e3:7.3f} ms)" if t_split else "")
                       + f" priced {priced * 1e3:7.3f} ms", flush=True)
     if args.out:
