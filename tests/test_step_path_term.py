@@ -93,3 +93,36 @@ def test_the_sim_prices_a_step_by_the_path_the_executor_takes():
     gap = model.predict_features(f) - plain.predict_features(f)
     kvmax = model._e_kvmax(4) * 4 * (256 - 2048)
     assert gap == pytest.approx(model.engine_factor["eager"] * (c["split"] + 4 * c["split_dec"] + kvmax), rel=1e-9)
+
+
+def test_kvrl_profile_records_the_executors_rule_and_fits_the_path_term(tmp_path):
+    """A CPU profile of a live executor with whole-step graphs (their body run eagerly) over a small grid with
+    split points: the profile records the executor's own rule, fits the split terms, and prices its samples
+    the same after a save and load."""
+    import torch
+
+    from kvrl.executors.live import LiveExecutor
+    from kvrl.model import load_model, make_random_checkpoint
+    from kvrl.profiling.batches import GRIDS
+    from kvrl.profiling.run import run_profile
+
+    make_random_checkpoint(tmp_path / "ckpt", family="qwen3", preset="tiny", seed=1)
+    model, config = load_model(tmp_path / "ckpt", dtype=torch.float32, device="cpu")
+    ex = LiveExecutor(model, config, torch.device("cpu"), torch.float32, piecewise=True, step_graphs=True)
+    small = dict(decode_batch=[1, 4], decode_ctx=[16, 128], ragged_batch=[4], ragged_ctx=[64], prefill_tokens=[8, 64],
+                 prefill_seqs=[1], prefix_query=[8], prefix_cached=[64], mixed_batch=[4], mixed_ctx=[64],
+                 mixed_prefill=[32], mixed_long_batch=[4], mixed_long_ctx=[256], mixed_long_prefill=[8],
+                 mixed_long_cached=[0], split_batch=[2, 8, 32], split_ctx=[512, 1024], split_prefill=[8, 32],
+                 scatter_batch=[], shared_batch=[], copies=[1], swaps=[1, 4], overlap_swap_in=[4], random=8, holdout=4,
+                 host_requests=8, reps=3)
+    prof = run_profile(ex, {**GRIDS["cpu"], **small}, block_size=16, num_blocks=512, model_name="tiny")
+    assert prof.meta["step_rule"] == ex._step_graphs.rule.to_dict() == prof.model.step_rule
+    assert {"split", "split_dec"} <= set(prof.model.eager["coef"])
+    on_split = [s for s in prof.samples if s["group"] == "split_mixed"
+                and ex._step_graphs.rule.split_piece(s["pre_tok"] + s["n_dec"], s["n_pre"], s["pre_max_q"],
+                                                     s["pre_max_ctx"], s["n_dec"], s["dec_max"])]
+    assert 0 < len(on_split) < len([s for s in prof.samples if s["group"] == "split_mixed"])   # 32 at 512: plain
+    prof.save(tmp_path / "p.json")
+    again = P.StepProfile.load(tmp_path / "p.json")
+    assert [again.model.predict_features(s) for s in on_split] == pytest.approx(
+        [prof.model.predict_features(s) for s in on_split], rel=1e-6)

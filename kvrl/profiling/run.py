@@ -71,8 +71,8 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
     engine = engine_samples(ex, steps)
     graph_sizes = list(ex.GRAPH_BATCH_SIZES) if graphs else []
     token_sizes = list(ex.piecewise_sizes) if ex.use_piecewise else []
-    graphs = getattr(ex, "_step_graphs", None)
-    step_rule = graphs.rule.to_dict() if graphs is not None else None   # the path term's rule (fit version 13)
+    whole_steps = getattr(ex, "_step_graphs", None)
+    step_rule = whole_steps.rule.to_dict() if whole_steps is not None else None   # the path term's rule (fit version 13)
     model = StepModel.fit(samples + engine, graph_sizes, token_sizes=token_sizes, step_rule=step_rule)
     pred = lambda rows: [model.predict_features(s, bool(s["graph"])) for s in rows]
     # grid and held-out steps are timed alike, so their errors are those of the grid fit alone
