@@ -5,16 +5,19 @@ and now runs on a whole-step graph whose decodes split their keys (kvrl.executor
 serves fidelity workloads that make such steps (default: ``tenants_pressure``, whose ``batch`` tenant
 sends 2k-8k prompts, and ``blind_long_ctx``) with one live executor, switching the split graphs off
 and on between runs (on: the executor's default; off: such steps run piecewise, as before), in
-alternating order (off, on, on, off, ...), so both meet the same machine state. Per run: wall
+alternating order (off, on, on, off, ...), so both meet the same machine state. ``--off eager``
+compares the executor's rule with session 38's instead (off: split graphs only where the eager path
+splits, ``StepRule.split_where_pays`` false; on: also where few decodes read long contexts). Per run: wall
 seconds, output tokens per second, mean TPOT and the steps the split graphs served.
 
-    python benchmarks/split_graph_ab.py [--model qwen3-0.6b] [--rounds 3] [--out ab.json]   # GPU
+    python benchmarks/split_graph_ab.py [--model qwen3-0.6b] [--rounds 3] [--off none|eager] [--out ab.json]   # GPU
     python benchmarks/split_graph_ab.py --table ab.json                                  # CPU: a Markdown table
     python benchmarks/split_graph_ab.py --model tiny --max-requests 6 --rounds 2         # CPU smoke run (no split steps)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -34,7 +37,8 @@ def table(path: Path) -> str:
     import numpy as np
 
     d = json.loads(path.read_text())
-    lines = [f"{d['model']}, {d['device']}, {d['rounds']} rounds (off and on in alternating order)", "",
+    off = {"none": "", "eager": "; off = split graphs only where the eager path splits (session 38's rule)"}[d.get("off", "none")]
+    lines = [f"{d['model']}, {d['device']}, {d['rounds']} rounds (off and on in alternating order{off})", "",
              "| workload | policy | off: tok/s | on: tok/s | on / off, paired (min-max) ± 95% | off: TPOT mean ms | "
              "on: TPOT mean ms | on / off, paired (min-max) ± 95% | steps on split graphs (on) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -57,6 +61,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="tenants_pressure,blind_long_ctx")
     ap.add_argument("--policies", default="vllm,sjf_swap")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--off", choices=("none", "eager"), default="none",
+                    help="the off side: no split graphs, or split graphs only where the eager path splits")
     ap.add_argument("--max-requests", type=int, default=None, help="serve only the first N of each workload")
     ap.add_argument("--out", default="")
     ap.add_argument("--table", type=Path, default=None, help="print a committed run's table (CPU) and stop")
@@ -86,13 +92,14 @@ def main() -> None:
         graphs = live._step_graphs           # built with the KV pool, for this workload's pool
         if graphs is None or not graphs.split_sizes:
             raise SystemExit("this executor has no split whole-step graphs (backend.step_graphs on, on CUDA)")
-        split_decodes = graphs.split_decodes
+        rule = graphs.rule
+        off_rule = dataclasses.replace(rule, **({"split_decodes": 0} if args.off == "none" else {"split_where_pays": False}))
         requests = workload_requests(w, cfg["max_requests"], live.vocab_size,
                                      ecfg.get("max_model_len") or live.max_model_len)
         for pname, pcfg in policies.items():
             for rnd in range(args.rounds):
                 for split in ((False, True) if rnd % 2 == 0 else (True, False)):
-                    graphs.split_decodes = split_decodes if split else 0   # off: bucket() sends such steps piecewise
+                    graphs.rule = rule if split else off_rule   # off: bucket() sends such steps piecewise (or plain)
                     before = graphs.split_steps
                     eng = pair_engine(ecfg, live, pcfg, cfg["slo"], record_steps=False)
                     wall = time.perf_counter()
@@ -104,9 +111,9 @@ def main() -> None:
                                split_steps=graphs.split_steps - before, finished=m["finished"])
                     runs.append(row)
                     print(json.dumps(row), flush=True)
-        graphs.split_decodes = split_decodes
+        graphs.rule = rule
     device = torch.cuda.get_device_name(live.device) if live.device.type == "cuda" else "CPU"
-    result = {"model": args.model, "device": device, "rounds": args.rounds,
+    result = {"model": args.model, "device": device, "rounds": args.rounds, "off": args.off,
               "torch": torch.__version__, "runs": runs}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
