@@ -30,7 +30,9 @@ with an agent found in neither place is skipped.
 
 ``--profile P`` adds ``backend.profile=P`` to the re-run (replacing a recorded one): the committed sim leaderboards
 of sessions 26-31 ran on the fit-10 profiles shipped then, archived since session 32 (docs/rl.md, "Reproducing a
-committed leaderboard"). ``--into DIR`` (with ``--regenerate``) writes the regenerated files under
+committed leaderboard"). Without it, a leaderboard that records its cost model (``Sim cost model: profile <path>
+(..., fit version N)``, since session 32) whose shipped profile has since been replaced re-runs on the archived one,
+``archive/<name>_fitN.json`` (:func:`recorded_profile`): the fit-11 leaderboards after session 39's re-profile. ``--into DIR`` (with ``--regenerate``) writes the regenerated files under
 ``DIR/<the leaderboard's folder below docs/results>/`` instead of over the committed ones, e.g. the same leaderboards
 on another profile beside the committed ones.
 """
@@ -65,6 +67,23 @@ def recorded_command(leaderboard: Path) -> list[str]:
     if not m:
         raise ValueError(f"{leaderboard}: no 'Command: `kvrl-eval ...`' line")
     return shlex.split(m.group(1))
+
+
+def recorded_profile(leaderboard: Path) -> "str | None":
+    """The archived profile a leaderboard ran on, where the shipped one at the path it records has moved on: its
+    ``Sim cost model: profile <path> (sha256 ..., fit version N)`` line names a packaged profile whose fit version
+    is no longer N, and ``archive/<that name>_fitN.json`` is there (shipping a re-profile archives the one it
+    replaces under that name). None: the recorded profile is still shipped, or the line or archive is missing."""
+    m = re.search(r"^Sim cost model: profile (\S+) \(sha256 \w+, fit version (\d+)\)", leaderboard.read_text(), re.MULTILINE)
+    if not m:
+        return None
+    recorded, fit = Path(m.group(1)), int(m.group(2))
+    packaged = ROOT / "kvrl" / "executors" / "profiles"
+    current = recorded if recorded.is_absolute() else ROOT / recorded
+    if current.exists() and json.loads(current.read_text()).get("model", {}).get("fit_version") == fit:
+        return None
+    archived = packaged / "archive" / f"{recorded.stem}_fit{fit}.json"
+    return str(archived.relative_to(packaged)) if archived.exists() else None
 
 
 def committed_table(leaderboard: Path) -> "tuple[Path, str, tuple[str, ...]] | None":
@@ -196,6 +215,10 @@ def rerun(leaderboard: Path, workers: int, regenerate: bool = False, profile: "s
         return {**out, "verdict": "skipped", "reason": reason}
     committed_path, written, key = table
     out["compared"] = committed_path.name
+    if profile is None and not any(o.startswith("backend.profile=") for o in overrides):
+        profile = recorded_profile(leaderboard)      # the archived profile it ran on (None: still shipped)
+        if profile:
+            out["profile_from"] = "the leaderboard's recorded profile and fit version"
     replaced = REPLACED + (("backend.profile",) if profile else ())
     kept = [o for o in overrides if o.partition("=")[0] not in replaced]
     if profile:

@@ -447,6 +447,16 @@ def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(t
     before = committed.read_bytes()
     into = [p.relative_to(tmp_path) for p in rr.replace_committed(committed, run, tmp_path / "fit11")]
     assert into[0] == Path("fit11/rl_sim_suite/pressure_leaderboard.md") and committed.read_bytes() == before
+    # a leaderboard whose recorded profile was since replaced re-runs on the archived one of its fit version
+    fit11 = ROOT / "docs" / "results" / "fit11" / "rl_sim_suite" / "pressure_leaderboard.md"
+    assert rr.recorded_profile(fit11) == "archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit11.json"
+    shipped = json.loads((ROOT / "kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16_step_graphs.json").read_text())
+    note = ("Sim cost model: profile kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16_step_graphs.json "
+            "(sha256 0123456789ab, fit version {})\n")
+    (tmp_path / "now_leaderboard.md").write_text(note.format(shipped["model"]["fit_version"]))
+    assert rr.recorded_profile(tmp_path / "now_leaderboard.md") is None        # still the shipped one
+    (tmp_path / "old_leaderboard.md").write_text(note.format(7))
+    assert rr.recorded_profile(tmp_path / "old_leaderboard.md") is None        # no such archive: as recorded
 
 
 def test_cem_table_lists_each_generation_and_the_fresh_window_mean(tmp_path):
