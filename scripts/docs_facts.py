@@ -975,8 +975,9 @@ ENSEMBLE_S35 = {"offline_det": "docs/results/fidelity_same_host/calibrated_s34.j
                 "live_ens": "docs/results/fidelity_same_host/ensemble_live_s35.jsonl",
                 "live54_det": "docs/results/fidelity_same_host/calibrated_live_s34.jsonl",
                 "live54_ens": "docs/results/fidelity_same_host/ensemble_live54_s35.jsonl"}
-ENSEMBLE_PROFILES = {"qwen": "kvrl/executors/profiles/h200_qwen3-0.6b_bfloat16_step_graphs.json",
-                     "llama": "kvrl/executors/profiles/h200_llama-3-8b_bfloat16_step_graphs.json",
+#: the profiles session 35's ensemble ran on (the defaults then: fit 11, archived since session 39)
+ENSEMBLE_PROFILES = {"qwen": "kvrl/executors/profiles/archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit11.json",
+                     "llama": "kvrl/executors/profiles/archive/h200_llama-3-8b_bfloat16_step_graphs_fit11.json",
                      "qwen_x4": "kvrl/executors/profiles/h200x4/h200_qwen3-0.6b_bfloat16_step_graphs.json",
                      "llama_x4": "kvrl/executors/profiles/h200x4/h200_llama-3-8b_bfloat16_step_graphs.json"}
 ENSEMBLE_RUNS = ("docs/results/fidelity_same_host/run58_qwen_ensemble/pressure_0/fidelity.json",
@@ -1628,9 +1629,12 @@ def _select_facts() -> dict[str, str]:
     return out
 
 
-#: the step-graph profiles of the H200 shapes, shipped default and four-GPU hosts' (kvrl/executors/profiles)
-SCATTER_PROFILES = {f"{host} {shape}": f"kvrl/executors/profiles/{sub}h200_{shape}_bfloat16_step_graphs.json"
-                    for host, sub in (("default", ""), ("h200x4", "h200x4/")) for shape in ("qwen3-0.6b", "llama-3-8b")}
+#: the step-graph profiles of the H200 shapes, default and four-GPU hosts' (kvrl/executors/profiles), as shipped in
+#: session 27: the defaults the fit-11 ones, archived since session 39's re-profile
+SCATTER_PROFILES = {f"{host} {shape}": f"kvrl/executors/profiles/{where}"
+                    for shape in ("qwen3-0.6b", "llama-3-8b")
+                    for host, where in (("default", f"archive/h200_{shape}_bfloat16_step_graphs_fit11.json"),
+                                        ("h200x4", f"h200x4/h200_{shape}_bfloat16_step_graphs.json"))}
 
 
 @source("profile_scatter", "cheap", *SCATTER_PROFILES.values())

@@ -100,11 +100,11 @@ def test_without_shared_mixed_samples_the_fit_keeps_one_shared_price():
 
 def test_a_model_with_mixed_shared_round_trips_and_says_its_version():
     """A model with fit version 10's mixed_shared term saves the current fit version (11 since the
-    queue's per-step host term, 12 since the co-read shared tokens) and loads back pricing the same;
-    version 10 files still load."""
+    queue's per-step host term, 12 since the co-read shared tokens, 13 since the path term) and loads back
+    pricing the same; version 10 files still load."""
     fit = P.StepModel.fit(_grid(_truth(2e-8, mixed_shared=4e-9)), [])
     d = fit.to_dict()
-    assert d["fit_version"] == P.FIT_VERSION == 12 and 10 in P.LOADABLE_FIT_VERSIONS
+    assert d["fit_version"] == P.FIT_VERSION == 13 and 10 in P.LOADABLE_FIT_VERSIONS
     again = P.StepModel.from_dict(json.loads(json.dumps(d)))
     f = step_features([700] * 33, pre=[(100, 50)], shared=256)
     assert again.predict_features(f, False) == fit.predict_features(f, False)

@@ -623,7 +623,9 @@ def test_sim_leaderboards_name_their_cost_model():
     run = OmegaConf.to_container(cfg, resolve=True)
     note = sim_cost_note(run)
     assert note.startswith("Sim cost model: profile ") and "h200_qwen3-0.6b_bfloat16_step_graphs.json" in note
-    assert "fit version 11" in note and "sha256 " in note
+    assert "fit version 13" in note and "sha256 " in note
+    run["backend"]["profile"] = "archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit11.json"
+    assert "fit version 11" in sim_cost_note(run)
     run["backend"]["profile"] = "archive/h200_qwen3-0.6b_bfloat16_step_graphs_fit10.json"
     assert "fit version 10" in sim_cost_note(run)
     run["backend"]["profile"] = "none"
