@@ -98,7 +98,7 @@ def test_the_sim_prices_a_step_by_the_path_the_executor_takes():
 def test_kvrl_profile_records_the_executors_rule_and_fits_the_path_term(tmp_path):
     """A CPU profile of a live executor with whole-step graphs (their body run eagerly) over a small grid with
     split points: the profile records the executor's own rule, fits the split terms, and prices its samples
-    the same after a save and load."""
+    the same after a save and load (up to the file's rounding)."""
     import torch
 
     from kvrl.executors.live import LiveExecutor
@@ -123,6 +123,7 @@ def test_kvrl_profile_records_the_executors_rule_and_fits_the_path_term(tmp_path
                                                      s["pre_max_ctx"], s["n_dec"], s["dec_max"])]
     assert 0 < len(on_split) < len([s for s in prof.samples if s["group"] == "split_mixed"])   # 32 at 512: plain
     prof.save(tmp_path / "p.json")
-    again = P.StepProfile.load(tmp_path / "p.json")
+    again = P.StepProfile.load(tmp_path / "p.json")          # coefficients saved to 6 significant digits
+    assert again.model.step_rule == prof.model.step_rule
     assert [again.model.predict_features(s) for s in on_split] == pytest.approx(
-        [prof.model.predict_features(s) for s in on_split], rel=1e-6)
+        [prof.model.predict_features(s) for s in on_split], rel=1e-4)
