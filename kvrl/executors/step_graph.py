@@ -51,6 +51,7 @@ from kvrl.model import CausalLM, PaddedAttentionMetadata
 
 log = logging.getLogger(__name__)
 
+
 def _aligned(n: int) -> int:
     """``n`` int32 entries rounded up to 16 bytes (Triton specialises kernels on pointer alignment)."""
     return -(-n // 4) * 4
