@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--prefill", default="64,256")
     ap.add_argument("--decodes", default="4,16,32,64")
     ap.add_argument("--long", default="3584,4608,6144,8192")
+    ap.add_argument("--others", type=int, default=1024,
+                    help="context of every decode but the long one (its rows' longest decode is max(long, others))")
     ap.add_argument("--profile", default="auto")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="")
@@ -79,7 +81,7 @@ def main() -> None:
     for q in (int(x) for x in args.prefill.split(",")):
         for b in (int(x) for x in args.decodes.split(",")):
             for long in (int(x) for x in args.long.split(",")):
-                batch = factory.batch(decode_lens=[long] + [1024] * (b - 1), prefills=[(q, 0)])
+                batch = factory.batch(decode_lens=[long] + [args.others] * (b - 1), prefills=[(q, 0)])
                 f = batch_features(batch)
                 order = [s for s in batch.seqs if not s.is_decode] + [s for s in batch.seqs if s.is_decode]
                 key = graphs.bucket(order, 1) if graphs is not None else None     # the executor's own choice
@@ -110,7 +112,8 @@ def main() -> None:
                       + f" priced {priced * 1e3:7.3f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "profile": cost_source, "pool_blocks": pool, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "profile": cost_source, "pool_blocks": pool, "other_decodes": args.others,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
