@@ -9,8 +9,8 @@ reads more than ``split_context`` tokens is such a step. No term of the step mod
 takes, and the profile grid holds few such steps (a handful of its random points). From each recorded step's
 features (``replay.csv``: the longest decode context, the decode count, the prefill tokens and longest prefill
 context) this asks the executor's own rule (``StepRule`` with the live executor's defaults as they were then) about
-the step (a step with several prefill chunks is judged as if they were one, the largest query a replay
-of those runs does not keep), and prices the steps
+the step (a step with several prefill chunks is judged by its largest query where the replay kept it, since
+session 39, else as if they were one), and prices the steps
 by a profile, and by the same profile with one constant floor under such steps (``max(price, floor)``), the
 floor fitted (relative least squares) on the profile's own grid samples of this kind: what a path term
 fitted from today's grid would do.
@@ -56,9 +56,11 @@ def _rule(heads: int, kv_heads: int, split_graphs: bool = False):
 
 def _step_key(f: dict, dec_max: int, heads: int, kv_heads: int, split_graphs: bool = False):
     """The graph (:class:`~kvrl.executors.step_rule.StepKey`) the executor would run a step of features ``f``
-    (its longest decode context ``dec_max``) on, or None (piecewise); its prefill chunks judged as if they were
-    one of all the prefill tokens at the longest prefill context."""
-    return _rule(heads, kv_heads, split_graphs).key(f["pre_tok"] + f["n_dec"], f["n_pre"], f["pre_tok"],
+    (its longest decode context ``dec_max``) on, or None (piecewise); its longest prefill chunk as the replay
+    recorded it (since session 39), else taken as all of the prefill tokens."""
+    from kvrl.executors.profile.features import pre_max_q_of
+
+    return _rule(heads, kv_heads, split_graphs).key(f["pre_tok"] + f["n_dec"], f["n_pre"], pre_max_q_of(f),
                                                     f["pre_max_ctx"], f["n_dec"], dec_max)
 
 
@@ -109,7 +111,7 @@ def pairs(run: Path, model, heads: int, kv_heads: int, floor: float, split_graph
     for csv in sorted(run.glob("runs/*/*/replay.csv")):
         steps = read_replay_csv(csv)
         hit = [s for s in steps if s["kind"] == "mixed" and long_decode_piecewise(s, heads, kv_heads)]
-        prices = [model.forward_s(*model.forward_args(s)[:10], cuda_graphs=True) for s in hit]
+        prices = [model.forward_features(s) for s in hit]
         row = {"run": run.parent.name if run.name.startswith("pressure") else run.name,
                "pair": f"{csv.parent.parent.name}/{csv.parent.name}", "live_s": sum(s["live_s"] for s in steps),
                "steps": len(hit), "steps_live_s": sum(s["live_execute_s"] for s in hit),

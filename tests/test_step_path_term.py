@@ -127,3 +127,28 @@ def test_kvrl_profile_records_the_executors_rule_and_fits_the_path_term(tmp_path
     assert again.model.step_rule == prof.model.step_rule
     assert [again.model.predict_features(s) for s in on_split] == pytest.approx(
         [prof.model.predict_features(s) for s in on_split], rel=1e-4)
+
+
+def test_a_replay_keeps_the_longest_prefill_chunk_that_decides_the_path(tmp_path):
+    """Two prefill chunks (192 and 100 tokens, one over an 8k context) beside 4 long decodes: by its longest
+    chunk the eager path splits the prefill's keys, so the step runs piecewise, not on a split graph; taken as
+    one chunk of all 292 tokens it would not. A replay.csv read back keeps ``pre_max_q``, so offline re-pricing
+    (kvrl-fidelity resim, the residual scripts) prices the step as the sim did."""
+    import csv
+
+    from kvrl.fidelity.replay import read_replay_csv
+
+    model = P.StepModel.fit(_samples(np.random.default_rng(3), 400, _truth), token_sizes=SIZES, step_rule=RULE.to_dict())
+    batch = BatchFactory(4096, 16, 1000, 9000).batch(decode_lens=[2048] * 4, prefills=[(192, 8000), (100, 0)])
+    f = batch_features(batch)
+    assert f[PRE_MAX_Q] == 192 and RULE.split_piece(296, 2, 192, 8192, 4, 2048) == 0
+    assert RULE.split_piece(296, 2, 292, 8192, 4, 2048) > 0                  # as one chunk: a split graph
+    path = tmp_path / "replay.csv"
+    row = {**f, "kind": "mixed", "live_s": 0.01, "live_execute_s": 0.009, "graph": 0}
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    (read,) = read_replay_csv(path)
+    assert read[PRE_MAX_Q] == 192
+    assert model.forward_features(read) == model.forward_features(f) != model.forward_features({**f, PRE_MAX_Q: 292})

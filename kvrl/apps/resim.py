@@ -70,7 +70,7 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool, host_speed: float = 1.0)
     stream + host term times ``host_speed``, on the sim's swap stream: a step waits for the swap-ins
     issued before it and for a pending swap-out, as :class:`~kvrl.executors.sim.SwapStream` models
     the live executor)."""
-    from kvrl.executors.profile import FORWARD_FEATURES, HOST_WORK
+    from kvrl.executors.profile import HOST_WORK
     from kvrl.executors.sim import SwapStream
     from kvrl.fidelity.replay import read_replay_csv
 
@@ -83,7 +83,7 @@ def reprice(replay_csv: Path, model, cuda_graphs: bool, host_speed: float = 1.0)
         elapsed = model.predict_features(feats, cuda_graphs, host=True, host_scale=host_speed)
         n_out, n_in = feats.get("swap_out", 0), feats.get("swap_in", 0)
         if n_out or n_in or stream.busy_until > now:
-            forward = model.forward_s(*model.forward_args(feats)[:len(FORWARD_FEATURES)], cuda_graphs=cuda_graphs)
+            forward = model.forward_features(feats, cuda_graphs)
             elapsed = stream.step_s(now, elapsed, forward)
             stream.issue(now, now + elapsed, model.swap_out_xfer(n_out), model.swap_in_xfer(n_in))
         now += elapsed

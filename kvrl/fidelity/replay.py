@@ -170,20 +170,22 @@ def read_replay_csv(path: Path) -> list[dict]:
     """The rows of a run's ``replay.csv`` (one per executed live step, in order) as dicts: the
     cost-model features and host-work counters as ints (:data:`~kvrl.executors.profile.FEATURES`,
     ``dec_coread`` where recorded (since fit version 12; without it a fit-12 model prices every
-    prefix hit as shared, as the live run's profile did), :data:`~kvrl.executors.profile.HOST_WORK`),
+    prefix hit as shared, as the live run's profile did), ``pre_max_q`` where recorded (since fit
+    version 13; without it the longest prefill chunk is taken as all of the step's prefill tokens),
+    :data:`~kvrl.executors.profile.HOST_WORK`),
     ``kind``, ``live_s``, ``live_execute_s`` and
     ``graph``, and the CPU contention columns where recorded (:data:`~kvrl.fidelity.cpu.CPU_COLUMNS`).
     Counters that files written before fit version 9 lack (``pre_tok_prev``,
     ``swap_blocks``, ``swap_step``) follow from the rows in order, as
     :func:`~kvrl.executors.profile.host_work_rows` computes them live."""
     from kvrl.executors.profile import FEATURES, HOST_WORK
-    from kvrl.executors.profile.features import CO_READ
+    from kvrl.executors.profile.features import CO_READ, PRE_MAX_Q
     from kvrl.fidelity.cpu import CPU_COLUMNS
 
     rows, prev_pre_tok = [], 0
     with open(path) as f:
         for r in csv.DictReader(f):
-            feats = {k: int(float(r[k])) for k in (*FEATURES, CO_READ, *HOST_WORK) if r.get(k) not in (None, "")}
+            feats = {k: int(float(r[k])) for k in (*FEATURES, CO_READ, PRE_MAX_Q, *HOST_WORK) if r.get(k) not in (None, "")}
             swaps = feats.get("swap_out", 0) + feats.get("swap_in", 0)
             feats.setdefault("pre_tok_prev", prev_pre_tok)
             feats.setdefault("swap_blocks", swaps)

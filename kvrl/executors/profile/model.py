@@ -262,6 +262,11 @@ class StepModel:
             args[_SHARED_AT] = co_read_of(f)
         return args
 
+    def forward_features(self, f: dict, cuda_graphs: bool = True) -> float:
+        """:meth:`forward_s` of a feature dict (:meth:`forward_args`, and its ``pre_max_q``)."""
+        return self.forward_s(*self.forward_args(f)[:len(FORWARD_FEATURES)], cuda_graphs=cuda_graphs,
+                              pre_max_q=pre_max_q_of(f))
+
     def predict_features(self, f: dict, cuda_graphs: bool = True, host: bool = False, host_scale: float = 1.0) -> float:
         """:meth:`predict` of a feature dict (:meth:`forward_args`); with ``host``, also the
         :data:`HOST_WORK` terms of the keys ``f`` has (all host terms times ``host_scale``)."""
@@ -403,8 +408,7 @@ def fit_engine_factor(model: StepModel, samples: Sequence[dict], min_rows: int =
     than ``min_rows`` steps of a kind."""
     factor = {"graph": 1.0, "eager": 1.0}
     for kind, want_graph in (("graph", True), ("eager", False)):
-        ratios = [s["t"] / model.forward_s(*model.forward_args(s)[:len(FORWARD_FEATURES)], cuda_graphs=bool(s["graph"]),
-                                           pre_max_q=pre_max_q_of(s))
+        ratios = [s["t"] / model.forward_features(s, bool(s["graph"]))
                   for s in samples if bool(s["graph"]) == want_graph and (s.get("n_pre") or s.get("n_dec"))
                   and not (s.get("copies") or s.get("swap_out") or s.get("swap_in"))]
         ratios = [r for r in ratios if math.isfinite(r) and r > 0]
