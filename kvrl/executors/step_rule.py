@@ -12,8 +12,10 @@ The paths (docs/fidelity.md, sessions 37-39):
   ``split_keys_per_decode`` per decode: few decodes over long contexts leave most SMs idle on one
   split. On an H200 the split graph took 0.55-0.91 of the plain graph's time for 4-16 decodes whose
   longest read 1,024-3,584 tokens, 0.95 for 64 decodes at 2,048 and 1.06-1.10 for 64 at 1,024
-  (Qwen3-0.6B; Llama-3-8B 0.69-0.94 and 0.98-0.99; ``benchmarks/step_path_probe.py``, session 38);
-  contexts of 512-1,023 tokens, where the rule also splits for few decodes, were not measured;
+  (Qwen3-0.6B; Llama-3-8B 0.69-0.94 and 0.98-0.99; ``benchmarks/step_path_probe.py``, session 38).
+  With the longest decode at 512-768 keys and the others at 128 (session 40), the split graph took
+  0.83-0.99 of the plain graph's time on the steps the rule sends to it (Llama-3-8B 0.93-1.01), and
+  0.91-1.09 on those it keeps on the plain graph (0.97-1.03): the threshold sits at break-even;
 * **piecewise** (None): more prefill items, decodes or tokens than the graphs hold, a long prefill
   context whose keys the eager path splits, or decodes that want the eager path's key splits beyond
   the split graphs' limits.
