@@ -192,6 +192,23 @@ def test_select_scores_on_the_trace_it_is_pointed_at(trained, tmp_path):
     assert "trained on another scenario" in proc.stderr + proc.stdout and "workload.name" in proc.stderr + proc.stdout
 
 
+def test_eval_on_a_task_file_kept_outside_the_package(trained, tmp_path):
+    """docs/rl.md, "On a trace of your own": a task file in the user's own folder, found with Hydra's
+    ``--config-dir``, serves that folder's trace to the committed agents without touching the package."""
+    run_dir, _ = trained
+    trace = tiny_azure_csv(tmp_path / "mine.csv", n=200)
+    task = Path(__file__).resolve().parents[1] / "conf" / "env" / "watermark.yaml"
+    text = task.read_text().replace("  - override /device: h200", "  - override /device: h200\n  - override /workload: azure_csv")
+    (tmp_path / "myconf" / "env").mkdir(parents=True)
+    (tmp_path / "myconf" / "env" / "mine.yaml").write_text(text.replace("workload:\n", f"workload:\n  path: {trace}\n", 1))
+    out = tmp_path / "eval"
+    proc = app("eval", "--config-dir", str(tmp_path / "myconf"), "env=mine", f"hydra.run.dir={out}",
+               f"agents=[{run_dir}]", *EVAL)
+    assert f"azure_csv (file {trace})" in (out / "leaderboard.md").read_text()
+    assert "trained on another scenario" in proc.stderr + proc.stdout and "workload.name" in proc.stderr + proc.stdout
+    assert len(list(csv.DictReader((out / "leaderboard.csv").read_text().splitlines()))) == 4
+
+
 def test_select_over_several_seeds_scores_each_agent_by_its_mean(trained, tmp_path):
     from kvrl.workloads import build_workload
 
