@@ -83,12 +83,6 @@ class WatermarkModeActions:
         else:
             self.space = spaces.MultiDiscrete([n, 2])
 
-    def index_of(self, fraction: float, mode: PreemptionMode) -> int:
-        """The discrete action of ``(fraction, mode)``; ``ValueError`` when ``fraction`` is no bin."""
-        if fraction not in self.config.bins:
-            raise ValueError(f"watermark {fraction} is not one of action.bins {self.config.bins}")
-        return 2 * self.config.bins.index(fraction) + MODES.index(mode)
-
     def decode(self, action: Any, clip: bool = False) -> tuple[float, PreemptionMode, bool]:
         """``(watermark fraction, mode, clipped)`` for ``action``."""
         bins = self.config.bins

@@ -89,10 +89,6 @@ class Row:
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     invalid: int = 0
 
-    def interval(self, metric: str = RANK_BY) -> tuple[float, float]:
-        mean, half = self.stats[metric]
-        return mean - half, mean + half
-
 
 def _invalid(run: Mapping[str, Any]) -> bool:
     return any((run.get(k) or 0) > 0 for k in INVALID_IF)
