@@ -17,7 +17,8 @@ from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
 
 BUILTINS = {
     "scheduler": {"fcfs", "priority", "sjf", "lpm"},
-    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit", "slo_mix"},
+    "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit", "slo_mix",
+                  "ttft_slack"},
     "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "longest_remaining", "slo_slack", "cost_aware"},
     "prefix_cache": {"none", "hash_lru", "hash_lfu", "radix_lru"},
 }
@@ -240,6 +241,31 @@ def test_slo_mix_reserves_for_tight_tpot_traffic_by_its_share():
     for bad in ({"share": 1.5}, {"tight": 1.0}, {"loose": -0.1}, {"tight_tpot_s": 0.0}):
         with pytest.raises(ValueError):
             plugins.create("watermark", "slo_mix", **bad)
+
+
+def test_ttft_slack_throttles_until_a_waiting_first_token_is_at_risk():
+    """High reserve while every waiting request without a first token has waited less than urgency
+    x its TTFT objective (its own, else the run's); low as soon as one has. Preempted requests that
+    already have their first token, and requests with no TTFT objective, never count. Parameters are
+    checked."""
+    rule = plugins.create("watermark", "ttft_slack", urgency=0.5, high=0.2, low=0.01)
+    view = _View()
+    rule.bind(view)
+    view.now, view.waiting = 10.0, ()
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 200 and not rule.urgent           # nothing waits: throttle
+    view.waiting = (_Seq(9.2, None, 0),)                               # waited 0.8 s of a 2 s objective
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 200
+    view.waiting = (_Seq(9.2, None, 0), _Seq(9.0, None, 0))            # one has waited 1.0 s = 0.5 x 2 s
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 10 and rule.urgent
+    view.waiting = (_Seq(1.0, 2.0, 5), _Seq(1.0, None, 0, ttft_slo=None), _Seq(9.0, None, 0, ttft_slo=4.0))
+    rule.on_step_end()                                                 # first token out, no objective, own 4 s objective
+    assert rule.reserved_blocks() == 200
+    for bad in ({"urgency": 1.5}, {"high": 1.0}, {"low": -0.1}):
+        with pytest.raises(ValueError):
+            plugins.create("watermark", "ttft_slack", **bad)
 
 
 def test_bandit_converges_to_the_best_arm_on_a_stationary_reward():

@@ -1,6 +1,6 @@
 """Adaptive watermark controllers that need no training: ``pi`` (feedback control), ``bandit``
-(an online discounted-UCB bandit over watermark values) and ``slo_mix`` (a rule on the share of
-tight-TPOT requests).
+(an online discounted-UCB bandit over watermark values), ``slo_mix`` (a rule on the share of
+tight-TPOT requests) and ``ttft_slack`` (a rule on how long the oldest waiting request has waited).
 
 They move the watermark (reserved / total GPU blocks) while the engine serves, from what a real
 server knows: preemptions, the latencies of finished requests against their SLOs, goodput, the
@@ -266,6 +266,44 @@ class SloMixWatermark(WatermarkPolicy):
         seqs = (*self.engine.running, *self.engine.waiting)
         self.tight_share = tight_tpot_share(seqs, self.params.tight_tpot_s, inclusive=True)
         self.fraction = self.params.tight if seqs and self.tight_share >= self.params.share else self.params.loose
+
+    def reserved_blocks(self) -> int:
+        return int(self.fraction * self.engine.num_blocks)
+
+
+@register("watermark", "ttft_slack")
+class TtftSlackWatermark(WatermarkPolicy):
+    """A rule on the waiting queue's TTFT slack, for traffic where the watermark trades TTFT against
+    TPOT (an admission throttle): admitting less keeps decode batches small and fast, which the
+    TPOT objective needs, until a waiting request's first token is at risk. After every engine step
+    it finds the longest wait, ``now - arrival``, among the waiting requests that have no first
+    token yet and carry a TTFT objective (their own, else the run's), and keeps ``high`` of the GPU
+    blocks free while that wait is below ``urgency`` x the request's objective, else ``low`` (admit
+    until nearly full). With nothing waiting it holds ``high``. It needs no training and sees only
+    what a server knows: arrival times and objectives. Parameters: ``urgency`` (0.5, in [0, 1]),
+    ``high`` (0.1) and ``low`` (0.01), each in [0, 1)."""
+
+    @dataclass
+    class Params:
+        urgency: float = 0.5
+        high: float = 0.1
+        low: float = 0.01
+
+        def __post_init__(self):
+            check_range("urgency", self.urgency, 0.0, 1.0)
+            check_range("high", self.high, 0.0, 1.0, hi_inclusive=False)
+            check_range("low", self.low, 0.0, 1.0, hi_inclusive=False)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self.fraction = params.high
+        self.urgent = False           # a waiting request had used ``urgency`` of its TTFT objective after the last step
+
+    def on_step_end(self) -> None:
+        now, urgency = self.engine.now, self.params.urgency
+        self.urgent = any(s.first_token_s is None and s.slo_ttft_s is not None
+                          and now - s.arrival_s >= urgency * s.slo_ttft_s for s in self.engine.waiting)
+        self.fraction = self.params.low if self.urgent else self.params.high
 
     def reserved_blocks(self) -> int:
         return int(self.fraction * self.engine.num_blocks)
