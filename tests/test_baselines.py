@@ -131,3 +131,38 @@ def test_live_eval_tunes_in_the_sim_with_val_pick_sim(tmp_path):
     test = [r for r in rows if r["split"] == "test"]
     assert {r["backend"] for r in test} == {"live"}
     assert sum(r["policy"].endswith("[val-tuned in sim]") for r in test) == 1
+
+
+def test_tune_loads_training_picks_and_tunes_on_the_mean_over_the_training_loads(tmp_path):
+    """tune_loads=training: the val sweep and every tuning point serve val once at each training load
+    (env.episode.rate_scales x workload.rate_scale, tagged val_rate_scale in results.csv), and the picks
+    are the argmax of the mean over loads and seeds; test runs stay at the scenario's rate. A task
+    without training loads is refused by name."""
+    out = tmp_path / "eval"
+    args = ["workload.max_requests=60", "agents=[]", "seeds=[0]", "tune_seeds=[0]", "sweep=[0.0,0.3]",
+            "baselines.watermark=[{name: opt_factor}]", "tune.watermark={opt_factor: {a: [0.0, 200.0]}}",
+            "env.episode.rate_scales=[0.5,2.0]", "tune_loads=training", "oracle=false", "workers=1", "plots=false",
+            f"hydra.run.dir={out}"]
+    proc = subprocess.run([sys.executable, "-m", "kvrl.apps.eval", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    results = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    val = [r for r in results if r["split"] == "val"]
+    scale = 20.0     # conf/env/watermark.yaml's workload.rate_scale
+    assert {float(r["val_rate_scale"]) for r in val} == {0.5 * scale, 2.0 * scale}
+    assert all(r["val_rate_scale"] == "" for r in results if r["split"] == "test")
+    assert len(val) == 2 * (2 + 2)              # (2 constants + 2 grid points) x 2 loads x 1 seed
+
+    def mean(policy):
+        return np.mean([float(r["goodput_tok_s"]) for r in val if r["policy"] == policy])
+    by_load = {(r["policy"], r["val_rate_scale"]): float(r["goodput_tok_s"]) for r in val}
+    assert len(set(by_load.values())) > 2                             # the loads served differ
+    best_f = max((0.0, 0.3), key=lambda f: mean(f"fixed(fraction={f})"))
+    best_a = max((0.0, 200.0), key=lambda a: mean(f"opt_factor(a={a})"))
+    kinds = {r["policy"]: r["kind"] for r in csv.DictReader((out / "leaderboard.csv").read_text().splitlines())}
+    assert kinds[f"fixed(fraction={best_f}) [val-best]"] == "val-best"
+    assert kinds[f"opt_factor(a={best_a}) [val-tuned]"] == "val-tuned"
+    assert "tune_loads=training" in (out / "leaderboard.md").read_text()
+    bad_args = [a if not a.startswith("env.episode.rate_scales=") else "env.episode.rate_scales=null" for a in args[:-1]]
+    bad = subprocess.run([sys.executable, "-m", "kvrl.apps.eval", *bad_args, f"hydra.run.dir={tmp_path / 'bad'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "tune_loads=training" in bad.stderr

@@ -10,7 +10,10 @@ divided by it), which is what makes the confidence intervals.
 
 Baselines tuned on ``val`` (:mod:`kvrl.apps.baselines`): each baseline named in ``tune.<kind>``
 runs every point of its grid on ``val`` (seeds ``tune_seeds``), and its val-best point runs on
-test as ``name(params) [val-tuned]``. With ``oracle`` (watermark task), the ``sweep`` also runs
+test as ``name(params) [val-tuned]``. With ``tune_loads=training`` the val sweep and the tuning
+runs serve the val split once at each of the task's training loads (``env.episode.rate_scales``)
+and rank by the mean over loads and seeds, as an agent trained with ``train.val_loads=training``
+was selected; their rows in ``results.csv`` carry the load as ``val_rate_scale``. With ``oracle`` (watermark task), the ``sweep`` also runs
 on test and its best mean is a reference line (kind ``oracle``: hindsight, not a competitor).
 Besides the first baseline and the val-picked watermark, every row gets a paired difference to
 the strongest competitor (the heuristic, val-best or val-tuned policy with the best mean test
@@ -60,7 +63,7 @@ from kvrl.apps.rl_schema import register_rl_schemas
 from kvrl.apps.scenario import agent_differences, describe_differences, newest_agent
 from kvrl.apps.schema import validate_config
 from kvrl.envs.agent_io import JOINT_SLOTS, ROLES, model_path, read_meta
-from kvrl.envs.config import describe_workload, env_config_from_app
+from kvrl.envs.config import describe_workload, env_config_from_app, episode_rate_scales
 
 log = logging.getLogger("kvrl.eval")
 JOURNAL = "results.partial.csv"    # the test runs finished so far (live: after each job); gone once results.csv is written
@@ -326,12 +329,23 @@ def sweep_plugins(role: str, sweep: Sequence[float]) -> list[dict]:
     return [{"watermark": w, "eviction": {"name": "lifo", "mode": mode}} for w in fixed for mode in ("recompute", "swap")]
 
 
+def at_loads(run: dict, loads: Optional[Sequence[float]], serve: Callable[[dict], list[dict]]) -> list[dict]:
+    """``serve(run)`` with ``loads`` None; else ``serve`` of ``run`` at each absolute rate scale of
+    ``loads`` in turn, every result tagged with its ``val_rate_scale``, all concatenated."""
+    if loads is None:
+        return serve(run)
+    return [{**r, "val_rate_scale": float(scale)} for scale in loads
+            for r in serve({**run, "workload": {**run["workload"], "rate_scale": float(scale)}})]
+
+
 def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resample: Optional[float],
-                workers: int, val_pick: str = "same", role: str = "watermark") -> tuple[Policy, list[dict]]:
+                workers: int, val_pick: str = "same", role: str = "watermark",
+                loads: Optional[Sequence[float]] = None) -> tuple[Policy, list[dict]]:
     """The constant of ``sweep`` (:func:`sweep_plugins`) with the best mean goodput on ``val``, and the sweep's runs.
     ``val_pick=sim`` runs the sweep on the sim backend (same model, device and scenario; its
     step-time profile when one matches) whatever the evaluation's backend, so that a live
-    evaluation spends no accelerator time on it."""
+    evaluation spends no accelerator time on it. ``loads`` (absolute rate scales): the sweep
+    serves val at each and the mean is over loads and seeds (:func:`at_loads`)."""
     if val_pick not in ("same", "sim"):
         raise ValueError(f"val_pick={val_pick!r}: expected same or sim")
     tag = "val-best"
@@ -340,7 +354,7 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
         tag = "val-best in sim"
     plugins = sweep_plugins(role, sweep)
     jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
-    results = run_jobs(run, role, jobs, resample, workers, chunk=len(plugins))
+    results = at_loads(run, loads, lambda on: run_jobs(on, role, jobs, resample, workers, chunk=len(plugins)))
     goodput = {label_of(p): np.mean([r["goodput_tok_s"] for r in results if r["policy"] == label_of(p)])
                for p in plugins}
     best = max(plugins, key=lambda p: goodput[label_of(p)])     # the first of equals
@@ -400,11 +414,17 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
     agent_paths = find_agents(list(cfg.agents), env_id, Path(cfg.train_dir), run)
     agents, notes = agent_policies(agent_paths, env_id, run)
     results: list[dict] = []
+    if cfg.tune_loads not in ("scenario", "training"):
+        raise ValueError(f"tune_loads={cfg.tune_loads!r}: expected scenario or training")
+    loads = episode_rate_scales(env_cfg) if cfg.tune_loads == "training" else None
+    if cfg.tune_loads == "training" and loads is None:
+        raise ValueError("tune_loads=training: the task has no training loads (env.episode.rate_scales is null)")
     if role == "watermark" and cfg.fixed_best is not None:
         best = {"name": "fixed", "fraction": float(cfg.fixed_best)}
         policies.append(Policy(f"{label_of(best)} [val-best, given]", "val-best", best))
     elif role in ("watermark", "joint") and cfg.sweep:
-        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick, role)
+        best, sweep_results = pick_on_val(run, list(cfg.sweep), seeds, resample, cfg.workers, cfg.val_pick, role,
+                                           loads)
         results += sweep_results
         policies.append(best)
 
@@ -417,7 +437,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         tune_run, tag = {**run, "backend": sim_backend()}, f"{VAL_TUNED} in sim"
     grids = OmegaConf.to_container(cfg.tune, resolve=True) if cfg.tune is not None else {}    # null: no tuning
     tuned, tune_results = tune_on_val(role, baselines, (grids or {}).get(role),
-                                      lambda entries, split, kind: runner(entries, split, kind, tune_seeds, tune_run),
+                                      lambda entries, split, kind: at_loads(
+                                          tune_run, loads, lambda on: runner(entries, split, kind, tune_seeds, on)),
                                       tag)
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
@@ -454,6 +475,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
              f"engine.num_blocks={run['engine']['num_blocks']}, workload={describe_workload(run['workload'])} "
              f"rate_scale={run['workload']['rate_scale']}, slo={run['slo']}",
              *([sim_cost_note(run)] if run["backend"]["name"] == "sim" else []),
+             *([f"Val sweep and tuning at the training loads (tune_loads=training): the val split at rate scales "
+                f"{[round(x, 6) for x in loads]}, goodput averaged over loads and seeds"] if loads else []),
              "Cells: mean ± 95% CI half-width (Student t) over seeds; Δ columns: paired per-seed goodput "
              "difference to the reference policy (same requests), mean ± 95% CI.", *notes]
     atomic_write(out_dir / "leaderboard.md", lambda f: f.write(markdown(rows, f"Leaderboard: {env_id}", notes)))

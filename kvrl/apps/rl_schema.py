@@ -94,6 +94,7 @@ class EvalSchema(_RunKeys):
     baselines: Any = field(default_factory=dict)
     tune: Any = field(default_factory=dict)
     tune_seeds: Optional[List[int]] = None
+    tune_loads: str = "scenario"
     oracle: bool = True
     workers: int = 2
     plots: bool = True
