@@ -212,3 +212,22 @@ def _episode_rewards(overrides, action):
         rewards.append(reward)
         if terminated or truncated:
             return rewards, info
+
+
+def test_a_sequence_without_a_first_token_shows_none_to_policies():
+    """The engine keeps -1.0 for "no first token yet"; through the view a policy sees None (what
+    slo_slack, ttft_slack and the SLO features test for), and the engine time once the token is out.
+    Seen as -1.0, a waiting request's slack was a TPOT course started before time began."""
+    from tests.helpers import make_engine, make_request
+    from kvrl.plugins.slack import slo_slack
+
+    engine = make_engine(num_blocks=64)
+    engine.metrics.default_slo_ttft_s, engine.metrics.default_slo_tpot_s = 2.0, 0.01
+    engine.add_request(make_request("a", prompt_len=16, output_len=8))
+    view = engine.view
+    (waiting,) = view.waiting
+    assert waiting.first_token_s is None
+    assert slo_slack(waiting, now=view.now, remaining=8, pace=0.5) == pytest.approx(min(2.0, 0.5 * 0.01 * 7))
+    engine.step()
+    (running,) = view.running
+    assert running.first_token_s is not None and running.first_token_s >= 0.0

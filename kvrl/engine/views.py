@@ -41,7 +41,13 @@ class SeqView:
     num_cpu_blocks = property(lambda self: len(self.__seq.cpu_block_table))
     admitted_s = property(lambda self: self.__seq.admitted_s)
     admit_order = property(lambda self: self.__seq.admit_order)
-    first_token_s = property(lambda self: self.__seq.first_token_s)
+    @property
+    def first_token_s(self) -> "float | None":
+        """Engine time of the first output token; None while the sequence has none (the engine's
+        own record keeps -1.0 there, which a policy must never read as a time)."""
+        first = self.__seq.first_token_s
+        return first if first >= 0.0 else None
+
     num_preemptions = property(lambda self: self.__seq.num_preemptions)
     status = property(lambda self: self.__seq.status)
     n = property(lambda self: self.__seq.request.n)
