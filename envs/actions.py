@@ -40,21 +40,38 @@ def _integer(value: float, lo: int, hi: int, clip: bool, what: str) -> tuple[int
 
 class WatermarkActions:
     """``discrete``: ``Discrete(len(bins))``, action ``i`` sets the watermark to ``bins[i]``;
-    ``box``: ``Box(-1, 1, (1,))``, action ``a`` sets it to ``low + (a + 1) / 2 * (high - low)``."""
+    ``box``: ``Box(-1, 1, (1,))``, action ``a`` sets it to ``low + (a + 1) / 2 * (high - low)``;
+    with ``rules``: ``Discrete(len(rules))``, action ``i`` hands the watermark to rule ``i``
+    (:meth:`to_rule`)."""
 
     def __init__(self, config: WatermarkActionConfig) -> None:
+        self.config = config
+        self.rules = config.rules
+        if self.rules is not None:
+            self.space: spaces.Space = spaces.Discrete(len(self.rules))
+            return
         if config.type == "discrete" and config.bins == AUTO_BINS:
             raise ValueError("env.action.bins=auto is resolved by kvrl-train (a validation sweep of fixed "
                              "watermarks, docs/rl.md); to build an environment directly, give the bins as a list")
-        self.config = config
         if config.type == "discrete":
-            self.space: spaces.Space = spaces.Discrete(len(config.bins))
+            self.space = spaces.Discrete(len(config.bins))
         else:
             self.space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
 
+    def to_rule(self, action: Any, clip: bool = False) -> tuple[int, bool]:
+        """``(index into rules, clipped)`` for ``action`` (an action space with ``rules`` only)."""
+        if self.rules is None:
+            raise ValueError("watermark: this action space sets fractions (action.bins), not rules")
+        arr = _as_array(action, "watermark")
+        if arr.size != 1:
+            raise ValueError(f"watermark: expected one action value, got shape {arr.shape}")
+        return _integer(float(arr.reshape(())), 0, len(self.rules) - 1, clip, "watermark")
+
     def to_fraction(self, action: Any, clip: bool = False) -> tuple[float, bool]:
-        """``(watermark fraction, clipped)`` for ``action``."""
+        """``(watermark fraction, clipped)`` for ``action`` (an action space without ``rules``)."""
         cfg = self.config
+        if self.rules is not None:
+            raise ValueError("watermark: this action space hands the watermark to rules (action.rules); use to_rule")
         arr = _as_array(action, "watermark")
         if arr.size != 1:
             raise ValueError(f"watermark: expected one action value, got shape {arr.shape}")
@@ -74,6 +91,8 @@ class WatermarkModeActions:
     """The joint watermark and preemption-mode action (:class:`~kvrl.envs.config.WatermarkModeActionConfig`):
     ``discrete``: ``Discrete(2 * len(bins))``, index ``2 * bin + mode``; ``multidiscrete``:
     ``MultiDiscrete([len(bins), 2])``. Mode 0 = recompute, 1 = swap."""
+
+    rules = None        # the joint actions set fractions, never rules (WatermarkActions.rules)
 
     def __init__(self, config: WatermarkModeActionConfig) -> None:
         self.config = config

@@ -215,20 +215,27 @@ class FeatureConfig:
         check_range("features.top_k", self.top_k, 1)
 
 
-def _slot_rule(rule: Any) -> dict:
-    """A ``features.slot_rules`` entry as ``{"name": ..., **params}``, checked by building the plugin."""
+def _rule_spec(rule: Any, kind: str, key: str) -> dict:
+    """A ``kind`` plugin named by ``rule`` (a name, or ``{name, **params}``) as ``{"name": ..., **params}``,
+    checked by building the plugin; ``key`` names the config key in errors. ``agent`` is refused: it is
+    what chooses among the rules."""
     from kvrl import plugins
 
     spec = {"name": rule} if isinstance(rule, str) else {str(k): v for k, v in dict(rule).items()}
     if "name" not in spec:
-        raise ValueError(f"features.slot_rules: each rule needs a name (an eviction plugin), got {rule!r}")
+        raise ValueError(f"{key}: each rule needs a name (a {kind} plugin), got {rule!r}")
     try:
-        plugins.create_from_config("eviction", spec)
+        plugins.create_from_config(kind, spec)
     except (KeyError, ValueError, TypeError) as err:
-        raise ValueError(f"features.slot_rules: {err}") from err
+        raise ValueError(f"{key}: {err}") from err
     if spec["name"] == "agent":
-        raise ValueError("features.slot_rules: 'agent' cannot fill a slot (it is what chooses among them)")
+        raise ValueError(f"{key}: 'agent' cannot be one of the rules (it is what chooses among them)")
     return spec
+
+
+def _slot_rule(rule: Any) -> dict:
+    """A ``features.slot_rules`` entry as ``{"name": ..., **params}``, checked by building the plugin."""
+    return _rule_spec(rule, "eviction", "features.slot_rules")
 
 
 AUTO_BINS = "auto"
@@ -259,16 +266,26 @@ class WatermarkActionConfig:
     keep free); ``box`` is one float in [-1, 1] mapped linearly onto [``low``, ``high``].
     ``bins: auto``: ``kvrl-train`` replaces it, before it builds an environment, with the useful
     range of a validation sweep of fixed watermarks (``auto``, :class:`AutoBinsConfig`); an
-    environment cannot be built with ``auto`` still in place."""
+    environment cannot be built with ``auto`` still in place. ``rules`` (discrete only): watermark
+    plugins (a name, or ``{name, **params}``); action ``i`` then hands the watermark to rule ``i``
+    until the next decision (every rule sees every engine event all along, so its state is current
+    when it takes over), and ``bins`` is not used."""
 
     type: str = "discrete"
     bins: Any = field(default_factory=lambda: list(DEFAULT_SWEEP))    # a list of fractions, or "auto"
     low: float = 0.0
     high: float = 0.5
     auto: AutoBinsConfig = field(default_factory=AutoBinsConfig)
+    rules: Optional[List[Any]] = None
 
     def __post_init__(self) -> None:
         check_choice("action.type", self.type, ("discrete", "box"))
+        if self.rules is not None:
+            if self.type != "discrete":
+                raise ValueError(f"action.rules needs action.type=discrete (one action per rule), got {self.type!r}")
+            if isinstance(self.rules, (str, bytes)) or len(self.rules) < 2:
+                raise ValueError(f"action.rules must be a list of at least two watermark plugins, got {self.rules!r}")
+            self.rules = [_rule_spec(rule, "watermark", "action.rules") for rule in self.rules]
         if isinstance(self.bins, str):
             if self.bins != AUTO_BINS:
                 raise ValueError(f"action.bins must be a list of fractions or {AUTO_BINS!r}, got {self.bins!r}")

@@ -1,6 +1,7 @@
 """``kvrl/Watermark-v0``: the agent sets the admission watermark once per decision epoch.
 
-Each ``step(action)`` sets the ``agent`` watermark plugin's fraction, then serves the workload
+Each ``step(action)`` sets the ``agent`` watermark plugin's fraction (or, with ``env.action.rules``,
+hands the watermark to the chosen rule), then serves the workload
 (arrivals and engine steps, as ``Engine.run``) until the next decision epoch ends (see
 :class:`~kvrl.envs.config.DecisionConfig`) or the episode does. ``reset`` serves the first epoch
 with the plugin's initial fraction (``run.watermark.fraction``, default 0.01) and returns the
@@ -40,11 +41,16 @@ class WatermarkEnv(KvrlEnv):
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
         driver = self._new_episode(seed, options)
-        self.plugin.drive(self.features, self.config.decision)
+        self.plugin.drive(self.features, self.config.decision, self.actions.rules)
         self._ended = self._serve_epoch()
         driver.collect()                 # what finished before the first decision is no action's doing
-        info = {"engine_time_s": driver.engine.now, "watermark": self.plugin.fraction}
+        info = {"engine_time_s": driver.engine.now, "watermark": self._reserved_fraction()}
         return self.plugin.observe(), info
+
+    def _reserved_fraction(self) -> float:
+        """The fraction of the GPU blocks the plugin holds back now (the chosen rule's, with rules)."""
+        plugin = self.plugin
+        return plugin.reserved_blocks() / plugin.engine.num_blocks if plugin.rules else plugin.fraction
 
     def _serve_epoch(self) -> bool:
         """Serve until the next decision is due; True when the episode ended instead."""
@@ -59,10 +65,16 @@ class WatermarkEnv(KvrlEnv):
         self._check_running()
         if self._ended:
             raise RuntimeError("the episode has ended (truncated); call reset()")
-        fraction, clipped = self.actions.to_fraction(action, clip=self.config.clip_actions)
-        self.plugin.set_fraction(fraction)
+        if self.actions.rules is not None:
+            rule, clipped = self.actions.to_rule(action, clip=self.config.clip_actions)
+            self.plugin.set_rule(rule)
+        else:
+            fraction, clipped = self.actions.to_fraction(action, clip=self.config.clip_actions)
+            self.plugin.set_fraction(fraction)
         self._ended = self._serve_epoch()
         reward, terminated, truncated, info = self._outcome(self._ended, clipped)
         self._ended = self._ended or terminated
-        info["watermark"] = fraction
+        info["watermark"] = self._reserved_fraction()
+        if self.actions.rules is not None:
+            info["rule"] = rule
         return self.plugin.observe(), reward, terminated, truncated, info

@@ -346,7 +346,7 @@ def test_live_backend_episode_runs_on_cpu():
 
 
 # ---------------------------------------------------------------- the task suite (issue 17)
-SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants", "slo_shift", "throttle")
+SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants", "slo_shift", "throttle", "throttle_rules")
 
 
 def _few_requests(task: str) -> list[str]:
@@ -633,3 +633,60 @@ def test_phased_long_is_phased_with_longer_splits_at_a_lower_rate():
     assert {k: v for k, v in long.run["workload"].items() if k not in changed} == \
         {k: v for k, v in phased.run["workload"].items() if k not in changed}
     assert long.episode == phased.episode and long.action == phased.action and long.run["engine"] == phased.run["engine"]
+
+
+RULES_TR = "+env.action.rules=[{name: token_ratio, min_ratio: 0.05},{name: fixed, fraction: 0.0}]"
+RULES_SLACK = "+env.action.rules=[{name: ttft_slack, urgency: 0.2, high: 0.2},{name: fixed, fraction: 0.3}]"
+
+
+@pytest.mark.parametrize("rules,plugin", [(RULES_TR, {"name": "token_ratio", "min_ratio": 0.05}),
+                                          (RULES_SLACK, {"name": "ttft_slack", "urgency": 0.2, "high": 0.2})])
+def test_always_choosing_one_rule_serves_what_that_rule_serves(rules, plugin):
+    """env.action.rules: action i hands the watermark to rule i, and every rule sees every engine event all
+    along, so holding one stateful rule (token_ratio decays each step and resets on preemption;
+    ttft_slack reads the queue after each step) is bit for bit kvrl-run with that rule."""
+    env = make("watermark", rules)
+    assert env.action_space == gym.spaces.Discrete(2)
+    _, _, info = rollout(env, seed=0, action=0)
+    assert same(info["metrics"], _engine_run("watermark", "watermark", plugin))
+
+
+def test_switching_rules_hands_the_reserve_to_the_chosen_one():
+    env = make("watermark", "+env.action.rules=[{name: fixed, fraction: 0.0},{name: fixed, fraction: 0.3}]")
+    env.reset(seed=0)
+    num_blocks = env.unwrapped.plugin.engine.num_blocks
+    for action in (1, 0, 1, 1, 0):
+        _, _, terminated, truncated, info = env.step(action)
+        assert info["rule"] == action
+        assert info["watermark"] == (int(0.3 * num_blocks) / num_blocks if action else 0.0)
+        if terminated or truncated:
+            break
+
+
+@pytest.mark.parametrize("overrides,named", [
+    (["+env.action.rules=[{name: fixed}]"], "at least two"),
+    (["+env.action.rules=[{name: fixed},{name: agent}]"], "'agent' cannot"),
+    (["+env.action.rules=[{name: fixed},{name: nope}]"], "nope"),
+    (["+env.action.rules=[{name: fixed},{name: pi, kp: -1}]"], "kp"),
+    (["+env.action.rules=[{name: fixed},{name: pi}]", "env.action.type=box"], "action.type=discrete"),
+])
+def test_bad_rules_are_refused_naming_the_problem(overrides, named):
+    with pytest.raises(ValueError, match=named):
+        load_task("watermark", overrides)
+
+
+def test_a_saved_rule_choosing_agent_decides_the_same_inside_and_outside_the_env(tmp_path):
+    from kvrl.envs.agent_io import algo_class
+
+    env = make("watermark", RULES_SLACK)
+    model = algo_class("dqn")("MlpPolicy", env, seed=0, device="cpu", learning_starts=0)
+    model.save(str(tmp_path / "model.zip"))
+    write_meta(tmp_path, "dqn", env.spec.id, env.unwrapped.config)
+    agent = load_agent(tmp_path)
+    obs, _ = env.reset(seed=0)
+    while True:
+        obs, _, terminated, truncated, info = env.step(agent.act(obs))
+        if terminated or truncated:
+            break
+    outside = _engine_run("watermark", "watermark", {"name": "agent", "policy_path": str(tmp_path)}, RULES_SLACK)
+    assert same(outside, info["metrics"])

@@ -26,7 +26,7 @@ from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode, 
 from kvrl.plugins.registry import register
 
 if TYPE_CHECKING:
-    from kvrl.envs.actions import PreemptionActions
+    from kvrl.envs.actions import PreemptionActions, WatermarkActions
     from kvrl.envs.agent_io import Agent
 
 
@@ -59,9 +59,13 @@ def _load(path: str, role: str, deterministic: bool) -> tuple["Agent", FeatureCo
 @register("watermark", "agent")
 class AgentWatermark(WatermarkPolicy):
     """Keep ``fraction`` of the GPU blocks free (``int(fraction * num_blocks)``, as ``fixed``),
-    the fraction being set by an agent at each decision epoch. Parameters: ``fraction`` (the
-    value before the first decision, default 0.01), ``policy_path`` (a saved watermark agent;
-    null = set by an environment), ``deterministic`` (the policy's mode, not a sample)."""
+    the fraction being set by an agent at each decision epoch; or, for an agent whose actions are
+    watermark rules (``env.action.rules``), let the rule it chose decide until its next decision
+    (rule 0 before the first): every rule is bound to the engine and sees every step, finish and
+    preemption, and the chosen one answers ``reserved_blocks`` and ``admit``. Parameters:
+    ``fraction`` (the value before the first decision, default 0.01), ``policy_path`` (a saved
+    watermark agent; null = set by an environment), ``deterministic`` (the policy's mode, not a
+    sample)."""
 
     @dataclass
     class Params:
@@ -79,7 +83,9 @@ class AgentWatermark(WatermarkPolicy):
         self.clock: Optional[EpochClock] = None
         self.decision_due = False
         self._agent: Optional["Agent"] = None
-        self._to_fraction: Optional[Callable] = None
+        self._actions: Optional["WatermarkActions"] = None
+        self.rules: list[WatermarkPolicy] = []       # the watermark rules an agent chooses among (if any)
+        self.rule = 0                                # the chosen one's index
 
     def bind(self, engine) -> None:
         super().bind(engine)
@@ -87,15 +93,22 @@ class AgentWatermark(WatermarkPolicy):
             from kvrl.envs.actions import WatermarkActions
 
             agent, features = _load(self.params.policy_path, "watermark", self.params.deterministic)
-            self.drive(features, agent.env_config.decision)
+            self.drive(features, agent.env_config.decision, agent.env_config.action.rules)
             self._agent = agent
-            self._to_fraction = WatermarkActions(agent.env_config.action).to_fraction
+            self._actions = WatermarkActions(agent.env_config.action)
 
-    def drive(self, features: FeatureConfig, decision: DecisionConfig) -> None:
-        """Start tracking features and decision epochs (resolved ``features``: no null refs)."""
+    def drive(self, features: FeatureConfig, decision: DecisionConfig, rules: Optional[list] = None) -> None:
+        """Start tracking features and decision epochs (resolved ``features``: no null refs), and with
+        ``rules`` (watermark plugin configs) build and bind them; rule 0 decides until the first decision."""
+        from kvrl import plugins
+
         self.tracker = FeatureTracker(features)
         self.tracker.bind(self.engine)
         self.clock = EpochClock(decision)
+        self.rules = [plugins.create_from_config("watermark", rule) for rule in rules or ()]
+        for rule in self.rules:
+            rule.bind(self.engine)
+        self.rule = 0
 
     def observe(self) -> np.ndarray:
         return self.tracker.engine_features()
@@ -106,7 +119,17 @@ class AgentWatermark(WatermarkPolicy):
         self.clock.mark(self.engine)
         self.decision_due = False
 
+    def set_rule(self, index: int) -> None:
+        """A decision: rule ``index`` of :attr:`rules` decides until the next epoch."""
+        if not 0 <= index < len(self.rules):
+            raise ValueError(f"watermark agent: rule {index} of {len(self.rules)} (env.action.rules)")
+        self.rule = index
+        self.clock.mark(self.engine)
+        self.decision_due = False
+
     def on_step_end(self) -> None:
+        for rule in self.rules:
+            rule.on_step_end()
         if self.tracker is None:
             return
         self.tracker.on_step_end()
@@ -117,14 +140,28 @@ class AgentWatermark(WatermarkPolicy):
 
     def _act(self) -> None:
         """Policy mode: take the saved agent's decision for the current observation."""
-        fraction, _ = self._to_fraction(self._agent.act(self.observe()), clip=True)
-        self.set_fraction(fraction)
+        action = self._agent.act(self.observe())
+        if self.rules:
+            self.set_rule(self._actions.to_rule(action, clip=True)[0])
+        else:
+            self.set_fraction(self._actions.to_fraction(action, clip=True)[0])
 
     def on_finish(self, seq) -> None:
+        for rule in self.rules:
+            rule.on_finish(seq)
         if self.tracker is not None:
             self.tracker.on_finish(seq)
 
+    def on_preempt(self, seq, mode) -> None:
+        for rule in self.rules:
+            rule.on_preempt(seq, mode)
+
+    def admit(self, seq, blocks_needed: int) -> bool:
+        return self.rules[self.rule].admit(seq, blocks_needed) if self.rules else True
+
     def reserved_blocks(self) -> int:
+        if self.rules:
+            return self.rules[self.rule].reserved_blocks()
         return int(self.fraction * self.engine.num_blocks)
 
 
