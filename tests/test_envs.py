@@ -365,7 +365,8 @@ def test_every_task_uses_the_shipped_profile(task):
 
 HELD_OUT = (("pressure", "pressure_heldout"), ("phased", "phased_heldout"), ("classes_preemption", "classes_heldout"),
             ("joint", "joint_heldout"), ("tenants", "tenants_heldout"),
-            ("slo_shift", "slo_shift_heldout"), ("throttle", "throttle_heldout"))
+            ("slo_shift", "slo_shift_heldout"), ("throttle", "throttle_heldout"),
+            ("throttle_rules", "throttle_rules_heldout"))
 
 
 @pytest.mark.parametrize("task,heldout", HELD_OUT)
