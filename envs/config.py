@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from kvrl.plugins.base import check_choice, check_range
 from kvrl.plugins.lengths import LENGTH_KEYS
+from kvrl.envs.rules import rule_spec
 
 DEFAULT_TTFT_REF_S = 1.0     # feature latency references where run.slo has no objective
 DEFAULT_TPOT_REF_S = 0.05
@@ -198,7 +199,7 @@ class FeatureConfig:
     slot_rules: List[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.slot_rules = [_slot_rule(rule) for rule in self.slot_rules]
+        self.slot_rules = [rule_spec(rule, "eviction", "features.slot_rules") for rule in self.slot_rules]
         if len(self.slot_rules) > self.top_k:
             raise ValueError(f"features.slot_rules: {len(self.slot_rules)} rules but features.top_k is {self.top_k}")
         check_range("features.slo_pace", self.slo_pace, 1e-6, 1.0)
@@ -213,29 +214,6 @@ class FeatureConfig:
             if getattr(self, name) is not None:
                 check_range(f"features.{name}", getattr(self, name), 1e-9)
         check_range("features.top_k", self.top_k, 1)
-
-
-def _rule_spec(rule: Any, kind: str, key: str) -> dict:
-    """A ``kind`` plugin named by ``rule`` (a name, or ``{name, **params}``) as ``{"name": ..., **params}``,
-    checked by building the plugin; ``key`` names the config key in errors. ``agent`` is refused: it is
-    what chooses among the rules."""
-    from kvrl import plugins
-
-    spec = {"name": rule} if isinstance(rule, str) else {str(k): v for k, v in dict(rule).items()}
-    if "name" not in spec:
-        raise ValueError(f"{key}: each rule needs a name (a {kind} plugin), got {rule!r}")
-    try:
-        plugins.create_from_config(kind, spec)
-    except (KeyError, ValueError, TypeError) as err:
-        raise ValueError(f"{key}: {err}") from err
-    if spec["name"] == "agent":
-        raise ValueError(f"{key}: 'agent' cannot be one of the rules (it is what chooses among them)")
-    return spec
-
-
-def _slot_rule(rule: Any) -> dict:
-    """A ``features.slot_rules`` entry as ``{"name": ..., **params}``, checked by building the plugin."""
-    return _rule_spec(rule, "eviction", "features.slot_rules")
 
 
 AUTO_BINS = "auto"
@@ -285,7 +263,7 @@ class WatermarkActionConfig:
                 raise ValueError(f"action.rules needs action.type=discrete (one action per rule), got {self.type!r}")
             if isinstance(self.rules, (str, bytes)) or len(self.rules) < 2:
                 raise ValueError(f"action.rules must be a list of at least two watermark plugins, got {self.rules!r}")
-            self.rules = [_rule_spec(rule, "watermark", "action.rules") for rule in self.rules]
+            self.rules = [rule_spec(rule, "watermark", "action.rules") for rule in self.rules]
         if isinstance(self.bins, str):
             if self.bins != AUTO_BINS:
                 raise ValueError(f"action.bins must be a list of fractions or {AUTO_BINS!r}, got {self.bins!r}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rl_live_compare import resolve_reference   # scripts/ is on sys.path when this file runs as a script
 
-from kvrl.apps.eval import write_results
+from kvrl.apps.eval_files import write_results
 from kvrl.apps.leaderboard import build_rows, markdown, write_csv
 from kvrl.apps.outputs import atomic_write
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvrl.apps.eval import read_step_traces
+from kvrl.apps.eval_files import read_step_traces
 from rl_tables import agent_dir   # scripts/ is on sys.path when this file runs as a script
 
 COLUMNS = ("steps", "engine_s", "decode_ms", "prefill_ms", "waiting", "running", "used", "watermark",

@@ -145,7 +145,7 @@ def test_eval_step_traces_all_keeps_every_test_jobs_steps(trained, tmp_path):
     """``step_traces=all``: step_traces.npz holds one whole per-step record per test run (the rows of
     results.csv on split=test, in the same policies and seeds), whose running counts of preemptions
     and finished requests end at that run's metrics; an unknown value is refused before any run."""
-    from kvrl.apps.eval import read_step_traces
+    from kvrl.apps.eval_files import read_step_traces
 
     run_dir, _ = trained
     out = tmp_path / "traces"

@@ -25,14 +25,13 @@ Writes into the Hydra run directory (``runs/eval/<date>/<time>``): ``leaderboard
 included; while the test runs go one by one, as on the live backend, ``results.partial.csv``
 holds the runs finished so far, so a run stopped by a time limit keeps them), ``goodput.png``
 (bars with CIs), ``traces.png`` (watermark and KV usage over time, first seed), ``config.yaml``;
-with ``step_traces=all``, ``step_traces.npz``: every test job's per-step record (:func:`write_step_traces`;
+with ``step_traces=all``, ``step_traces.npz``: every test job's per-step record (:func:`~kvrl.apps.eval_files.write_step_traces`;
 a policy's behaviour step by step, live or sim, e.g. one against the other); prints the leaderboard.
 ``logger=wandb`` also logs the table and the plots.
 """
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvrl.apps import sim_beside, tracking
 from kvrl.executors.host_speed import HostProbes
 from kvrl.apps.cost_note import sim_cost_note
+from kvrl.apps.eval_files import write_results, write_step_traces
 from kvrl.apps.job_order import JOB_ORDERS, job_order
 from kvrl.apps.baselines import VAL_TUNED, label_of, oracle_on_test, strongest_competitor, tune_on_val
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
@@ -361,41 +361,6 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
     log.info("val sweep (%s backend): %s -> %s", run["backend"]["name"],
              ", ".join(f"{k} {v:.2f}" for k, v in goodput.items()), label_of(best))
     return Policy(f"{label_of(best)} [{tag}]", "val-best", best), results
-
-
-#: per-job arrays of a result, not CSV columns
-_ARRAYS = ("trace", "steps")
-
-
-def write_results(results: Sequence[dict], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in results for k in r if k not in _ARRAYS))
-    def write(f):
-        w = csv.DictWriter(f, keys, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(results)
-    atomic_write(path, write)
-
-
-def write_step_traces(results: Sequence[dict], path: Path) -> None:
-    """The whole per-step record of every test job that kept one (``step_traces=all``), in one
-    compressed ``.npz``: ``job<i>`` an array of one row per engine step and one column per
-    ``columns`` entry (:data:`~kvrl.engine.metrics.STEP_COLUMNS`), and ``index`` a JSON list of
-    ``{"policy", "seed", "split", "backend"}`` whose i-th entry describes ``job<i>``."""
-    from kvrl.engine.metrics import STEP_COLUMNS
-
-    kept = [r for r in results if "steps" in r]
-    index = [{k: r[k] for k in ("policy", "seed", "split", "backend")} for r in kept]
-    arrays = {f"job{i}": r["steps"] for i, r in enumerate(kept)}
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, index=np.array(json.dumps(index)), columns=np.array(STEP_COLUMNS), **arrays)
-    os.replace(tmp, path)
-
-
-def read_step_traces(path: Path) -> list[tuple[dict, dict[str, np.ndarray]]]:
-    """The jobs of a :func:`write_step_traces` file: per job its index entry and its columns by name."""
-    with np.load(path) as f:
-        index, columns = json.loads(str(f["index"])), [str(c) for c in f["columns"]]
-        return [(entry, {c: f[f"job{i}"][:, j] for j, c in enumerate(columns)}) for i, entry in enumerate(index)]
 
 
 def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
