@@ -28,6 +28,14 @@ def _as_array(action: Any, what: str) -> np.ndarray:
     return arr
 
 
+def _one_value(action: Any, what: str) -> float:
+    """``action`` as one number (any shape of size 1); ``ValueError`` naming ``what`` otherwise."""
+    arr = _as_array(action, what)
+    if arr.size != 1:
+        raise ValueError(f"{what}: expected one action value, got shape {arr.shape}")
+    return float(arr.reshape(()))
+
+
 def _integer(value: float, lo: int, hi: int, clip: bool, what: str) -> tuple[int, bool]:
     """``value`` as an integer in ``[lo, hi]``; clipped (and flagged) or ``ValueError``."""
     if np.isfinite(value) and value == int(value) and lo <= value <= hi:
@@ -62,20 +70,14 @@ class WatermarkActions:
         """``(index into rules, clipped)`` for ``action`` (an action space with ``rules`` only)."""
         if self.rules is None:
             raise ValueError("watermark: this action space sets fractions (action.bins), not rules")
-        arr = _as_array(action, "watermark")
-        if arr.size != 1:
-            raise ValueError(f"watermark: expected one action value, got shape {arr.shape}")
-        return _integer(float(arr.reshape(())), 0, len(self.rules) - 1, clip, "watermark")
+        return _integer(_one_value(action, "watermark"), 0, len(self.rules) - 1, clip, "watermark")
 
     def to_fraction(self, action: Any, clip: bool = False) -> tuple[float, bool]:
         """``(watermark fraction, clipped)`` for ``action`` (an action space without ``rules``)."""
         cfg = self.config
         if self.rules is not None:
             raise ValueError("watermark: this action space hands the watermark to rules (action.rules); use to_rule")
-        arr = _as_array(action, "watermark")
-        if arr.size != 1:
-            raise ValueError(f"watermark: expected one action value, got shape {arr.shape}")
-        value = float(arr.reshape(()))
+        value = _one_value(action, "watermark")
         if cfg.type == "discrete":
             i, clipped = _integer(value, 0, len(cfg.bins) - 1, clip, "watermark")
             return float(cfg.bins[i]), clipped

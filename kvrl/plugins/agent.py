@@ -116,14 +116,17 @@ class AgentWatermark(WatermarkPolicy):
     def set_fraction(self, fraction: float) -> None:
         """A decision: hold ``fraction`` until the next epoch."""
         self.fraction = fraction
-        self.clock.mark(self.engine)
-        self.decision_due = False
+        self._decided()
 
     def set_rule(self, index: int) -> None:
         """A decision: rule ``index`` of :attr:`rules` decides until the next epoch."""
         if not 0 <= index < len(self.rules):
             raise ValueError(f"watermark agent: rule {index} of {len(self.rules)} (env.action.rules)")
         self.rule = index
+        self._decided()
+
+    def _decided(self) -> None:
+        """A decision was taken now: the next is due an epoch from here."""
         self.clock.mark(self.engine)
         self.decision_due = False
 
