@@ -1278,6 +1278,26 @@ def pressure_headroom() -> dict[str, str]:
     return out
 
 
+THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecast": "rule_headroom_throttle_fc5.jsonl",
+                     "blind": "rule_headroom_throttle_fc0_blind.jsonl",
+                     "forecast_blind": "rule_headroom_throttle_fc5_blind.jsonl",
+                     "forecast_noise05": "rule_headroom_throttle_fc5_noise0.5.jsonl",
+                     "forecast_noise10": "rule_headroom_throttle_fc5_noise1.0.jsonl"}
+
+
+@source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
+def throttle_headroom() -> dict[str, str]:
+    """The rollout planner over the val-tuned ``token_ratio`` on ``env=throttle``'s 20 test jobs (session 42;
+    scripts/rl_rule_headroom.py): clairvoyant, on a 5 s persistence forecast of arrivals (``forecast``),
+    with the copies' output lengths guessed from finished requests (``blind``: ``--blind``), both, and on the
+    forecast with a length predictor's lognormal error of sigma 0.5 or 1.0 (``--length-noise``): per planner
+    the paired difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``)."""
+    out = {}
+    for name, f in THROTTLE_HEADROOM.items():
+        out[f"{name}_vs_rule"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
+    return out
+
+
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --
 
 HOST_SPEED_GPU = "docs/results/host_speed_h200_run34.md"

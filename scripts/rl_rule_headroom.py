@@ -27,6 +27,7 @@ and the paired summary (kvrl.analysis.stats); ``--table OUT.jsonl`` renders a fi
 from __future__ import annotations
 
 import argparse
+import bisect
 import copy
 import csv
 import json
@@ -34,11 +35,15 @@ import logging
 import os
 import time
 
+import numpy as np
+
 
 def parse_rule(text: str) -> dict:
-    """``name:key=value,...`` -> a plugin config (values as floats)."""
+    """``name:key=value,...`` -> a plugin config (a value written as an integer stays an int, as
+    integer parameters such as ``token_ratio``'s ``clip_max_new_tokens`` require; others are floats)."""
     name, _, rest = text.partition(":")
-    params = {k: float(v) for k, v in (kv.split("=") for kv in rest.split(",") if kv)}
+    params = {k: int(v) if v.lstrip("-").isdigit() else float(v)
+              for k, v in (kv.split("=") for kv in rest.split(",") if kv)}
     return {"name": name, **params}
 
 
@@ -106,18 +111,66 @@ def forecast(loop, window_s: float) -> list:
     return sorted(future, key=lambda r: r.arrival_s)
 
 
-def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0) -> tuple[float, list]:
+def guessed_lengths(loop, future: list, rng, noise: float | None = None) -> tuple[dict, list]:
+    """Output lengths a server could guess, for a planner blind to them. With ``noise`` None, every
+    unfinished sequence's length is drawn from the output lengths of the requests finished so far that
+    exceed what it has generated (one token more than that where none does), and each request of
+    ``future`` (the forecast, or the job's own arrivals to come) drawn from all of them. With ``noise`` =
+    sigma, a length predictor's estimate instead: the true length times ``exp(N(0, sigma^2))``, rounded,
+    at least one token more than generated. Returns ``{seq_id: output_len}`` and ``future`` with its
+    lengths replaced."""
+    import dataclasses
+
+    def hinted(true: int, made: int) -> int:
+        return max(made + 1, int(round(true * float(np.exp(rng.normal(0.0, noise))))))
+
+    done = sorted(loop.engine.metrics.finished_output_lens)
+    lengths = {}
+    for seq in loop.engine.live_sequences():
+        made = len(seq.output_token_ids)
+        if noise is not None:
+            lengths[seq.seq_id] = hinted(seq.request.output_len, made)
+            continue
+        longer = done[bisect.bisect_right(done, made):]
+        lengths[seq.seq_id] = int(rng.choice(longer)) if longer else made + 1
+    if noise is not None:
+        future = [dataclasses.replace(r, output_len=hinted(r.output_len, 0)) for r in future]
+    elif done:
+        future = [dataclasses.replace(r, output_len=int(rng.choice(done))) for r in future]
+    return lengths, future
+
+
+def set_lengths(engine, lengths: dict) -> None:
+    """Give ``engine``'s live sequences the output lengths ``lengths`` (``{seq_id: output_len}``)."""
+    import dataclasses
+
+    for seq in engine.live_sequences():
+        n = lengths[seq.seq_id]
+        seq.request = dataclasses.replace(seq.request, output_len=n)
+        engine._last_decode[seq.seq_id] = seq.request.prompt_len + n - 2
+
+
+def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,
+         blind_seed: int | None = None, length_noise: float | None = None) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
-    ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's."""
+    ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
+    ``blind_seed`` set the copies hold :func:`guessed_lengths` (``length_noise`` its ``noise``; one draw per
+    decision, the same for every candidate), not the requests' own output lengths."""
+    rng = np.random.default_rng(blind_seed)
     chosen = []
     while not loop.done:
         now = loop.engine.now
         scores = {}
         future = forecast(loop, forecast_s) if forecast_s > 0 else None
+        lengths = None
+        if blind_seed is not None:      # the job's own future arrivals are guessed too
+            lengths, future = guessed_lengths(loop, future or loop.pending[loop.next_index:], rng, length_noise)
         for cand in candidates:
             trial = copy.deepcopy(loop)
             if future is not None:
                 trial.pending = trial.pending[:trial.next_index] + copy.deepcopy(future)
+            if lengths is not None:
+                set_lengths(trial.engine, lengths)
             trial.engine.watermark.held = cand
             serve_until(trial, now + hold_s)
             scores[cand] = finish(trial)
@@ -132,14 +185,15 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
 
 
 def _job(args: tuple) -> dict:
-    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s = args
+    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, noise = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
-                           epoch_s, hold_s, forecast_s)
-    out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, cpu_s=time.process_time() - t)
+                           epoch_s, hold_s, forecast_s, seed if blind or noise is not None else None, noise)
+    out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, length_noise=noise,
+               cpu_s=time.process_time() - t)
     return out
 
 
@@ -208,6 +262,10 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=2.0, help="engine seconds a chosen constant is held")
     p.add_argument("--forecast", type=float, default=0.0,
                    help="seconds of persistence forecast in place of the copies' future arrivals (0: clairvoyant)")
+    p.add_argument("--blind", action="store_true",
+                   help="the copies do not know the requests' output lengths: guessed from finished ones")
+    p.add_argument("--length-noise", type=float, default=None, metavar="SIGMA",
+                   help="the copies hold a length predictor's estimates instead: true x exp(N(0, SIGMA^2))")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
@@ -231,7 +289,8 @@ def main() -> None:
             print(json.dumps({"task": a.task, "split": a.split, "seeds": seeds, "constant": c, "goodput_mean": m}))
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
-    jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast)
+    jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast, a.blind,
+             a.length_noise)
             for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

@@ -18,6 +18,9 @@ SHORT = ["workload.horizon_s=25"]      # a 5 s test window: a few hundred reques
 def test_parse_rule():
     assert R.parse_rule(RULE) == {"name": "slo_mix", "tight": 0.3, "loose": 0.0, "share": 0.3}
     assert R.parse_rule("fixed:fraction=0.01") == {"name": "fixed", "fraction": 0.01}
+    assert R.parse_rule("token_ratio:clip_max_new_tokens=4096,min_ratio=0.05") == {
+        "name": "token_ratio", "clip_max_new_tokens": 4096, "min_ratio": 0.05}
+    assert type(R.parse_rule("token_ratio:clip_max_new_tokens=4096")["clip_max_new_tokens"]) is int
 
 
 def test_the_rules_row_is_kvrl_evals_and_the_planner_never_loses_to_it():
@@ -79,3 +82,59 @@ def test_sweep_serves_each_constant_as_the_rule():
         assert got[c][1] == pytest.approx(R.finish(R.build_loop("slo_shift", SHORT, {"name": "fixed", "fraction": c},
                                                                 "test", 1, 0.8)), rel=1e-12)
     assert got[0.0][1] != got[0.2][1]
+
+
+def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_alone_is_still_the_rule():
+    """--blind: every unfinished sequence's guessed length is a finished request's length above what it
+    has generated (or one token more), forecast requests get finished lengths, a copy given the guesses
+    serves to them, and the real job keeps its own lengths (the planner with only the rule is the rule)."""
+    import copy
+
+    import numpy as np
+
+    rule = R.parse_rule(RULE)
+    loop = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    R.serve_until(loop, loop.engine.now + 3.0)
+    done = set(loop.engine.metrics.finished_output_lens)
+    live = loop.engine.live_sequences()
+    assert done and live
+    lengths, future = R.guessed_lengths(loop, R.forecast(loop, 1.0), np.random.default_rng(0))
+    assert set(lengths) == {s.seq_id for s in live}
+    for s in live:
+        made = len(s.output_token_ids)
+        assert lengths[s.seq_id] > made and (lengths[s.seq_id] in done or lengths[s.seq_id] == made + 1)
+    assert future and all(r.output_len in done for r in future)
+    trial = copy.deepcopy(loop)
+    R.set_lengths(trial.engine, lengths)
+    assert {s.seq_id: s.request.output_len for s in trial.engine.live_sequences()} == lengths
+    R.serve_until(trial, trial.engine.now + 1.0)
+    for s in trial.engine.live_sequences():
+        assert len(s.output_token_ids) < lengths.get(s.seq_id, s.request.output_len)
+    mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
+    for forecast_s in (0.0, 2.0):       # blind to the job's own arrivals' lengths, or the forecast's
+        alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0,
+                               forecast_s=forecast_s, blind_seed=0)
+        assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
+    pending = loop.pending[loop.next_index:]
+    _, guessed = R.guessed_lengths(loop, pending, np.random.default_rng(0))
+    assert [r.request_id for r in guessed] == [r.request_id for r in pending]
+    assert all(r.output_len in done for r in guessed)
+
+
+def test_length_noise_guesses_are_the_true_lengths_with_lognormal_error():
+    """--length-noise: a predictor's estimates, the true length times exp(N(0, sigma^2)), at least one
+    token more than generated; sigma 0 is the truth (for sequences not already past it)."""
+    import numpy as np
+
+    rule = R.parse_rule(RULE)
+    loop = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    R.serve_until(loop, loop.engine.now + 3.0)
+    live = loop.engine.live_sequences()
+    pending = loop.pending[loop.next_index:]
+    exact, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), noise=0.0)
+    assert exact == {s.seq_id: s.request.output_len for s in live}
+    assert [r.output_len for r in future] == [r.output_len for r in pending]
+    noisy, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), noise=0.5)
+    assert all(noisy[s.seq_id] > len(s.output_token_ids) for s in live)
+    ratios = np.log([r.output_len / p.output_len for r, p in zip(future, pending)])
+    assert 0.3 < ratios.std() < 0.7 and abs(ratios.mean()) < 0.2
