@@ -1281,8 +1281,8 @@ def pressure_headroom() -> dict[str, str]:
 THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecast": "rule_headroom_throttle_fc5.jsonl",
                      "blind": "rule_headroom_throttle_fc0_blind.jsonl",
                      "forecast_blind": "rule_headroom_throttle_fc5_blind.jsonl",
-                     "forecast_noise05": "rule_headroom_throttle_fc5_noise0.5.jsonl",
-                     "forecast_noise10": "rule_headroom_throttle_fc5_noise1.0.jsonl"}
+                     "forecast_hints05": "rule_headroom_throttle_fc5_hints0.5.jsonl",
+                     "forecast_hints10": "rule_headroom_throttle_fc5_hints1.0.jsonl"}
 
 
 @source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
@@ -1290,12 +1290,33 @@ def throttle_headroom() -> dict[str, str]:
     """The rollout planner over the val-tuned ``token_ratio`` on ``env=throttle``'s 20 test jobs (session 42;
     scripts/rl_rule_headroom.py): clairvoyant, on a 5 s persistence forecast of arrivals (``forecast``),
     with the copies' output lengths guessed from finished requests (``blind``: ``--blind``), both, and on the
-    forecast with a length predictor's lognormal error of sigma 0.5 or 1.0 (``--length-noise``): per planner
+    forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``): per planner
     the paired difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``)."""
     out = {}
     for name, f in THROTTLE_HEADROOM.items():
         out[f"{name}_vs_rule"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
     return out
+
+
+AZURE_CODE_TRACE = "kvrl/workloads/data/azure_llm_2023_code.csv"
+
+
+@source("azure_code_lengths", "cheap", AZURE_CODE_TRACE)
+def azure_code_lengths() -> dict[str, str]:
+    """What the packaged Azure code trace's prompt lengths say about its output lengths: the number of
+    requests, the correlation of log prompt and log output length, the standard deviation of log output
+    length, and that of its residual within each prompt-length decile (a predictor from the prompt length
+    alone; equal to the first: it predicts nothing)."""
+    import numpy as np
+
+    rows = _csv(AZURE_CODE_TRACE)
+    lp = np.log([float(r["ContextTokens"]) for r in rows])
+    lo = np.log([max(float(r["GeneratedTokens"]), 1.0) for r in rows])
+    edges = np.quantile(lp, np.linspace(0, 1, 11))
+    decile = np.clip(np.searchsorted(edges, lp, "right") - 1, 0, 9)
+    residual = np.concatenate([lo[decile == k] - lo[decile == k].mean() for k in range(10) if (decile == k).any()])
+    return {"requests": f"{len(rows):,}", "corr": f"{np.corrcoef(lp, lo)[0, 1]:.3f}",
+            "log_std": f"{lo.std():.2f}", "residual_std": f"{residual.std():.2f}"}
 
 
 # --- docs/fidelity.md: host speed on the GPU, and the pressure set beside three busy GPUs (run 34) --

@@ -35,8 +35,6 @@ import logging
 import os
 import time
 
-import numpy as np
-
 
 def parse_rule(text: str) -> dict:
     """``name:key=value,...`` -> a plugin config (a value written as an integer stays an int, as
@@ -111,30 +109,32 @@ def forecast(loop, window_s: float) -> list:
     return sorted(future, key=lambda r: r.arrival_s)
 
 
-def guessed_lengths(loop, future: list, rng, noise: float | None = None) -> tuple[dict, list]:
-    """Output lengths a server could guess, for a planner blind to them. With ``noise`` None, every
-    unfinished sequence's length is drawn from the output lengths of the requests finished so far that
-    exceed what it has generated (one token more than that where none does), and each request of
-    ``future`` (the forecast, or the job's own arrivals to come) drawn from all of them. With ``noise`` =
-    sigma, a length predictor's estimate instead: the true length times ``exp(N(0, sigma^2))``, rounded,
-    at least one token more than generated. Returns ``{seq_id: output_len}`` and ``future`` with its
-    lengths replaced."""
+def guessed_lengths(loop, future: list, rng, hints: bool = False) -> tuple[dict, list]:
+    """Output lengths a server could guess, for a planner blind to them. Every unfinished sequence's
+    length is drawn from the output lengths of the requests finished so far that exceed what it has
+    generated (one token more than that where none does), and each request of ``future`` (the forecast,
+    or the job's own arrivals to come) drawn from all of them. With ``hints``, each request's
+    ``output_len_hint`` instead (a length predictor's estimate, fixed per request: the workload's
+    ``length_hint_sigma``), at least one token more than generated. Returns ``{seq_id: output_len}`` and
+    ``future`` with its lengths replaced."""
     import dataclasses
 
-    def hinted(true: int, made: int) -> int:
-        return max(made + 1, int(round(true * float(np.exp(rng.normal(0.0, noise))))))
+    def hinted(request, made: int) -> int:
+        if request.output_len_hint is None:
+            raise ValueError(f"request {request.request_id!r} has no output_len_hint: set workload.length_hint_sigma")
+        return max(made + 1, request.output_len_hint)
 
     done = sorted(loop.engine.metrics.finished_output_lens)
     lengths = {}
     for seq in loop.engine.live_sequences():
         made = len(seq.output_token_ids)
-        if noise is not None:
-            lengths[seq.seq_id] = hinted(seq.request.output_len, made)
+        if hints:
+            lengths[seq.seq_id] = hinted(seq.request, made)
             continue
         longer = done[bisect.bisect_right(done, made):]
         lengths[seq.seq_id] = int(rng.choice(longer)) if longer else made + 1
-    if noise is not None:
-        future = [dataclasses.replace(r, output_len=hinted(r.output_len, 0)) for r in future]
+    if hints:
+        future = [dataclasses.replace(r, output_len=hinted(r, 0)) for r in future]
     elif done:
         future = [dataclasses.replace(r, output_len=int(rng.choice(done))) for r in future]
     return lengths, future
@@ -151,11 +151,13 @@ def set_lengths(engine, lengths: dict) -> None:
 
 
 def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,
-         blind_seed: int | None = None, length_noise: float | None = None) -> tuple[float, list]:
+         blind_seed: int | None = None, hints: bool = False) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
     ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
-    ``blind_seed`` set the copies hold :func:`guessed_lengths` (``length_noise`` its ``noise``; one draw per
-    decision, the same for every candidate), not the requests' own output lengths."""
+    ``blind_seed`` set the copies hold :func:`guessed_lengths` (with ``hints``, the requests' length hints;
+    else one draw per decision, the same for every candidate), not the requests' own output lengths."""
+    import numpy as np
+
     rng = np.random.default_rng(blind_seed)
     chosen = []
     while not loop.done:
@@ -164,7 +166,7 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
         future = forecast(loop, forecast_s) if forecast_s > 0 else None
         lengths = None
         if blind_seed is not None:      # the job's own future arrivals are guessed too
-            lengths, future = guessed_lengths(loop, future or loop.pending[loop.next_index:], rng, length_noise)
+            lengths, future = guessed_lengths(loop, future or loop.pending[loop.next_index:], rng, hints)
         for cand in candidates:
             trial = copy.deepcopy(loop)
             if future is not None:
@@ -185,14 +187,14 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
 
 
 def _job(args: tuple) -> dict:
-    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, noise = args
+    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
-                           epoch_s, hold_s, forecast_s, seed if blind or noise is not None else None, noise)
-    out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, length_noise=noise,
+                           epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints)
+    out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, hints=hints,
                cpu_s=time.process_time() - t)
     return out
 
@@ -264,8 +266,9 @@ def main() -> None:
                    help="seconds of persistence forecast in place of the copies' future arrivals (0: clairvoyant)")
     p.add_argument("--blind", action="store_true",
                    help="the copies do not know the requests' output lengths: guessed from finished ones")
-    p.add_argument("--length-noise", type=float, default=None, metavar="SIGMA",
-                   help="the copies hold a length predictor's estimates instead: true x exp(N(0, SIGMA^2))")
+    p.add_argument("--hints", action="store_true",
+                   help="the copies hold the requests' output_len_hint instead (a length predictor's estimates; "
+                        "give workload.length_hint_sigma=SIGMA)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
@@ -290,7 +293,7 @@ def main() -> None:
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
     jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast, a.blind,
-             a.length_noise)
+             a.hints)
             for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

@@ -121,20 +121,26 @@ def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_a
     assert all(r.output_len in done for r in guessed)
 
 
-def test_length_noise_guesses_are_the_true_lengths_with_lognormal_error():
-    """--length-noise: a predictor's estimates, the true length times exp(N(0, sigma^2)), at least one
-    token more than generated; sigma 0 is the truth (for sequences not already past it)."""
+def test_hints_guesses_are_the_requests_own_length_hints():
+    """--hints: the copies hold each request's output_len_hint (at least one token more than generated),
+    the job's own arrivals to come too; without hints in the workload it says so; the hints do not change
+    the rule's job (they are drawn from their own stream)."""
     import numpy as np
 
     rule = R.parse_rule(RULE)
-    loop = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    hinted = [*SHORT, "workload.length_hint_sigma=0.5"]
+    loop = R.build_loop("slo_shift", hinted, rule, "test", 1, 0.8)
     R.serve_until(loop, loop.engine.now + 3.0)
     live = loop.engine.live_sequences()
     pending = loop.pending[loop.next_index:]
-    exact, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), noise=0.0)
-    assert exact == {s.seq_id: s.request.output_len for s in live}
-    assert [r.output_len for r in future] == [r.output_len for r in pending]
-    noisy, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), noise=0.5)
-    assert all(noisy[s.seq_id] > len(s.output_token_ids) for s in live)
-    ratios = np.log([r.output_len / p.output_len for r, p in zip(future, pending)])
-    assert 0.3 < ratios.std() < 0.7 and abs(ratios.mean()) < 0.2
+    lengths, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), hints=True)
+    assert live and pending
+    assert lengths == {s.seq_id: max(s.request.output_len_hint, len(s.output_token_ids) + 1) for s in live}
+    assert [r.output_len for r in future] == [r.output_len_hint for r in pending]
+    assert any(r.output_len != p.output_len for r, p in zip(future, pending))
+    assert R.finish(R.build_loop("slo_shift", hinted, rule, "test", 1, 0.8)) == pytest.approx(
+        R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)), rel=1e-12)
+    plain = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    R.serve_until(plain, plain.engine.now + 1.0)
+    with pytest.raises(ValueError, match="length_hint_sigma"):
+        R.guessed_lengths(plain, plain.pending[plain.next_index:], np.random.default_rng(0), hints=True)
