@@ -1298,6 +1298,25 @@ def throttle_headroom() -> dict[str, str]:
     return out
 
 
+FIT13_HEADROOM = {"pressure_clairvoyant": "fit13/rule_headroom_pressure_fc0.jsonl",
+                  "pressure_forecast1": "fit13/rule_headroom_pressure_fc1.jsonl",
+                  "pressure_forecast1_blind": "fit13/rule_headroom_pressure_fc1_blind.jsonl",
+                  "tenants_clairvoyant": "fit13/rule_headroom_tenants_fc0.jsonl",
+                  "tenants_forecast1": "fit13/rule_headroom_tenants_fc1.jsonl"}
+
+
+@source("fit13_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in FIT13_HEADROOM.values()))
+def fit13_headroom() -> dict[str, str]:
+    """Session 25's planners over the best constant re-run on the fit-13 profile (session 42), over fixed 0.0,
+    the hindsight-best constant of ``pressure`` and ``tenants`` there: clairvoyant, on a 1 s persistence
+    forecast, and (pressure) on that forecast with lengths guessed from finished requests (``--blind``); per
+    planner the paired difference to the constant (``<planner>_vs_best``) and the seeds below it (``<planner>_below``)."""
+    out = {}
+    for name, f in FIT13_HEADROOM.items():
+        out[f"{name}_vs_best"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
+    return out
+
+
 AZURE_CODE_TRACE = "kvrl/workloads/data/azure_llm_2023_code.csv"
 
 
