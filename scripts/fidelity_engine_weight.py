@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         model = StepModel.fit(prof.samples + prof.engine_samples * k, meta.get("graph_batch_sizes", ()),
                               prof.host_samples, token_sizes=meta.get("piecewise_token_sizes", ()))
         model.engine_factor = fit_engine_factor(model, prof.engine_samples)
-        model._build()
+        model.rebuild()
         err = fit_errors(model, prof.samples)
         if args.out_prefix:
             replace(prof, model=model, fit_report={"engine_steps_repeat": k, **refit_report(

@@ -24,7 +24,7 @@ def main() -> None:
             {**prof.meta, "step_rule": None, "derived": f"{args.profile} refitted without its path term"})
     model = fit_model(prof.samples, prof.engine_samples, prof.host_samples, meta)
     model.host = prof.model.host          # the host terms as fitted with the profile (from its engine runs)
-    model._build()
+    model.rebuild()
     dataclasses.replace(prof, model=model, meta=meta).save(args.out)
     print(f"{args.out}: eager terms {sorted(model.eager['coef'])}")
 

@@ -174,7 +174,7 @@ def test_batch_factory_prefix_groups_set_how_many_decodes_read_each_shared_block
 def test_fitted_model_predicts_held_out_cpu_steps(cpu_profile):
     prof = P.StepProfile.load(cpu_profile)
     prof.model.engine_factor = {"graph": 1.0, "eager": 1.0}   # held-out steps are timed like the grid
-    prof.model._build()
+    prof.model.rebuild()
     held = [s for s in prof.samples if s.get("holdout")]
     grid = [s for s in prof.samples if not s.get("holdout")]
     assert len(held) == 16
@@ -505,7 +505,7 @@ def test_engine_factor_is_the_median_ratio_of_engine_steps_to_the_model():
     k = P.fit_engine_factor(model, [{**f, "t": t, "graph": False} for t in times] + [{**f, "t": 5e-3, "graph": True}])
     assert k["eager"] == pytest.approx(1.1) and k["graph"] == 1.0
     model.engine_factor = k
-    model._build()
+    model.rebuild()
     assert model.forward_s(1, 10, 55, 10, 10, 0, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
     again = P.StepModel.from_dict(json.loads(json.dumps(model.to_dict())))
     assert again.forward_s(1, 10, 55, 10, 10, 0, 0, 0, 0, 1, cuda_graphs=False) == pytest.approx(1.1e-3)
@@ -722,7 +722,7 @@ def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
     prof = P.StepProfile.load(cpu_profile)
     prof.model.host = {**prof.model.host, "per_admit": 1e-4, "per_preempt": 2e-4, "per_finish": 0.0,
                        "per_waiting": 1e-6, "per_prefill_token": 0.0, "per_wait_step": 3e-5}
-    prof.model._build()
+    prof.model.rebuild()
     sim = SimExecutor(TINY, CPU, seed=0, profile=prof)
     sim.allocate_kv(4096, 0, 16)
     factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
@@ -733,7 +733,7 @@ def test_sim_prices_host_work_only_with_a_profile_that_has_it(cpu_profile):
     assert busy - quiet == pytest.approx(3e-4 + 4e-4 + 50e-6 + 3e-5, rel=1e-9)
     for k in (*P.HOST_WORK_TERMS, P.QUEUE_STEP_TERM):
         prof.model.host.pop(k)
-    prof.model._build()
+    prof.model.rebuild()
     assert sim.execute(busy_batch).elapsed_s == pytest.approx(quiet, rel=1e-12)
 
 

@@ -82,7 +82,7 @@ def test_fit_recovers_a_cheaper_shared_token_beside_a_prefill():
     one_price = _truth(c["dec_shared"])       # the fitted model with fit 9's single shared price
     one_price.eager["dense"], one_price.eager["kv"] = fit.eager["dense"], fit.eager["kv"]
     one_price.eager["coef"] = {k: v for k, v in c.items() if k != "mixed_shared"}
-    one_price._build()
+    one_price.rebuild()
     assert one_price.predict_features(f, False) > 1.03 * truth.predict_features(f, False)
 
 

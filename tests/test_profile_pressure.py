@@ -417,7 +417,7 @@ def test_resim_reprices_recorded_steps_as_the_sim_priced_them_swap_stream_includ
     model = _truth(per_prev_prefill_token=1e-7, per_swap_step=5e-5)
     model.ops = {"copy": [0.0, 0.0], "swap_out": [1e-5, 1e-7], "swap_in": [1e-5, 1e-7],
                  "swap_out_xfer": [1e-4, 4e-5], "swap_in_xfer": [1e-4, 1e-4]}
-    model._build()
+    model.rebuild()
     prof = P.StepProfile(P.ProfileKey.of(TINY, CPU), model, {}, [], [], {}, RAW_KEY)
     factory = BatchFactory(4096, 16, TINY.vocab_size, TINY.max_model_len)
     kws = [{"prefills": [(300, 0)]}, {"decode_lens": [300, 40], "swap_in": 64}, {"decode_lens": [301, 41]},

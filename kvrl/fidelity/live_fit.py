@@ -93,7 +93,7 @@ def fit_live_terms(profile, run_dir: Path, workloads: Iterable[str], policies: O
     coef = model.eager["coef"]
     mixed_before = float(coef.get("mixed_dec", 0.0))
     model.eager = {**model.eager, "coef": {**coef, "mixed_dec": mixed_before + inc / k_eager}}
-    model._build()
+    model.rebuild()
     meta = dict(profile.meta)
     meta["live_fit"] = {
         "run": str(run_dir), "workloads": workloads, "pairs": sorted(steps), "steps": len(every),

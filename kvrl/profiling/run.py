@@ -85,7 +85,7 @@ def run_profile(ex, grid: dict, block_size: int = 16, num_blocks: int = 0, gpu_m
                  for f, inner, el in steps]
     model.host = fit_host(host_rows)
     model.engine_factor = fit_engine_factor(model, engine)
-    model._build()
+    model.rebuild()
     fit.update({"engine_replay": error_stats([model.predict_features(s, s["graph"]) for s in engine],
                                              [s["t"] for s in engine]),
                 "engine_replay_with_host": error_stats(

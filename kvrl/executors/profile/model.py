@@ -109,9 +109,11 @@ class StepModel:
         #: 13, recorded by ``kvrl-profile``): a mixed step it runs on a split whole-step graph is priced with
         #: its decodes' longest context cut ``decode_splits`` ways and the ``split`` terms (None: no path term)
         self.step_rule = step_rule
-        self._build()
+        self.rebuild()
 
-    def _build(self) -> None:
+    def rebuild(self) -> None:
+        """Recompute the prediction's cached coefficients from the model's terms. Call it after assigning
+        ``graph``, ``eager``, ``ops``, ``host``, ``engine_factor`` or ``step_rule`` (the constructor does)."""
         g = self.graph
         self._g_floor, self._g_has_floor = (0.0, 0.0, 0.0, 0.0), False
         if g is not None:
@@ -390,7 +392,7 @@ class StepModel:
         model = cls(graph_sizes if graph is not None else [], graph, eager, ops,
                     {"base": 0.0, "per_seq": 0.0, "per_prefill": 0.0}, token_sizes=sizes, step_rule=step_rule)
         model.host = fit_host(host_samples)
-        model._build()
+        model.rebuild()
         return model
 
 
@@ -423,7 +425,7 @@ def fit_model(samples: list, engine_samples: list, host_samples: Sequence, meta:
     model = StepModel.fit(samples + engine_samples, meta.get("graph_batch_sizes", ()), host_samples,
                           token_sizes=meta.get("piecewise_token_sizes", ()), step_rule=meta.get("step_rule"))
     model.engine_factor = fit_engine_factor(model, engine_samples)
-    model._build()
+    model.rebuild()
     return model
 
 
