@@ -1317,6 +1317,33 @@ def fit13_headroom() -> dict[str, str]:
     return out
 
 
+THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
+THROTTLE_LIVE_POLICIES = {"agent": "agent dqn", "token_ratio": "token_ratio(", "ttft_slack": "ttft_slack("}
+
+
+@source("throttle_live_host", "cheap", THROTTLE_LIVE)
+def throttle_live_host() -> dict[str, str]:
+    """``throttle`` live over 16 seeds (sessions 41-42, merged): per policy (``agent``, ``token_ratio``,
+    ``ttft_slack``) its paired goodput difference to fixed 0.01 live (``<policy>_live``), in the sim beside each
+    live run (``<policy>_sim``) and in that sim priced at the run's measured host speed (``<policy>_host``:
+    kvrl-eval's ``sim_host_goodput_tok_s``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    rows = _csv(THROTTLE_LIVE)
+    by_policy: dict[str, dict[int, dict]] = {}
+    for r in rows:
+        by_policy.setdefault(r["policy"], {})[int(r["seed"])] = r
+    ref = by_policy["fixed(fraction=0.01)"]
+    out = {}
+    for key, prefix in THROTTLE_LIVE_POLICIES.items():
+        mine = next(v for label, v in by_policy.items() if label.startswith(prefix))
+        for suffix, col in (("live", "goodput_tok_s"), ("sim", "sim_goodput_tok_s"), ("host", "sim_host_goodput_tok_s")):
+            c = paired_compare({s: float(r[col]) for s, r in mine.items()}, {s: float(r[col]) for s, r in ref.items()},
+                               "goodput_tok_s")
+            out[f"{key}_{suffix}"] = _compare_cell(c, 1)
+    return out
+
+
 AZURE_CODE_TRACE = "kvrl/workloads/data/azure_llm_2023_code.csv"
 
 
