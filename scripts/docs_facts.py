@@ -1231,6 +1231,15 @@ def _planner_vs_base(jobs: dict[int, dict]) -> tuple[str, str]:
     return _compare_cell(c, 1), f"{below} of {len(jobs)}"
 
 
+def _planner_facts(files: dict[str, str], against: str) -> dict[str, str]:
+    """:func:`_planner_vs_base` of each named planner file of :data:`RULE_HEADROOM`, as the facts
+    ``<name>_vs_<against>`` and ``<name>_below``."""
+    out = {}
+    for name, f in files.items():
+        out[f"{name}_vs_{against}"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
+    return out
+
+
 @source("rule_forecast", "cheap", f"{RULE_HEADROOM}/rule_headroom_slo_shift.jsonl",
         f"{RULE_HEADROOM}/rule_forecast5_slo_shift.jsonl", f"{RULE_HEADROOM}/rule_forecast40_slo_shift.jsonl")
 def rule_forecast() -> dict[str, str]:
@@ -1273,9 +1282,7 @@ def pressure_headroom() -> dict[str, str]:
     consts = _jsonl(TENANTS_CONSTANTS)
     out = {"tenants_best": f"{max(consts, key=lambda r: r['goodput_mean'])['constant']:g}",
            "tenants_constants": ", ".join(f"{r['constant']:g}: {r['goodput_mean']:,.0f}" for r in consts)}
-    for name, f in PRESSURE_HEADROOM.items():
-        out[f"{name}_vs_best"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
-    return out
+    return {**out, **_planner_facts(PRESSURE_HEADROOM, "best")}
 
 
 THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecast": "rule_headroom_throttle_fc5.jsonl",
@@ -1292,10 +1299,7 @@ def throttle_headroom() -> dict[str, str]:
     with the copies' output lengths guessed from finished requests (``blind``: ``--blind``), both, and on the
     forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``): per planner
     the paired difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``)."""
-    out = {}
-    for name, f in THROTTLE_HEADROOM.items():
-        out[f"{name}_vs_rule"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
-    return out
+    return _planner_facts(THROTTLE_HEADROOM, "rule")
 
 
 FIT13_HEADROOM = {"pressure_clairvoyant": "fit13/rule_headroom_pressure_fc0.jsonl",
@@ -1311,10 +1315,7 @@ def fit13_headroom() -> dict[str, str]:
     the hindsight-best constant of ``pressure`` and ``tenants`` there: clairvoyant, on a 1 s persistence
     forecast, and (pressure) on that forecast with lengths guessed from finished requests (``--blind``); per
     planner the paired difference to the constant (``<planner>_vs_best``) and the seeds below it (``<planner>_below``)."""
-    out = {}
-    for name, f in FIT13_HEADROOM.items():
-        out[f"{name}_vs_best"], out[f"{name}_below"] = _planner_vs_base(_planner_jobs(f))
-    return out
+    return _planner_facts(FIT13_HEADROOM, "best")
 
 
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
