@@ -55,7 +55,8 @@ from kvrl.executors.host_speed import HostProbes
 from kvrl.apps.cost_note import sim_cost_note
 from kvrl.apps.eval_files import write_results, write_step_traces
 from kvrl.apps.job_order import JOB_ORDERS, job_order
-from kvrl.apps.baselines import VAL_TUNED, label_of, oracle_on_test, strongest_competitor, tune_on_val
+from kvrl.apps.baselines import (VAL_TUNED, best_of, label_of, mean_goodput, oracle_on_test, strongest_competitor,
+                                 tune_on_val)
 from kvrl.apps.leaderboard import (build_rows, dedupe_policies, markdown, plot_bars, plot_traces, text_table,
                                    write_csv)
 from kvrl.apps.outputs import atomic_write
@@ -355,11 +356,9 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
     plugins = sweep_plugins(role, sweep)
     jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
     results = at_loads(run, loads, lambda on: run_jobs(on, role, jobs, resample, workers, chunk=len(plugins)))
-    goodput = {label_of(p): np.mean([r["goodput_tok_s"] for r in results if r["policy"] == label_of(p)])
-               for p in plugins}
-    best = max(plugins, key=lambda p: goodput[label_of(p)])     # the first of equals
+    best = best_of(plugins, results)                             # the first of equals
     log.info("val sweep (%s backend): %s -> %s", run["backend"]["name"],
-             ", ".join(f"{k} {v:.2f}" for k, v in goodput.items()), label_of(best))
+             ", ".join(f"{k} {v:.2f}" for k, v in mean_goodput(results).items()), label_of(best))
     return Policy(f"{label_of(best)} [{tag}]", "val-best", best), results
 
 
