@@ -664,6 +664,24 @@ def test_switching_rules_hands_the_reserve_to_the_chosen_one():
             break
 
 
+def test_the_engine_asks_admit_only_of_a_chosen_rule_that_vetoes():
+    """WatermarkPolicy.vetoes: a policy that delegates admit answers for the one it delegates to, so the
+    engine builds no view for a rule-choosing agent whose chosen rule admits everything."""
+    from kvrl import plugins
+
+    assert not plugins.create("watermark", "fixed").vetoes and plugins.create("watermark", "tenant_quota").vetoes
+    assert not plugins.create("watermark", "thrash_guard").vetoes
+    assert plugins.create("watermark", "thrash_guard", inner="tenant_quota").vetoes
+    env = make("watermark", "+env.action.rules=[{name: tenant_quota},{name: fixed, fraction: 0.3}]")
+    env.reset(seed=0)
+    plugin = env.unwrapped.plugin
+    assert plugin.vetoes                       # rule 0 until the first decision
+    env.step(1)
+    assert not plugin.vetoes
+    env.step(0)
+    assert plugin.vetoes
+
+
 @pytest.mark.parametrize("overrides,named", [
     (["+env.action.rules=[{name: fixed}]"], "at least two"),
     (["+env.action.rules=[{name: fixed},{name: agent}]"], "'agent' cannot"),

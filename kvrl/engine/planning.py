@@ -17,9 +17,7 @@ from kvrl.engine.batch import PlainDecodes, ScheduledBatch, ScheduledSeq
 from kvrl.engine.decisions import Shortage
 from kvrl.engine.request import Sequence, SeqStatus
 from kvrl.engine.views import SeqView
-from kvrl.plugins.base import PreemptionMode, WatermarkPolicy
-
-_ADMIT_ALL = WatermarkPolicy.admit      # the default per-request admit: every request
+from kvrl.plugins.base import PreemptionMode
 
 
 class PlanningMixin:
@@ -53,13 +51,14 @@ class PlanningMixin:
         return int(0.01 * self.config.num_blocks)
 
     def _admit_veto(self, seq: Sequence, blocks_needed: int) -> bool:
-        """The watermark policy's per-request :meth:`~WatermarkPolicy.admit` (True on failure);
-        the base class's, which admits every request, is not called (no view, no timing)."""
-        admit = self.watermark.admit
-        if getattr(admit, "__func__", None) is _ADMIT_ALL:
-            return True
+        """The watermark policy's per-request :meth:`~kvrl.plugins.base.WatermarkPolicy.admit` (True on
+        failure); not called (no view, no timing) while the policy does not veto
+        (:attr:`~kvrl.plugins.base.WatermarkPolicy.vetoes`)."""
+        watermark = self.watermark
         try:
-            return bool(self._timed(admit, self.view_of(seq), blocks_needed))
+            if not watermark.vetoes:
+                return True
+            return bool(self._timed(watermark.admit, self.view_of(seq), blocks_needed))
         except Exception as exc:
             self._policy_failed("watermark", exc, "admit")
             return True

@@ -159,6 +159,10 @@ class AgentWatermark(WatermarkPolicy):
         for rule in self.rules:
             rule.on_preempt(seq, mode)
 
+    @property
+    def vetoes(self) -> bool:
+        return bool(self.rules) and self.rules[self.rule].vetoes
+
     def admit(self, seq, blocks_needed: int) -> bool:
         return self.rules[self.rule].admit(seq, blocks_needed) if self.rules else True
 

@@ -92,6 +92,13 @@ class WatermarkPolicy(Policy):
     def reserved_blocks(self) -> int:
         """Free blocks to keep: an integer in ``[0, num_blocks]`` (anything else is a policy error)."""
 
+    @property
+    def vetoes(self) -> bool:
+        """Whether :meth:`admit` may refuse a request now; the engine asks :meth:`admit` only when it
+        may (no view built, no call timed). Default: whether the class overrides :meth:`admit`. A
+        policy that delegates :meth:`admit` to another answers for the one it delegates to."""
+        return type(self).admit is not WatermarkPolicy.admit
+
     def admit(self, seq: "SeqView", blocks_needed: int) -> bool:
         """Per-request admission veto, asked before the reservation rule (default: admit).
 

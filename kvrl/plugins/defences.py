@@ -241,6 +241,10 @@ class ThrashGuard(_Wrapper, WatermarkPolicy):
             cycles.clear()
         self.inner.on_step_end()
 
+    @property
+    def vetoes(self) -> bool:
+        return self.inner.vetoes
+
     def admit(self, seq, blocks_needed: int) -> bool:
         return self.inner.admit(seq, blocks_needed)
 
