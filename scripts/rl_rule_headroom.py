@@ -151,31 +151,38 @@ def set_lengths(engine, lengths: dict) -> None:
 
 
 def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,
-         blind_seed: int | None = None, hints: bool = False) -> tuple[float, list]:
+         blind_seed: int | None = None, hints: bool = False, samples: int = 1) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
     ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
     ``blind_seed`` set the copies hold :func:`guessed_lengths` (with ``hints``, the requests' length hints;
-    else one draw per decision, the same for every candidate), not the requests' own output lengths."""
+    else ``samples`` draws per decision, the same draws for every candidate, whose goodputs are averaged:
+    the planner then ranks candidates by their expected outcome, not by one guessed future), not the
+    requests' own output lengths."""
     import numpy as np
 
+    if samples < 1 or (samples > 1 and (blind_seed is None or hints)):
+        raise ValueError("samples > 1 needs blind guesses (blind_seed set, hints off); hints and true lengths "
+                         "are one fixed future")
     rng = np.random.default_rng(blind_seed)
     chosen = []
     while not loop.done:
         now = loop.engine.now
-        scores = {}
-        future = forecast(loop, forecast_s) if forecast_s > 0 else None
-        lengths = None
-        if blind_seed is not None:      # the job's own future arrivals are guessed too
-            lengths, future = guessed_lengths(loop, future or loop.pending[loop.next_index:], rng, hints)
-        for cand in candidates:
-            trial = copy.deepcopy(loop)
-            if future is not None:
-                trial.pending = trial.pending[:trial.next_index] + copy.deepcopy(future)
-            if lengths is not None:
-                set_lengths(trial.engine, lengths)
-            trial.engine.watermark.held = cand
-            serve_until(trial, now + hold_s)
-            scores[cand] = finish(trial)
+        scores = dict.fromkeys(candidates, 0.0)
+        forecast_arrivals = forecast(loop, forecast_s) if forecast_s > 0 else None
+        for _ in range(samples):
+            lengths, future = None, forecast_arrivals
+            if blind_seed is not None:      # the job's own future arrivals are guessed too
+                to_come = future if future is not None else loop.pending[loop.next_index:]
+                lengths, future = guessed_lengths(loop, to_come, rng, hints)
+            for cand in candidates:
+                trial = copy.deepcopy(loop)
+                if future is not None:
+                    trial.pending = trial.pending[:trial.next_index] + copy.deepcopy(future)
+                if lengths is not None:
+                    set_lengths(trial.engine, lengths)
+                trial.engine.watermark.held = cand
+                serve_until(trial, now + hold_s)
+                scores[cand] += finish(trial) / samples
         best = max(candidates, key=lambda c: (scores[c], c is None))   # ties: the rule
         chosen.append(best)
         loop.engine.watermark.held = best
@@ -187,15 +194,15 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
 
 
 def _job(args: tuple) -> dict:
-    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints = args
+    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints, samples = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
-                           epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints)
+                           epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints, samples)
     out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, hints=hints,
-               cpu_s=time.process_time() - t)
+               samples=samples, cpu_s=time.process_time() - t)
     return out
 
 
@@ -269,6 +276,9 @@ def main() -> None:
     p.add_argument("--hints", action="store_true",
                    help="the copies hold the requests' output_len_hint instead (a length predictor's estimates; "
                         "give workload.length_hint_sigma=SIGMA)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="with --blind, guessed futures per decision; each candidate is scored by its mean goodput "
+                        "over them (the same draws for every candidate)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv with the rule's rows")
@@ -293,7 +303,7 @@ def main() -> None:
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
     jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast, a.blind,
-             a.hints)
+             a.hints, a.samples)
             for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

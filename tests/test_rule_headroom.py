@@ -121,6 +121,28 @@ def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_a
     assert all(r.output_len in done for r in guessed)
 
 
+def test_samples_average_several_guessed_futures_and_an_empty_forecast_reveals_no_arrival(monkeypatch):
+    """--samples K: every decision draws K guessed futures and serves every candidate on each (the rule
+    alone is still the rule); a forecast with nothing in its window stays empty instead of falling back
+    to the job's own arrivals; K > 1 without blind guesses is refused."""
+    rule = R.parse_rule(RULE)
+    mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
+    draws, real = [], R.guessed_lengths
+
+    def counted(loop, future, rng, hints=False):
+        draws.append((loop.engine.now, len(future)))
+        return real(loop, future, rng, hints)
+
+    monkeypatch.setattr(R, "guessed_lengths", counted)
+    monkeypatch.setattr(R, "forecast", lambda loop, window_s: [])
+    alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0,
+                           forecast_s=2.0, blind_seed=0, samples=3)
+    assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
+    assert len(draws) == 3 * len(chosen) and {n for _, n in draws} == {0}
+    with pytest.raises(ValueError, match="samples > 1"):
+        R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, samples=2)
+
+
 def test_hints_guesses_are_the_requests_own_length_hints():
     """--hints: the copies hold each request's output_len_hint (at least one token more than generated),
     the job's own arrivals to come too; without hints in the workload it says so; the hints do not change
