@@ -91,13 +91,17 @@ def finish(loop) -> float:
     return float(loop.engine.metrics.summary()["goodput_tok_s"])
 
 
-def forecast(loop, window_s: float) -> list:
+def forecast(loop, window_s: float, horizon_s: float | None = None) -> list:
     """The requests that arrived in the last ``window_s`` seconds of ``loop``'s engine clock, arriving
     again every ``window_s`` seconds from now until the job's last arrival (a persistence forecast),
-    with new ids and prompt token ids shifted by the repeat's index (mod the vocabulary)."""
+    with new ids and prompt token ids shifted by the repeat's index (mod the vocabulary). With
+    ``horizon_s``, until ``horizon_s`` seconds from now instead, whether or not the job's arrivals stop
+    before: a server does not know when its traffic ends, and a forecast that stops with the job tells
+    the planner when to stop reserving."""
     import dataclasses
 
-    now, end = loop.engine.now, loop.pending[-1].arrival_s
+    now = loop.engine.now
+    end = now + horizon_s if horizon_s is not None else loop.pending[-1].arrival_s
     vocab = loop.engine.executor.vocab_size
     recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - window_s]
     future, k = [], 1
@@ -151,13 +155,14 @@ def set_lengths(engine, lengths: dict) -> None:
 
 
 def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,
-         blind_seed: int | None = None, hints: bool = False, samples: int = 1) -> tuple[float, list]:
+         blind_seed: int | None = None, hints: bool = False, samples: int = 1,
+         horizon_s: float | None = None) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
     ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
     ``blind_seed`` set the copies hold :func:`guessed_lengths` (with ``hints``, the requests' length hints;
     else ``samples`` draws per decision, the same draws for every candidate, whose goodputs are averaged:
     the planner then ranks candidates by their expected outcome, not by one guessed future), not the
-    requests' own output lengths."""
+    requests' own output lengths; ``horizon_s``: :func:`forecast`'s."""
     import numpy as np
 
     if samples < 1 or (samples > 1 and (blind_seed is None or hints)):
@@ -168,7 +173,7 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
     while not loop.done:
         now = loop.engine.now
         scores = dict.fromkeys(candidates, 0.0)
-        forecast_arrivals = forecast(loop, forecast_s) if forecast_s > 0 else None
+        forecast_arrivals = forecast(loop, forecast_s, horizon_s) if forecast_s > 0 else None
         for _ in range(samples):
             lengths, future = None, forecast_arrivals
             if blind_seed is not None:      # the job's own future arrivals are guessed too
@@ -194,15 +199,17 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
 
 
 def _job(args: tuple) -> dict:
-    task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints, samples = args
+    (task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints, samples,
+     horizon_s) = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
-                           epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints, samples)
+                           epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints, samples,
+                           horizon_s)
     out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, hints=hints,
-               samples=samples, cpu_s=time.process_time() - t)
+               samples=samples, horizon_s=horizon_s, cpu_s=time.process_time() - t)
     return out
 
 
@@ -271,6 +278,9 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=2.0, help="engine seconds a chosen constant is held")
     p.add_argument("--forecast", type=float, default=0.0,
                    help="seconds of persistence forecast in place of the copies' future arrivals (0: clairvoyant)")
+    p.add_argument("--horizon", type=float, default=None,
+                   help="with --forecast, seconds ahead the forecast runs, past the job's end too (default: to the "
+                        "job's last arrival, which tells the planner when the traffic stops)")
     p.add_argument("--blind", action="store_true",
                    help="the copies do not know the requests' output lengths: guessed from finished ones")
     p.add_argument("--hints", action="store_true",
@@ -303,7 +313,7 @@ def main() -> None:
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
     jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast, a.blind,
-             a.hints, a.samples)
+             a.hints, a.samples, a.horizon)
             for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

@@ -55,7 +55,8 @@ def test_table_renders_a_finished_run(tmp_path):
 
 def test_forecast_replays_the_last_window_into_the_future_and_the_rule_alone_is_still_the_rule():
     """--forecast: a copy's future is the last W seconds' arrivals again every W seconds, up to the job's
-    last arrival, with new ids and shifted prompts; the planner with only the rule is still the rule."""
+    last arrival (with --horizon H, up to H seconds ahead, past the job's end too), with new ids and shifted
+    prompts; the planner with only the rule is still the rule."""
     import numpy as np
 
     rule = R.parse_rule(RULE)
@@ -70,6 +71,11 @@ def test_forecast_replays_the_last_window_into_the_future_and_the_rule_alone_is_
     first = next(r for r in future if r.request_id == f"{recent[-1].request_id}~1")
     assert first.arrival_s == pytest.approx(recent[-1].arrival_s + 1.0)
     assert np.array_equal(first.prompt_token_ids, (recent[-1].prompt_token_ids + 1) % loop.engine.executor.vocab_size)
+    beyond = R.forecast(loop, 1.0, horizon_s=end - now + 5.0)     # --horizon: past the job's end
+    assert [r.request_id for r in beyond if r.arrival_s <= end] == [r.request_id for r in future]
+    assert max(r.arrival_s for r in beyond) > end
+    assert all(r.arrival_s <= end + 5.0 for r in beyond)
+    assert max(r.arrival_s for r in R.forecast(loop, 1.0, horizon_s=1.5)) <= now + 1.5
     mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
     alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, forecast_s=2.0)
     assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
@@ -134,7 +140,7 @@ def test_samples_average_several_guessed_futures_and_an_empty_forecast_reveals_n
         return real(loop, future, rng, hints)
 
     monkeypatch.setattr(R, "guessed_lengths", counted)
-    monkeypatch.setattr(R, "forecast", lambda loop, window_s: [])
+    monkeypatch.setattr(R, "forecast", lambda loop, window_s, horizon_s=None: [])
     alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0,
                            forecast_s=2.0, blind_seed=0, samples=3)
     assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
