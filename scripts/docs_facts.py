@@ -1289,7 +1289,14 @@ THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecas
                      "blind": "rule_headroom_throttle_fc0_blind.jsonl",
                      "forecast_blind": "rule_headroom_throttle_fc5_blind.jsonl",
                      "forecast_hints05": "rule_headroom_throttle_fc5_hints0.5.jsonl",
-                     "forecast_hints10": "rule_headroom_throttle_fc5_hints1.0.jsonl"}
+                     "forecast_hints10": "rule_headroom_throttle_fc5_hints1.0.jsonl",
+                     "blind_k8": "rule_headroom_throttle_fc0_blind_k8.jsonl",
+                     "blind_k16": "rule_headroom_throttle_fc0_blind_k16.jsonl",
+                     "forecast_blind_k8": "rule_headroom_throttle_fc5_blind_k8.jsonl",
+                     "forecast_blind_k16": "rule_headroom_throttle_fc5_blind_k16.jsonl",
+                     "horizon": "rule_headroom_throttle_fc5_h20.jsonl",
+                     "horizon_blind": "rule_headroom_throttle_fc5_blind_h20.jsonl",
+                     "horizon_blind_k8": "rule_headroom_throttle_fc5_blind_k8_h20.jsonl"}
 
 
 @source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
@@ -1297,14 +1304,37 @@ def throttle_headroom() -> dict[str, str]:
     """The rollout planner over the val-tuned ``token_ratio`` on ``env=throttle``'s 20 test jobs (session 42;
     scripts/rl_rule_headroom.py): clairvoyant, on a 5 s persistence forecast of arrivals (``forecast``),
     with the copies' output lengths guessed from finished requests (``blind``: ``--blind``), both, and on the
-    forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``): per planner
-    the paired difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``)."""
-    return _planner_facts(THROTTLE_HEADROOM, "rule")
+    forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``); session 43's blind
+    planners ranking the candidates over 8 or 16 guessed futures (``_k8``, ``_k16``: ``--samples``), and the
+    forecast run 20 s ahead past the job's end (``horizon``: ``--horizon 20``): per planner the paired
+    difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``); and
+    the 8-draw planner forecasting past the end against the one whose forecast stops there
+    (``horizon_blind_k8_vs_forecast_blind_k8``, paired); for the 16-draw forecast planner and the 8-draw one that
+    forecasts past the end, the share of decisions
+    among each job's last four (``<planner>_end_release``) and among the others (``<planner>_mid_release``)
+    that hold 0.01 or less: how often the planner lets the queue in."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = _planner_facts(THROTTLE_HEADROOM, "rule")
+    ahead, to_end = (_planner_jobs(THROTTLE_HEADROOM[n]) for n in ("horizon_blind_k8", "forecast_blind_k8"))
+    out["horizon_blind_k8_vs_forecast_blind_k8"] = _compare_cell(paired_compare(
+        {s: r["planner_goodput"] for s, r in ahead.items()}, {s: r["planner_goodput"] for s, r in to_end.items()},
+        "goodput_tok_s"), 1)
+    for name in ("forecast_blind_k16", "horizon_blind_k8"):
+        last, rest = [], []
+        for job in _planner_jobs(THROTTLE_HEADROOM[name]).values():
+            n = len(job["chosen"])
+            for i, held in enumerate(job["chosen"]):
+                (last if i >= n - 4 else rest).append(held is not None and held <= 0.01)
+        out[f"{name}_end_release"] = f"{sum(last) / len(last):.0%}"
+        out[f"{name}_mid_release"] = f"{sum(rest) / len(rest):.0%}"
+    return out
 
 
 FIT13_HEADROOM = {"pressure_clairvoyant": "fit13/rule_headroom_pressure_fc0.jsonl",
                   "pressure_forecast1": "fit13/rule_headroom_pressure_fc1.jsonl",
                   "pressure_forecast1_blind": "fit13/rule_headroom_pressure_fc1_blind.jsonl",
+                  "pressure_forecast1_blind_k16": "fit13/rule_headroom_pressure_fc1_blind_k16.jsonl",
                   "tenants_clairvoyant": "fit13/rule_headroom_tenants_fc0.jsonl",
                   "tenants_forecast1": "fit13/rule_headroom_tenants_fc1.jsonl"}
 
@@ -1313,7 +1343,8 @@ FIT13_HEADROOM = {"pressure_clairvoyant": "fit13/rule_headroom_pressure_fc0.json
 def fit13_headroom() -> dict[str, str]:
     """Session 25's planners over the best constant re-run on the fit-13 profile (session 42), over fixed 0.0,
     the hindsight-best constant of ``pressure`` and ``tenants`` there: clairvoyant, on a 1 s persistence
-    forecast, and (pressure) on that forecast with lengths guessed from finished requests (``--blind``); per
+    forecast, and (pressure) on that forecast with lengths guessed from finished requests (``--blind``; session
+    43: ``_k16``, ranking the candidates over 16 guessed futures); per
     planner the paired difference to the constant (``<planner>_vs_best``) and the seeds below it (``<planner>_below``)."""
     return _planner_facts(FIT13_HEADROOM, "best")
 
