@@ -15,7 +15,11 @@ are replaced by a persistence forecast, the requests that arrived in the last ``
 again every ``W`` seconds until the job's last arrival (prompt token ids shifted, so the copies hit no
 prefix the real ones cached). The planner then knows the present (the queue, and the admitted
 requests' output lengths, which the sim needs) but not the future: what part of the headroom a
-policy without foresight of arrivals could reach.
+policy without foresight of arrivals could reach. ``--horizon H`` runs that forecast H seconds ahead,
+past the job's end too (a forecast that stops with the job tells the copies when the traffic stops).
+``--blind`` denies the copies the output lengths as well: they hold lengths guessed from the finished
+requests (``--hints``: the requests' length hints), and ``--samples K`` ranks the candidates by their
+mean goodput over K such guesses, the expectation a server could compute, instead of one guess.
 
     python scripts/rl_rule_headroom.py --task slo_shift --seeds 0,1,2 --workers 2 workload.horizon_s=200
 
