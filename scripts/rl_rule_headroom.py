@@ -19,7 +19,8 @@ policy without foresight of arrivals could reach. ``--horizon H`` runs that fore
 past the job's end too (a forecast that stops with the job tells the copies when the traffic stops).
 ``--blind`` denies the copies the output lengths as well: they hold lengths guessed from the finished
 requests (``--hints``: the requests' length hints), and ``--samples K`` ranks the candidates by their
-mean goodput over K such guesses, the expectation a server could compute, instead of one guess.
+mean goodput over K such guesses, the expectation a server could compute, instead of one guess;
+``--poisson`` draws each guess's arrivals too, at the recent rate, instead of replaying the last window.
 
     python scripts/rl_rule_headroom.py --task slo_shift --seeds 0,1,2 --workers 2 workload.horizon_s=200
 
@@ -117,6 +118,27 @@ def forecast(loop, window_s: float, horizon_s: float | None = None) -> list:
     return sorted(future, key=lambda r: r.arrival_s)
 
 
+def poisson_forecast(loop, window_s: float, horizon_s: float, rng) -> list:
+    """A random forecast: arrivals from now for ``horizon_s`` seconds as a Poisson process at the rate
+    of the last ``window_s`` seconds (their count / ``window_s``), each a copy of one of those requests
+    drawn at random, with a new id and its prompt token ids shifted by its index + 1 (mod the
+    vocabulary). Drawn again for every guessed future: :func:`forecast` replays one realisation."""
+    import dataclasses
+
+    now, vocab = loop.engine.now, loop.engine.executor.vocab_size
+    recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - window_s]
+    future, t = [], now
+    while recent:
+        t += rng.exponential(window_s / len(recent))
+        if t > now + horizon_s:
+            break
+        r = recent[int(rng.integers(len(recent)))]
+        i = len(future)
+        future.append(dataclasses.replace(r, request_id=f"{r.request_id}~p{i}", arrival_s=float(t),
+                                          prompt_token_ids=(r.prompt_token_ids + i + 1) % vocab))
+    return future
+
+
 def guessed_lengths(loop, future: list, rng, hints: bool = False) -> tuple[dict, list]:
     """Output lengths a server could guess, for a planner blind to them. Every unfinished sequence's
     length is drawn from the output lengths of the requests finished so far that exceed what it has
@@ -160,26 +182,31 @@ def set_lengths(engine, lengths: dict) -> None:
 
 def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,
          blind_seed: int | None = None, hints: bool = False, samples: int = 1,
-         horizon_s: float | None = None) -> tuple[float, list]:
+         horizon_s: float | None = None, poisson: bool = False) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
     ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
     ``blind_seed`` set the copies hold :func:`guessed_lengths` (with ``hints``, the requests' length hints;
     else ``samples`` draws per decision, the same draws for every candidate, whose goodputs are averaged:
     the planner then ranks candidates by their expected outcome, not by one guessed future), not the
-    requests' own output lengths; ``horizon_s``: :func:`forecast`'s."""
+    requests' own output lengths; ``horizon_s``: :func:`forecast`'s. With ``poisson`` (blind guesses and
+    ``horizon_s`` needed), every guessed future's arrivals are a :func:`poisson_forecast` of their own."""
     import numpy as np
 
     if samples < 1 or (samples > 1 and (blind_seed is None or hints)):
         raise ValueError("samples > 1 needs blind guesses (blind_seed set, hints off); hints and true lengths "
                          "are one fixed future")
+    if poisson and (blind_seed is None or hints or horizon_s is None or forecast_s <= 0):
+        raise ValueError("poisson needs blind guesses (blind_seed set, hints off), forecast_s and horizon_s")
     rng = np.random.default_rng(blind_seed)
     chosen = []
     while not loop.done:
         now = loop.engine.now
         scores = dict.fromkeys(candidates, 0.0)
-        forecast_arrivals = forecast(loop, forecast_s, horizon_s) if forecast_s > 0 else None
+        forecast_arrivals = forecast(loop, forecast_s, horizon_s) if forecast_s > 0 and not poisson else None
         for _ in range(samples):
             lengths, future = None, forecast_arrivals
+            if poisson:
+                future = poisson_forecast(loop, forecast_s, horizon_s, rng)
             if blind_seed is not None:      # the job's own future arrivals are guessed too
                 to_come = future if future is not None else loop.pending[loop.next_index:]
                 lengths, future = guessed_lengths(loop, to_come, rng, hints)
@@ -204,16 +231,16 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
 
 def _job(args: tuple) -> dict:
     (task, overrides, rule, split, seed, resample, constants, epoch_s, hold_s, forecast_s, blind, hints, samples,
-     horizon_s) = args
+     horizon_s, poisson) = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     out = {"task": task, "seed": seed, "split": split, "overrides": overrides, "rule": rule,
            "rule_goodput": finish(build_loop(task, overrides, rule, split, seed, resample))}
     goodput, chosen = plan(build_loop(task, overrides, rule, split, seed, resample), [None, *constants],
                            epoch_s, hold_s, forecast_s, seed if blind or hints else None, hints, samples,
-                           horizon_s)
+                           horizon_s, poisson)
     out.update(planner_goodput=goodput, chosen=chosen, forecast_s=forecast_s, blind=blind, hints=hints,
-               samples=samples, horizon_s=horizon_s, cpu_s=time.process_time() - t)
+               samples=samples, horizon_s=horizon_s, poisson=poisson, cpu_s=time.process_time() - t)
     return out
 
 
@@ -285,6 +312,9 @@ def main() -> None:
     p.add_argument("--horizon", type=float, default=None,
                    help="with --forecast, seconds ahead the forecast runs, past the job's end too (default: to the "
                         "job's last arrival, which tells the planner when the traffic stops)")
+    p.add_argument("--poisson", action="store_true",
+                   help="with --forecast W --horizon H --blind: each guessed future's arrivals are drawn as a Poisson "
+                        "process at the last W seconds' rate (copies of those requests), not one replay of them")
     p.add_argument("--blind", action="store_true",
                    help="the copies do not know the requests' output lengths: guessed from finished ones")
     p.add_argument("--hints", action="store_true",
@@ -317,7 +347,7 @@ def main() -> None:
         print(f"best constant in hindsight: {max(means, key=means.get)}")
         return
     jobs = [(a.task, list(a.overrides), rule, a.split, s, a.resample, consts, a.epoch, a.hold, a.forecast, a.blind,
-             a.hints, a.samples, a.horizon)
+             a.hints, a.samples, a.horizon, a.poisson)
             for s in seeds]
     from rl_rollout_oracle import run_jobs     # scripts/ is on sys.path when run as a script
 

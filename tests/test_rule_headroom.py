@@ -172,3 +172,33 @@ def test_hints_guesses_are_the_requests_own_length_hints():
     R.serve_until(plain, plain.engine.now + 1.0)
     with pytest.raises(ValueError, match="length_hint_sigma"):
         R.guessed_lengths(plain, plain.pending[plain.next_index:], np.random.default_rng(0), hints=True)
+
+
+def test_poisson_forecast_draws_arrivals_at_the_recent_rate_and_the_rule_alone_is_still_the_rule():
+    """--poisson: a guessed future's arrivals are copies of the last window's requests, after now and
+    within the horizon, in time order, about rate x horizon of them over many draws; the planner with
+    only the rule is still the rule; without a horizon it is refused."""
+    import numpy as np
+
+    rule = R.parse_rule(RULE)
+    loop = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
+    R.serve_until(loop, loop.engine.now + 2.0)
+    now = loop.engine.now
+    recent = {r.request_id: r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - 1.0}
+    rng = np.random.default_rng(0)
+    draws = [R.poisson_forecast(loop, 1.0, 4.0, rng) for _ in range(200)]
+    for future in draws[:20]:
+        times = [r.arrival_s for r in future]
+        assert times == sorted(times) and all(now < t <= now + 4.0 for t in times)
+        assert len({r.request_id for r in future}) == len(future)
+        for r in future:
+            source = recent[r.request_id.split("~p")[0]]
+            assert r.output_len == source.output_len and r.prompt_len == source.prompt_len
+    assert np.mean([len(f) for f in draws]) == pytest.approx(4.0 * len(recent), rel=0.1)
+    mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
+    alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0,
+                           forecast_s=2.0, blind_seed=0, samples=2, horizon_s=5.0, poisson=True)
+    assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
+    with pytest.raises(ValueError, match="poisson needs"):
+        R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, forecast_s=2.0,
+               blind_seed=0, poisson=True)
