@@ -1296,7 +1296,8 @@ THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecas
                      "forecast_blind_k16": "rule_headroom_throttle_fc5_blind_k16.jsonl",
                      "horizon": "rule_headroom_throttle_fc5_h20.jsonl",
                      "horizon_blind": "rule_headroom_throttle_fc5_blind_h20.jsonl",
-                     "horizon_blind_k8": "rule_headroom_throttle_fc5_blind_k8_h20.jsonl"}
+                     "horizon_blind_k8": "rule_headroom_throttle_fc5_blind_k8_h20.jsonl",
+                     "horizon_poisson_k8": "rule_headroom_throttle_fc5_poisson_k8_h20.jsonl"}
 
 
 @source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
@@ -1306,21 +1307,24 @@ def throttle_headroom() -> dict[str, str]:
     with the copies' output lengths guessed from finished requests (``blind``: ``--blind``), both, and on the
     forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``); session 43's blind
     planners ranking the candidates over 8 or 16 guessed futures (``_k8``, ``_k16``: ``--samples``), and the
-    forecast run 20 s ahead past the job's end (``horizon``: ``--horizon 20``): per planner the paired
+    forecast run 20 s ahead past the job's end (``horizon``: ``--horizon 20``; ``horizon_poisson``: each guessed
+    future drawing Poisson arrivals at the recent rate, ``--poisson``): per planner the paired
     difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``); and
     the 8-draw planner forecasting past the end against the one whose forecast stops there
-    (``horizon_blind_k8_vs_forecast_blind_k8``, paired); for the 16-draw forecast planner and the 8-draw one that
-    forecasts past the end, the share of decisions
+    (``horizon_blind_k8_vs_forecast_blind_k8``, paired), and the Poisson forecast against the replayed one
+    (``horizon_poisson_k8_vs_horizon_blind_k8``); for the 16-draw forecast planner and the 8-draw ones that
+    forecast past the end (replayed or Poisson), the share of decisions
     among each job's last four (``<planner>_end_release``) and among the others (``<planner>_mid_release``)
     that hold 0.01 or less: how often the planner lets the queue in."""
     from kvrl.analysis.stats import paired_compare
 
     out = _planner_facts(THROTTLE_HEADROOM, "rule")
-    ahead, to_end = (_planner_jobs(THROTTLE_HEADROOM[n]) for n in ("horizon_blind_k8", "forecast_blind_k8"))
-    out["horizon_blind_k8_vs_forecast_blind_k8"] = _compare_cell(paired_compare(
-        {s: r["planner_goodput"] for s, r in ahead.items()}, {s: r["planner_goodput"] for s, r in to_end.items()},
-        "goodput_tok_s"), 1)
-    for name in ("forecast_blind_k16", "horizon_blind_k8"):
+    for a, b in (("horizon_blind_k8", "forecast_blind_k8"), ("horizon_poisson_k8", "horizon_blind_k8")):
+        ja, jb = _planner_jobs(THROTTLE_HEADROOM[a]), _planner_jobs(THROTTLE_HEADROOM[b])
+        out[f"{a}_vs_{b}"] = _compare_cell(paired_compare({s: r["planner_goodput"] for s, r in ja.items()},
+                                                          {s: r["planner_goodput"] for s, r in jb.items()},
+                                                          "goodput_tok_s"), 1)
+    for name in ("forecast_blind_k16", "horizon_blind_k8", "horizon_poisson_k8"):
         last, rest = [], []
         for job in _planner_jobs(THROTTLE_HEADROOM[name]).values():
             n = len(job["chosen"])
