@@ -1297,7 +1297,8 @@ THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecas
                      "horizon": "rule_headroom_throttle_fc5_h20.jsonl",
                      "horizon_blind": "rule_headroom_throttle_fc5_blind_h20.jsonl",
                      "horizon_blind_k8": "rule_headroom_throttle_fc5_blind_k8_h20.jsonl",
-                     "horizon_poisson_k8": "rule_headroom_throttle_fc5_poisson_k8_h20.jsonl"}
+                     "horizon_poisson_k8": "rule_headroom_throttle_fc5_poisson_k8_h20.jsonl",
+                     "horizon_poisson_k8_fresh": "rule_headroom_throttle_fc5_poisson_k8_h20_seeds20-27.jsonl"}
 
 
 @source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
@@ -1308,7 +1309,8 @@ def throttle_headroom() -> dict[str, str]:
     forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``); session 43's blind
     planners ranking the candidates over 8 or 16 guessed futures (``_k8``, ``_k16``: ``--samples``), and the
     forecast run 20 s ahead past the job's end (``horizon``: ``--horizon 20``; ``horizon_poisson``: each guessed
-    future drawing Poisson arrivals at the recent rate, ``--poisson``): per planner the paired
+    future drawing Poisson arrivals at the recent rate, ``--poisson``; ``_fresh``: on fresh test seeds 20-27): per
+    planner the paired
     difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``); and
     the 8-draw planner forecasting past the end against the one whose forecast stops there
     (``horizon_blind_k8_vs_forecast_blind_k8``, paired), and the Poisson forecast against the replayed one
