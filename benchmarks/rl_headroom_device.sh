@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU-only: rollout-planner headroom runs (scripts/rl_rule_headroom.py) side by side on a lent GPU
-# machine's host cores (the GPU stays idle; docs/rl.md, "What a server sees, planned better").
+# machine's host cores (the GPU stays idle; docs/rl.md, "A planner that averages its guesses and does
+# not know when traffic stops").
 #
 #   RUNS='throttle_fc5_blind_k32|--task throttle --rule token_ratio:clip_max_new_tokens=4096,min_ratio=0.05 ...' \
 #     bash benchmarks/rl_headroom_device.sh

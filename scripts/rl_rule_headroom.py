@@ -96,6 +96,11 @@ def finish(loop) -> float:
     return float(loop.engine.metrics.summary()["goodput_tok_s"])
 
 
+def _recent(loop, window_s: float) -> list:
+    """The requests of ``loop`` that arrived in the last ``window_s`` seconds of its engine clock."""
+    return [r for r in loop.pending[:loop.next_index] if r.arrival_s >= loop.engine.now - window_s]
+
+
 def forecast(loop, window_s: float, horizon_s: float | None = None) -> list:
     """The requests that arrived in the last ``window_s`` seconds of ``loop``'s engine clock, arriving
     again every ``window_s`` seconds from now until the job's last arrival (a persistence forecast),
@@ -108,7 +113,7 @@ def forecast(loop, window_s: float, horizon_s: float | None = None) -> list:
     now = loop.engine.now
     end = now + horizon_s if horizon_s is not None else loop.pending[-1].arrival_s
     vocab = loop.engine.executor.vocab_size
-    recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - window_s]
+    recent = _recent(loop, window_s)
     future, k = [], 1
     while recent and now + (k - 1) * window_s <= end:
         future += [dataclasses.replace(r, request_id=f"{r.request_id}~{k}", arrival_s=r.arrival_s + k * window_s,
@@ -126,7 +131,7 @@ def poisson_forecast(loop, window_s: float, horizon_s: float, rng) -> list:
     import dataclasses
 
     now, vocab = loop.engine.now, loop.engine.executor.vocab_size
-    recent = [r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - window_s]
+    recent = _recent(loop, window_s)
     future, t = [], now
     while recent:
         t += rng.exponential(window_s / len(recent))
