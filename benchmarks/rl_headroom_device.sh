@@ -6,23 +6,26 @@
 #   RUNS='throttle_fc5_blind_k32|--task throttle --rule token_ratio:clip_max_new_tokens=4096,min_ratio=0.05 ...' \
 #     bash benchmarks/rl_headroom_device.sh
 #
-# Environment: RUNS, one run per line, "NAME|ARGS" (ARGS: rl_rule_headroom.py's options and overrides,
-# without --out, which is NAME.jsonl); WALL_S (default 540: every run is stopped then, keeping the jobs
-# it finished: --out is written as each job ends).
-# Writes $OUT/headroom.tar.gz: each run's NAME.jsonl and NAME.log, and host.txt.
+# Environment: RUNS, one run per line, "NAME|ARGS" (ARGS: the script's options and overrides, without
+# --out, which is NAME.EXT); WALL_S (default 540: every run is stopped then, keeping the jobs it
+# finished: --out is written as each job ends); SCRIPT (default scripts/rl_rule_headroom.py; also
+# scripts/rl_rcpi.py collect with EXT=npz: guessed-rollout collection, docs/rl.md "An agent that
+# imitates the planner"); EXT (default jsonl).
+# Writes $OUT/headroom.tar.gz: each run's NAME.EXT and NAME.log, and host.txt.
 set -uo pipefail
 OUT=${OUT:-/tmp/kvrl-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 . benchmarks/device_env.sh
-RUNS=${RUNS:?set RUNS}; WALL_S=${WALL_S:-540}
+RUNS=${RUNS:?set RUNS}; WALL_S=${WALL_S:-540}; SCRIPT=${SCRIPT:-scripts/rl_rule_headroom.py}; EXT=${EXT:-jsonl}
 work=$(mktemp -d)
 { nproc; lscpu | grep 'Model name'; python3 --version; python3 -c 'import torch; print("torch", torch.__version__)'; } > "$work/host.txt"
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
   # shellcheck disable=SC2086  # ARGS are words
-  timeout -k 10 "$WALL_S" python3 scripts/rl_rule_headroom.py $args --out "$work/$name.jsonl" > "$work/$name.log" 2>&1 &
+  # shellcheck disable=SC2086  # SCRIPT may be a script and its subcommand
+  timeout -k 10 "$WALL_S" python3 $SCRIPT $args --out "$work/$name.$EXT" > "$work/$name.log" 2>&1 &
 done <<< "$RUNS"
 wait
 tar -czf "$OUT/headroom.tar.gz" -C "$work" .
-for f in "$work"/*.jsonl; do echo "$(basename "$f"): $(wc -l < "$f") jobs"; done
+ls -l "$work"
 tail -n 2 "$work"/*.log

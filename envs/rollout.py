@@ -16,6 +16,12 @@ action index, which then acts on the observation each step returns. The copies s
   ICML 2003): :func:`collect` gathers them on training windows (scripts/rl_rcpi.py fits the
   policy).
 
+With a :class:`~kvrl.envs.guess.Guess` the copies see a guessed future instead (drawn arrivals and
+output lengths, averaged over several draws): the scores are then what a server could expect from
+each action, and their greedy choice is the planner of docs/rl.md, "A planner that averages its
+guesses and does not know when traffic stops"; fitted to them, a policy imitates that planner
+(expert iteration).
+
 Engine prefix hashes must be copyable: the env is built with ``engine.prefix_hash=xxh3`` (a keyed
 BLAKE2b state cannot be deep-copied; the scenarios here use no shared prefixes).
 """
@@ -26,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
+
+from kvrl.envs.guess import Guess, guess_future
 
 Base = Union[int, Callable[[np.ndarray], int]]
 """A base: a constant action index, or a policy (observation -> action index)."""
@@ -49,11 +57,32 @@ def finish(env, base: Base, obs: Optional[np.ndarray] = None) -> float:
             return float(info["metrics"]["goodput_tok_s"])
 
 
-def action_scores(env, base: Base, hold: int = 1) -> np.ndarray:
+def action_scores(env, base: Base, hold: int = 1, guess: Optional[Guess] = None,
+                  rng: Optional[np.random.Generator] = None) -> np.ndarray:
     """Finished-episode goodput (tok/s) of each action of ``env``'s discrete action space: the
     action for ``hold`` decision epochs from the current decision point, then ``base`` to the
     end (a policy base from the observation the last held step returns). ``env`` itself is not
-    advanced."""
+    advanced.
+
+    With ``guess``, the copies do not hold the future: each of ``guess.samples`` draws (from ``rng``)
+    replaces the arrivals to come and every output length by a guess a server could make
+    (:func:`kvrl.envs.guess.guess_future`), every action is served on the same draws, and an action's
+    score is its mean goodput over them: its expected outcome under that guess, not its outcome on the
+    one future that happened."""
+    if guess is None:
+        return _served_scores(env, base, hold)
+    if rng is None:
+        raise ValueError("guessed scores need an rng to draw the futures")
+    total = np.zeros(env.action_space.n, dtype=np.float64)
+    for _ in range(guess.samples):
+        guessed = copy.deepcopy(env)
+        guess_future(guessed.driver.loop, guess, rng)
+        total += _served_scores(guessed, base, hold)
+    return total / guess.samples
+
+
+def _served_scores(env, base: Base, hold: int) -> np.ndarray:
+    """:func:`action_scores` on the future ``env`` holds."""
     scores = np.empty(env.action_space.n, dtype=np.float64)
     for action in range(env.action_space.n):
         trial = copy.deepcopy(env)
@@ -120,7 +149,9 @@ class RolloutData:
 
 
 def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: float = 0.3,
-            hold: int = 1, record: float = 1.0, skip_s: float = 0.0) -> RolloutData:
+            hold: int = 1, record: float = 1.0, skip_s: float = 0.0, guess: Optional[Guess] = None,
+            into: Optional[RolloutData] = None,
+            on_record: Optional[Callable[[RolloutData], None]] = None) -> RolloutData:
     """Rollout scores at decisions of ``episodes`` training windows of ``env``.
 
     Each episode is one window of the env's split (its usual draw: window, load scale, step-time
@@ -129,8 +160,11 @@ def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: f
     empty pool, unlike serving). Between decisions the episode follows ``base`` (a policy on the
     observation each step returns), or a uniformly random action with probability ``explore`` (so
     that the states also cover what the learned policy will do). Each scored decision records the
-    base's action there."""
-    data = RolloutData()
+    base's action there. With ``guess``, the scores are :func:`action_scores`' guessed ones (what a
+    server could expect), not the clairvoyant ones. The decisions are added to ``into`` (returned;
+    a new :class:`RolloutData` without it), and ``on_record`` is called with it after each (to save
+    what is done when a run can be stopped at any moment)."""
+    data = RolloutData() if into is None else into
     for _ in range(episodes):
         requests, _ = env.session.episode(rng, None)
         obs, _ = env.reset(seed=int(rng.integers(2**31)), options={"workload": list(requests)})
@@ -138,7 +172,9 @@ def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: f
         done = False
         while not done:
             if env.driver.engine.now - start_s >= skip_s and rng.random() < record:
-                data.add(obs, action_scores(env, base, hold), base_action(base, obs))
+                data.add(obs, action_scores(env, base, hold, guess, rng), base_action(base, obs))
+                if on_record is not None:
+                    on_record(data)
             action = int(rng.integers(env.action_space.n)) if rng.random() < explore else base_action(base, obs)
             obs, _, terminated, truncated, _ = env.step(action)
             done = terminated or truncated

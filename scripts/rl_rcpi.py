@@ -21,6 +21,15 @@ decision's base action lowered by the margin) for an agent base, whose action a 
     python scripts/rl_rcpi.py crossval --task pool512 --base 0.03 --data docs/results/rcpi/pool512_*.npz
     python scripts/rl_rcpi.py collect --task slo_shift --base docs/results/agents/slo_shift-cemrule-seed0 \
         --episodes 4 --seed 0 --out r0.npz
+    python scripts/rl_rcpi.py collect --task throttle_planner --base 0 --hold 2 --guess_samples 8 \
+        --episodes 4 --seed 0 --out g0.npz
+
+``collect --guess_samples K`` scores each action on K guessed futures instead of the one that happened
+(kvrl.envs.guess: arrivals drawn at the recent rate, lengths guessed from finished requests): the
+targets are then the expectation a server could compute, and ``fit`` distils the planner of
+scripts/rl_rule_headroom.py (``--forecast --horizon --blind --samples K --poisson``) into a policy on
+the agent's observation (expert iteration). With rules for actions (``env.action.rules``), ``--base`` is
+a rule's index.
 
 ``crossval``: what the observation predicts, held out by collection file (independent episodes):
 for each file, the same network is fitted on the others and its greedy choice on that file's
@@ -49,11 +58,23 @@ def _env(task: str, overrides: list[str], copyable: bool):
     return env_id, cfg, gym.make(env_id, config=cfg).unwrapped
 
 
-def _base_index(env, base: float) -> int:
+def _base_index(env, base: str) -> int:
+    """The action index of a constant ``--base``: a bin's value, or with ``env.action.rules`` a rule's
+    index."""
+    rules = env.actions.rules
+    if rules is not None:
+        if not base.isdigit() or int(base) >= len(rules):
+            raise SystemExit(f"--base {base!r}: the task's actions are rules; give a rule's index in "
+                             f"[0, {len(rules) - 1}] ({rules})")
+        return int(base)
     bins = [float(b) for b in env.actions.config.bins]
-    if base not in bins:
+    try:
+        value = float(base)
+    except ValueError:
+        raise SystemExit(f"--base {base!r} is neither a saved agent's directory nor one of the task's bins {bins}")
+    if value not in bins:
         raise SystemExit(f"--base {base} is not one of the task's bins {bins}")
-    return bins.index(base)
+    return bins.index(value)
 
 
 def _base(env, spec: str):
@@ -73,11 +94,8 @@ def _base(env, spec: str):
 
 
 def _constant(env, spec: str):
-    """The action index of a constant ``--base``; None for an agent (no agent is loaded)."""
-    try:
-        return _base_index(env, float(spec))
-    except ValueError:
-        return None
+    """The action index of a constant ``--base``; None for an agent's directory (no agent is loaded)."""
+    return None if os.path.isdir(spec) else _base_index(env, spec)
 
 
 def collect(args) -> None:
@@ -87,19 +105,21 @@ def collect(args) -> None:
 
     from kvrl.envs.rollout import RolloutData
 
+    from kvrl.envs.guess import Guess
+
     _, _, env = _env(args.task, args.overrides, copyable=True)
     base = _base(env, args.base)
+    guess = None if args.guess_samples == 0 else Guess(args.guess_window_s, args.guess_horizon_s,
+                                                       not args.guess_replay, args.guess_samples)
     t, wall = time.process_time(), time.monotonic()
     rng = np.random.default_rng(args.seed)
     data, episodes = RolloutData(), 0
-    while episodes < args.episodes:         # saved after every episode: a time limit keeps what is done
+    while episodes < args.episodes:         # saved after every decision: a time limit keeps what is done
         if args.max_wall_s is not None and time.monotonic() - wall > args.max_wall_s:
             break
-        data.extend(collect_rollouts(env, base, 1, rng, explore=args.explore, record=args.record,
-                                     skip_s=args.skip_s))
+        collect_rollouts(env, base, 1, rng, explore=args.explore, hold=args.hold, record=args.record,
+                         skip_s=args.skip_s, guess=guess, into=data, on_record=lambda d: d.save(args.out))
         episodes += 1
-        if data.scores:
-            data.save(args.out)
         print(json.dumps({"episodes": episodes, "decisions": len(data.scores),
                           "cpu_s": round(time.process_time() - t, 1)}), flush=True)
     adv = data.advantages_pct()
@@ -248,6 +268,15 @@ def main() -> None:
     c.add_argument("--record", type=float, default=0.35, help="share of decisions scored")
     c.add_argument("--skip_s", type=float, default=4.0, help="no scoring in a window's first seconds")
     c.add_argument("--max_wall_s", type=float, default=None, help="no new episode after this many seconds")
+    c.add_argument("--hold", type=int, default=1, help="decision epochs each scored action is held before the base")
+    c.add_argument("--guess_samples", type=int, default=0,
+                   help="K > 0: score each action by its mean goodput over K guessed futures (arrivals drawn at "
+                        "the recent rate, output lengths guessed from finished requests; kvrl.envs.guess), what "
+                        "a server could expect, instead of on the one future that happened (0: clairvoyant)")
+    c.add_argument("--guess_window_s", type=float, default=5.0, help="the recent window the guessed arrivals follow")
+    c.add_argument("--guess_horizon_s", type=float, default=20.0, help="seconds ahead the guessed arrivals run")
+    c.add_argument("--guess_replay", action="store_true",
+                   help="the guessed arrivals replay the recent window instead of drawing a Poisson process")
     c.add_argument("--out", required=True)
     c.set_defaults(func=collect)
     f = sub.add_parser("fit")

@@ -32,13 +32,14 @@ and the paired summary (kvrl.analysis.stats); ``--table OUT.jsonl`` renders a fi
 from __future__ import annotations
 
 import argparse
-import bisect
 import copy
 import csv
 import json
 import logging
 import os
 import time
+
+from kvrl.envs.guess import forecast, guessed_lengths, poisson_forecast, set_lengths
 
 
 def parse_rule(text: str) -> dict:
@@ -94,95 +95,6 @@ def finish(loop) -> float:
     while not loop.done:
         loop.step()
     return float(loop.engine.metrics.summary()["goodput_tok_s"])
-
-
-def _recent(loop, window_s: float) -> list:
-    """The requests of ``loop`` that arrived in the last ``window_s`` seconds of its engine clock."""
-    return [r for r in loop.pending[:loop.next_index] if r.arrival_s >= loop.engine.now - window_s]
-
-
-def forecast(loop, window_s: float, horizon_s: float | None = None) -> list:
-    """The requests that arrived in the last ``window_s`` seconds of ``loop``'s engine clock, arriving
-    again every ``window_s`` seconds from now until the job's last arrival (a persistence forecast),
-    with new ids and prompt token ids shifted by the repeat's index (mod the vocabulary). With
-    ``horizon_s``, until ``horizon_s`` seconds from now instead, whether or not the job's arrivals stop
-    before: a server does not know when its traffic ends, and a forecast that stops with the job tells
-    the planner when to stop reserving."""
-    import dataclasses
-
-    now = loop.engine.now
-    end = now + horizon_s if horizon_s is not None else loop.pending[-1].arrival_s
-    vocab = loop.engine.executor.vocab_size
-    recent = _recent(loop, window_s)
-    future, k = [], 1
-    while recent and now + (k - 1) * window_s <= end:
-        future += [dataclasses.replace(r, request_id=f"{r.request_id}~{k}", arrival_s=r.arrival_s + k * window_s,
-                                       prompt_token_ids=(r.prompt_token_ids + k) % vocab)
-                   for r in recent if now <= r.arrival_s + k * window_s <= end]
-        k += 1
-    return sorted(future, key=lambda r: r.arrival_s)
-
-
-def poisson_forecast(loop, window_s: float, horizon_s: float, rng) -> list:
-    """A random forecast: arrivals from now for ``horizon_s`` seconds as a Poisson process at the rate
-    of the last ``window_s`` seconds (their count / ``window_s``), each a copy of one of those requests
-    drawn at random, with a new id and its prompt token ids shifted by its index + 1 (mod the
-    vocabulary). Drawn again for every guessed future: :func:`forecast` replays one realisation."""
-    import dataclasses
-
-    now, vocab = loop.engine.now, loop.engine.executor.vocab_size
-    recent = _recent(loop, window_s)
-    future, t = [], now
-    while recent:
-        t += rng.exponential(window_s / len(recent))
-        if t > now + horizon_s:
-            break
-        r = recent[int(rng.integers(len(recent)))]
-        i = len(future)
-        future.append(dataclasses.replace(r, request_id=f"{r.request_id}~p{i}", arrival_s=float(t),
-                                          prompt_token_ids=(r.prompt_token_ids + i + 1) % vocab))
-    return future
-
-
-def guessed_lengths(loop, future: list, rng, hints: bool = False) -> tuple[dict, list]:
-    """Output lengths a server could guess, for a planner blind to them. Every unfinished sequence's
-    length is drawn from the output lengths of the requests finished so far that exceed what it has
-    generated (one token more than that where none does), and each request of ``future`` (the forecast,
-    or the job's own arrivals to come) drawn from all of them. With ``hints``, each request's
-    ``output_len_hint`` instead (a length predictor's estimate, fixed per request: the workload's
-    ``length_hint_sigma``), at least one token more than generated. Returns ``{seq_id: output_len}`` and
-    ``future`` with its lengths replaced."""
-    import dataclasses
-
-    def hinted(request, made: int) -> int:
-        if request.output_len_hint is None:
-            raise ValueError(f"request {request.request_id!r} has no output_len_hint: set workload.length_hint_sigma")
-        return max(made + 1, request.output_len_hint)
-
-    done = sorted(loop.engine.metrics.finished_output_lens)
-    lengths = {}
-    for seq in loop.engine.live_sequences():
-        made = len(seq.output_token_ids)
-        if hints:
-            lengths[seq.seq_id] = hinted(seq.request, made)
-            continue
-        longer = done[bisect.bisect_right(done, made):]
-        lengths[seq.seq_id] = int(rng.choice(longer)) if longer else made + 1
-    if hints:
-        future = [dataclasses.replace(r, output_len=hinted(r, 0)) for r in future]
-    elif done:
-        future = [dataclasses.replace(r, output_len=int(rng.choice(done))) for r in future]
-    return lengths, future
-
-
-def set_lengths(engine, lengths: dict) -> None:
-    """Give ``engine``'s live sequences the output lengths ``lengths`` (``{seq_id: output_len}``)."""
-    import dataclasses
-
-    for seq in engine.live_sequences():
-        n = lengths[seq.seq_id]
-        seq.request = dataclasses.replace(seq.request, output_len=n)
-        engine._last_decode[seq.seq_id] = seq.request.prompt_len + n - 2
 
 
 def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: float = 0.0,

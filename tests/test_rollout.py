@@ -201,3 +201,58 @@ def test_rcpi_script_takes_an_agent_as_its_base(env, tmp_path, capsys):
                                 margin_pct=0.5))
     summary = json.loads((tmp_path / "fitted" / "rcpi.json").read_text())
     assert summary["margin"] == "targets" and (tmp_path / "fitted" / "best_model.zip").is_file()
+
+
+def test_guessed_scores_do_not_see_the_future_and_average_their_draws(env):
+    """With a Guess, the arrivals to come and every output length are the guess's: a copy whose real
+    future differs scores the same (the clairvoyant scores differ); K draws are the mean of the K
+    one-draw scores taken in turn from the same generator, every action served on the same draws."""
+    import dataclasses
+
+    from kvrl.envs.guess import Guess
+
+    _start(env, seed=1)
+    loop = env.driver.loop
+    assert loop.next_index < len(loop.pending) and env.driver.engine.metrics.finished_output_lens
+    other = copy.deepcopy(env)
+    o_loop = other.driver.loop
+    o_loop.pending = o_loop.pending[:o_loop.next_index] + [
+        dataclasses.replace(r, output_len=r.output_len + 7) for r in o_loop.pending[o_loop.next_index + 3:]]
+    for seq in other.driver.engine.live_sequences():
+        other.driver.engine.set_output_len(seq, seq.request.output_len + 5)
+    assert not np.array_equal(action_scores(env, 2), action_scores(other, 2))
+    guess = Guess(window_s=1.0, horizon_s=2.0, samples=1)
+    mine, theirs = action_scores(env, 2, 1, guess, np.random.default_rng(3)), \
+        action_scores(other, 2, 1, guess, np.random.default_rng(3))
+    assert np.array_equal(mine, theirs) and len(set(mine.round(6))) > 1
+    rng = np.random.default_rng(4)
+    one = [action_scores(env, 2, 1, guess, rng) for _ in range(2)]
+    two = action_scores(env, 2, 1, dataclasses.replace(guess, samples=2), np.random.default_rng(4))
+    assert np.allclose(two, (one[0] + one[1]) / 2, rtol=1e-12)
+    with pytest.raises(ValueError, match="rng"):
+        action_scores(env, 2, 1, guess)
+
+
+def test_set_output_len_refuses_a_length_already_reached(env):
+    _start(env, seed=2)
+    engine = env.driver.engine
+    seq = next(s for s in engine.live_sequences() if s.output_token_ids)
+    with pytest.raises(ValueError, match="not above"):
+        engine.set_output_len(seq, len(seq.output_token_ids))
+
+
+def test_rcpi_base_is_a_rules_index_on_a_task_with_rules():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
+    rcpi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rcpi)
+    _, _, planner = rcpi._env("throttle_planner", ["workload.max_requests=5"], copyable=True)
+    assert planner.action_space.n == 7 and rcpi._constant(planner, "3") == 3
+    for bad in ("7", "0.01"):
+        with pytest.raises(SystemExit, match="rule's index"):
+            rcpi._constant(planner, bad)
+    _, _, plain = rcpi._env("pool512", ["workload.max_requests=5"], copyable=True)
+    with pytest.raises(SystemExit, match="neither a saved agent"):
+        rcpi._constant(plain, "no-such-agent")

@@ -310,6 +310,16 @@ class Engine(PlanningMixin, AccountingMixin):
     def live_sequences(self) -> list[Sequence]:
         return [*self.running, *self.swapped, *self.preempted, *self.waiting]
 
+    def set_output_len(self, seq: Sequence, output_len: int) -> None:
+        """Make the live sequence ``seq`` finish after ``output_len`` output tokens (more than it has
+        generated): a what-if on a copied engine, e.g. a planner serving guessed output lengths
+        (kvrl.envs.guess). ``ValueError`` if ``output_len`` is not above the tokens already generated."""
+        if output_len <= len(seq.output_token_ids):
+            raise ValueError(f"seq {seq.seq_id}: output_len {output_len} is not above the "
+                             f"{len(seq.output_token_ids)} tokens it has generated")
+        seq.request = dataclasses.replace(seq.request, output_len=output_len)
+        self._last_decode[seq.seq_id] = seq.request.prompt_len + output_len - 2
+
     # ================================================================== policy calls
     def _policy_failed(self, kind: str, error: Exception | str, call: str = "") -> str:
         """Record a failing policy call and return its message; re-raise under
