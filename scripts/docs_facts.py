@@ -1231,6 +1231,16 @@ def _planner_vs_base(jobs: dict[int, dict]) -> tuple[str, str]:
     return _compare_cell(c, 1), f"{below} of {len(jobs)}"
 
 
+def _planner_vs_planner(a: dict[int, dict], b: dict[int, dict]) -> str:
+    """Planner ``a``'s goodput against planner ``b``'s (two :func:`_planner_jobs`), paired over their
+    common seeds, as a cell."""
+    from kvrl.analysis.stats import paired_compare
+
+    seeds = sorted(set(a) & set(b))
+    return _compare_cell(paired_compare({s: a[s]["planner_goodput"] for s in seeds},
+                                        {s: b[s]["planner_goodput"] for s in seeds}, "goodput_tok_s"), 1)
+
+
 def _planner_facts(files: dict[str, str], against: str) -> dict[str, str]:
     """:func:`_planner_vs_base` of each named planner file of :data:`RULE_HEADROOM`, as the facts
     ``<name>_vs_<against>`` and ``<name>_below``."""
@@ -1248,8 +1258,6 @@ def rule_forecast() -> dict[str, str]:
     a 40 s one, the traffic's period (session 25, ``--forecast 40``): per planner the paired difference to the
     rule over the seeds (``<planner>_vs_rule``), the seeds where it loses to the rule (``<planner>_below``),
     and each forecast planner against the clairvoyant one (``<planner>_vs_clairvoyant``)."""
-    from kvrl.analysis.stats import paired_compare
-
     runs = {"clairvoyant": _planner_jobs("rule_headroom_slo_shift.jsonl"),
             "forecast": _planner_jobs("rule_forecast5_slo_shift.jsonl"),
             "forecast40": _planner_jobs("rule_forecast40_slo_shift.jsonl")}
@@ -1257,10 +1265,7 @@ def rule_forecast() -> dict[str, str]:
     for name, rows in runs.items():
         out[f"{name}_vs_rule"], out[f"{name}_below"] = _planner_vs_base(rows)
     for name in ("forecast", "forecast40"):
-        seeds = sorted(set(runs["clairvoyant"]) & set(runs[name]))
-        c = paired_compare({s: runs[name][s]["planner_goodput"] for s in seeds},
-                           {s: runs["clairvoyant"][s]["planner_goodput"] for s in seeds}, "goodput_tok_s")
-        out[f"{name}_vs_clairvoyant"] = _compare_cell(c, 1)
+        out[f"{name}_vs_clairvoyant"] = _planner_vs_planner(runs[name], runs["clairvoyant"])
     return out
 
 
@@ -1298,10 +1303,13 @@ THROTTLE_HEADROOM = {"clairvoyant": "rule_headroom_throttle_fc0.jsonl", "forecas
                      "horizon_blind": "rule_headroom_throttle_fc5_blind_h20.jsonl",
                      "horizon_blind_k8": "rule_headroom_throttle_fc5_blind_k8_h20.jsonl",
                      "horizon_poisson_k8": "rule_headroom_throttle_fc5_poisson_k8_h20.jsonl",
-                     "horizon_poisson_k8_fresh": "rule_headroom_throttle_fc5_poisson_k8_h20_seeds20-27.jsonl"}
+                     "horizon_poisson_k8_fresh": "rule_headroom_throttle_fc5_poisson_k8_h20_seeds20-27.jsonl",
+                     "horizon_poisson_k8_fresh28": "rule_headroom_throttle_fc5_poisson_k8_h20_seeds28-43.jsonl",
+                     "heldout_horizon_poisson_k8": "rule_headroom_throttle_heldout_fc5_poisson_k8_h20.jsonl"}
 
 
-@source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()))
+@source("throttle_headroom", "cheap", *(f"{RULE_HEADROOM}/{f}" for f in THROTTLE_HEADROOM.values()),
+        "docs/results/rl_throttle/planner_rcpi_heldout_results.csv")
 def throttle_headroom() -> dict[str, str]:
     """The rollout planner over the val-tuned ``token_ratio`` on ``env=throttle``'s 20 test jobs (session 42;
     scripts/rl_rule_headroom.py): clairvoyant, on a 5 s persistence forecast of arrivals (``forecast``),
@@ -1309,8 +1317,10 @@ def throttle_headroom() -> dict[str, str]:
     forecast with the requests' length hints of log-error sigma 0.5 or 1.0 (``--hints``); session 43's blind
     planners ranking the candidates over 8 or 16 guessed futures (``_k8``, ``_k16``: ``--samples``), and the
     forecast run 20 s ahead past the job's end (``horizon``: ``--horizon 20``; ``horizon_poisson``: each guessed
-    future drawing Poisson arrivals at the recent rate, ``--poisson``; ``_fresh``: on fresh test seeds 20-27): per
-    planner the paired
+    future drawing Poisson arrivals at the recent rate, ``--poisson``; ``_fresh``: on fresh test seeds 20-27;
+    session 44: ``_fresh28`` on seeds 28-43, ``_fresh_all`` both fresh sets, ``_every`` those and seeds 0-19, and
+    ``heldout_horizon_poisson_k8`` on ``env=throttle_heldout``'s test jobs 0-9, also against fixed 0.0, the best
+    constant there, from kvrl-eval's rows for the same jobs: ``heldout_horizon_poisson_k8_vs_fixed0``): per planner the paired
     difference to the rule (``<planner>_vs_rule``) and the seeds where it loses (``<planner>_below``); and
     the 8-draw planner forecasting past the end against the one whose forecast stops there
     (``horizon_blind_k8_vs_forecast_blind_k8``, paired), and the Poisson forecast against the replayed one
@@ -1322,10 +1332,16 @@ def throttle_headroom() -> dict[str, str]:
 
     out = _planner_facts(THROTTLE_HEADROOM, "rule")
     for a, b in (("horizon_blind_k8", "forecast_blind_k8"), ("horizon_poisson_k8", "horizon_blind_k8")):
-        ja, jb = _planner_jobs(THROTTLE_HEADROOM[a]), _planner_jobs(THROTTLE_HEADROOM[b])
-        out[f"{a}_vs_{b}"] = _compare_cell(paired_compare({s: r["planner_goodput"] for s, r in ja.items()},
-                                                          {s: r["planner_goodput"] for s, r in jb.items()},
-                                                          "goodput_tok_s"), 1)
+        out[f"{a}_vs_{b}"] = _planner_vs_planner(_planner_jobs(THROTTLE_HEADROOM[a]), _planner_jobs(THROTTLE_HEADROOM[b]))
+    fresh = {**_planner_jobs(THROTTLE_HEADROOM["horizon_poisson_k8_fresh"]),
+             **_planner_jobs(THROTTLE_HEADROOM["horizon_poisson_k8_fresh28"])}
+    out["horizon_poisson_k8_fresh_all_vs_rule"], out["horizon_poisson_k8_fresh_all_below"] = _planner_vs_base(fresh)
+    held = _planner_jobs(THROTTLE_HEADROOM["heldout_horizon_poisson_k8"])
+    fixed0 = _test_goodputs("docs/results/rl_throttle/planner_rcpi_heldout_results.csv")["fixed(fraction=0.0) [val-best]"]
+    out["heldout_horizon_poisson_k8_vs_fixed0"] = _compare_cell(paired_compare(
+        {s: r["planner_goodput"] for s, r in held.items()}, {s: fixed0[s] for s in held}, "goodput_tok_s"), 1)
+    every = {**fresh, **_planner_jobs(THROTTLE_HEADROOM["horizon_poisson_k8"])}
+    out["horizon_poisson_k8_every_vs_rule"], out["horizon_poisson_k8_every_below"] = _planner_vs_base(every)
     for name in ("forecast_blind_k16", "horizon_blind_k8", "horizon_poisson_k8"):
         last, rest = [], []
         for job in _planner_jobs(THROTTLE_HEADROOM[name]).values():
@@ -1341,6 +1357,7 @@ FIT13_HEADROOM = {"pressure_clairvoyant": "fit13/rule_headroom_pressure_fc0.json
                   "pressure_forecast1": "fit13/rule_headroom_pressure_fc1.jsonl",
                   "pressure_forecast1_blind": "fit13/rule_headroom_pressure_fc1_blind.jsonl",
                   "pressure_forecast1_blind_k16": "fit13/rule_headroom_pressure_fc1_blind_k16.jsonl",
+                  "pressure_forecast1_poisson_k8": "fit13/rule_headroom_pressure_fc1_poisson_k8_h5.jsonl",
                   "tenants_clairvoyant": "fit13/rule_headroom_tenants_fc0.jsonl",
                   "tenants_forecast1": "fit13/rule_headroom_tenants_fc1.jsonl"}
 
@@ -1350,9 +1367,62 @@ def fit13_headroom() -> dict[str, str]:
     """Session 25's planners over the best constant re-run on the fit-13 profile (session 42), over fixed 0.0,
     the hindsight-best constant of ``pressure`` and ``tenants`` there: clairvoyant, on a 1 s persistence
     forecast, and (pressure) on that forecast with lengths guessed from finished requests (``--blind``; session
-    43: ``_k16``, ranking the candidates over 16 guessed futures); per
+    43: ``_k16``, ranking the candidates over 16 guessed futures; session 44: ``_poisson_k8``, 8 guessed futures
+    drawing Poisson arrivals at the recent rate for 5 s ahead, past the job's end); per
     planner the paired difference to the constant (``<planner>_vs_best``) and the seeds below it (``<planner>_below``)."""
     return _planner_facts(FIT13_HEADROOM, "best")
+
+
+PLANNER_RCPI = "docs/results/rl_throttle/planner_rcpi_results.csv"
+PLANNER_RCPI_HELDOUT = "docs/results/rl_throttle/planner_rcpi_heldout_results.csv"
+PLANNER_RCPI_CROSSVAL = "docs/results/rcpi_planner/crossval.json"
+PLANNER_RULES = ("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05) [val-tuned]",   # the full leaderboard's
+                 "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)")               # the held-out one's
+
+
+def _test_goodputs(path: str) -> dict[str, dict[int, float]]:
+    """A kvrl-eval results.csv's test-split goodput by policy and seed."""
+    out: dict[str, dict[int, float]] = {}
+    for r in _csv(path):
+        if r["split"] == "test":
+            out.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
+    return out
+
+
+@source("planner_rcpi", "cheap", PLANNER_RCPI, PLANNER_RCPI_HELDOUT, PLANNER_RCPI_CROSSVAL)
+def planner_rcpi() -> dict[str, str]:
+    """Session 44's agents distilled from the guessed-future planner (``env=throttle_planner``, scripts/rl_rcpi.py
+    ``collect --guess_samples 2`` then ``fit``, training seeds 0-2): per agent ``seed<k>`` its paired goodput
+    difference to the val-tuned ``token_ratio(4096, 0.05)`` (the rule the planner plans over) on test seeds 0-19
+    (``_vs_rule_s0``, the seeds looked at before), 20-59 (``_vs_rule_fresh``, never looked at before the run) and
+    all 60 (``_vs_rule``), and to the strongest other policy on all 60 (``_vs_best``, naming it in ``best``); on
+    ``throttle_planner_heldout`` against the rule (``_heldout_vs_rule``) and the best constant there
+    (``_heldout_vs_best``, fixed 0.0); the crossval's held-out realised gain per decision (``crossval_gain``,
+    % of the base's goodput, ± 95% CI over the collection files), the best guessed action's (``crossval_oracle``)
+    and the decisions collected (``crossval_decisions``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    test, held = _test_goodputs(PLANNER_RCPI), _test_goodputs(PLANNER_RCPI_HELDOUT)
+    rule, held_rule = (next(p for p in PLANNER_RULES if p in runs) for runs in (test, held))
+    agents = sorted(p for p in test if p.startswith("agent"))
+    others = {p: g for p, g in test.items() if not p.startswith("agent") and "[oracle" not in p}
+    best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
+    out = {"best": best}
+    for agent in agents:
+        key = "seed" + agent.split("-seed")[1][0]
+        mine = test[agent]
+        for suffix, seeds in (("_s0", range(20)), ("_fresh", range(20, 60)), ("", range(60))):
+            c = paired_compare({s: mine[s] for s in seeds}, {s: test[rule][s] for s in seeds}, "goodput_tok_s")
+            out[f"{key}_vs_rule{suffix}"] = _compare_cell(c, 1)
+        out[f"{key}_vs_best"] = _compare_cell(paired_compare(mine, test[best], "goodput_tok_s"), 1)
+        out[f"{key}_heldout_vs_rule"] = _compare_cell(paired_compare(held[agent], held[held_rule], "goodput_tok_s"), 1)
+        out[f"{key}_heldout_vs_best"] = _compare_cell(paired_compare(held[agent], held["fixed(fraction=0.0) [val-best]"],
+                                                                     "goodput_tok_s"), 1)
+    cv = json.loads(_text(PLANNER_RCPI_CROSSVAL))
+    gain, half = cv["realised_gain_pct_margin_0.0"]
+    out.update(crossval_gain=f"{gain:+.2f} ± {half:.2f}%", crossval_oracle=f"{cv['clairvoyant_gain_pct']:.2f}%",
+               crossval_decisions=str(cv["decisions"]))
+    return out
 
 
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
