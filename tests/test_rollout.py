@@ -256,3 +256,17 @@ def test_rcpi_base_is_a_rules_index_on_a_task_with_rules():
     _, _, plain = rcpi._env("pool512", ["workload.max_requests=5"], copyable=True)
     with pytest.raises(SystemExit, match="neither a saved agent"):
         rcpi._constant(plain, "no-such-agent")
+
+
+def test_action_mix_labels_name_the_rules_or_the_bins():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rl_action_mix", Path(__file__).parents[1] / "scripts" / "rl_action_mix.py")
+    mix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mix)
+    for task, first, n in (("throttle_planner", "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)", 7),
+                           ("throttle", "0", 6)):
+        env_id, cfg = load_task(task, ["workload.max_requests=5"])
+        labels = mix.action_labels(gym.make(env_id, config=cfg).unwrapped)
+        assert labels[0] == first and len(labels) == n
