@@ -1376,6 +1376,8 @@ def fit13_headroom() -> dict[str, str]:
 PLANNER_RCPI = "docs/results/rl_throttle/planner_rcpi_results.csv"
 PLANNER_RCPI_HELDOUT = "docs/results/rl_throttle/planner_rcpi_heldout_results.csv"
 PLANNER_RCPI_CROSSVAL = "docs/results/rcpi_planner/crossval.json"
+PLANNER_RCPI_LOADS = {14: "docs/results/rl_throttle/planner_rcpi_rate14_results.csv",
+                      28: "docs/results/rl_throttle/planner_rcpi_rate28_results.csv"}
 PLANNER_RULES = ("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05) [val-tuned]",   # the full leaderboard's
                  "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)")               # the held-out one's
 
@@ -1389,7 +1391,7 @@ def _test_goodputs(path: str) -> dict[str, dict[int, float]]:
     return out
 
 
-@source("planner_rcpi", "cheap", PLANNER_RCPI, PLANNER_RCPI_HELDOUT, PLANNER_RCPI_CROSSVAL)
+@source("planner_rcpi", "cheap", PLANNER_RCPI, PLANNER_RCPI_HELDOUT, PLANNER_RCPI_CROSSVAL, *PLANNER_RCPI_LOADS.values())
 def planner_rcpi() -> dict[str, str]:
     """Session 44's agents distilled from the guessed-future planner (``env=throttle_planner``, scripts/rl_rcpi.py
     ``collect --guess_samples 2`` then ``fit``, training seeds 0-2): per agent ``seed<k>`` its paired goodput
@@ -1399,7 +1401,8 @@ def planner_rcpi() -> dict[str, str]:
     ``throttle_planner_heldout`` against the rule (``_heldout_vs_rule``) and the best constant there
     (``_heldout_vs_best``, fixed 0.0); the crossval's held-out realised gain per decision (``crossval_gain``,
     % of the base's goodput, ± 95% CI over the collection files), the best guessed action's (``crossval_oracle``)
-    and the decisions collected (``crossval_decisions``)."""
+    and the decisions collected (``crossval_decisions``); and on the test split at rate scales 14 and 28 (the test
+    load is 20; seeds 0-19) each agent against the rule (``<agent>_rate<scale>_vs_rule``)."""
     from kvrl.analysis.stats import paired_compare
 
     test, held = _test_goodputs(PLANNER_RCPI), _test_goodputs(PLANNER_RCPI_HELDOUT)
@@ -1418,6 +1421,11 @@ def planner_rcpi() -> dict[str, str]:
         out[f"{key}_heldout_vs_rule"] = _compare_cell(paired_compare(held[agent], held[held_rule], "goodput_tok_s"), 1)
         out[f"{key}_heldout_vs_best"] = _compare_cell(paired_compare(held[agent], held["fixed(fraction=0.0) [val-best]"],
                                                                      "goodput_tok_s"), 1)
+    for scale, path in PLANNER_RCPI_LOADS.items():
+        runs = _test_goodputs(path)
+        for agent in agents:
+            out[f"seed{agent.split('-seed')[1][0]}_rate{scale}_vs_rule"] = _compare_cell(
+                paired_compare(runs[agent], runs[PLANNER_RULES[1]], "goodput_tok_s"), 1)
     cv = json.loads(_text(PLANNER_RCPI_CROSSVAL))
     gain, half = cv["realised_gain_pct_margin_0.0"]
     out.update(crossval_gain=f"{gain:+.2f} ± {half:.2f}%", crossval_oracle=f"{cv['clairvoyant_gain_pct']:.2f}%",
