@@ -80,6 +80,15 @@ def _csv(path: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(_text(path), newline="")))
 
 
+def _by_policy(path: str, metric: str) -> dict[str, dict[int, float]]:
+    """A kvrl-eval results.csv's test-split ``metric`` by policy and seed."""
+    out: dict[str, dict[int, float]] = {}
+    for row in _csv(path):
+        if row["split"] == "test":
+            out.setdefault(row["policy"], {})[int(row["seed"])] = float(row[metric])
+    return out
+
+
 def _jsonl(path: str) -> list[dict]:
     """The JSON objects of a JSON-lines file, blank lines skipped."""
     return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
@@ -1199,10 +1208,7 @@ def pressure_optuna() -> dict[str, str]:
     tuned = [r for r in rows if r["kind"] == "agent" and "dqnopt" in r["policy"]]
     out["dqnopt_vs_valbest"] = _tally([r[f"vs {valbest}_verdict"] for r in tuned])
     out["dqnopt_vs_best"] = _tally([r[f"vs {best}_verdict"] for r in tuned])
-    test = [r for r in _csv(f"{PRESSURE_OPTUNA}/pressure_results.csv") if r["split"] == "test"]
-    by_policy: dict[str, dict[int, float]] = {}
-    for r in test:
-        by_policy.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
+    by_policy = _by_policy(f"{PRESSURE_OPTUNA}/pressure_results.csv", "goodput_tok_s")
     constants = {p: v for p, v in by_policy.items() if p.startswith("fixed(") and "[" not in p}
     for r in tuned:
         name = re.search(r"pressure-(dqnopt-seed\d)", r["policy"]).group(1)
@@ -1337,7 +1343,8 @@ def throttle_headroom() -> dict[str, str]:
              **_planner_jobs(THROTTLE_HEADROOM["horizon_poisson_k8_fresh28"])}
     out["horizon_poisson_k8_fresh_all_vs_rule"], out["horizon_poisson_k8_fresh_all_below"] = _planner_vs_base(fresh)
     held = _planner_jobs(THROTTLE_HEADROOM["heldout_horizon_poisson_k8"])
-    fixed0 = _test_goodputs("docs/results/rl_throttle/planner_rcpi_heldout_results.csv")["fixed(fraction=0.0) [val-best]"]
+    fixed0 = _by_policy("docs/results/rl_throttle/planner_rcpi_heldout_results.csv", "goodput_tok_s")[
+        "fixed(fraction=0.0) [val-best]"]
     out["heldout_horizon_poisson_k8_vs_fixed0"] = _compare_cell(paired_compare(
         {s: r["planner_goodput"] for s, r in held.items()}, {s: fixed0[s] for s in held}, "goodput_tok_s"), 1)
     every = {**fresh, **_planner_jobs(THROTTLE_HEADROOM["horizon_poisson_k8"])}
@@ -1382,15 +1389,6 @@ PLANNER_RULES = ("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05) [val-tun
                  "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)")               # the held-out one's
 
 
-def _test_goodputs(path: str) -> dict[str, dict[int, float]]:
-    """A kvrl-eval results.csv's test-split goodput by policy and seed."""
-    out: dict[str, dict[int, float]] = {}
-    for r in _csv(path):
-        if r["split"] == "test":
-            out.setdefault(r["policy"], {})[int(r["seed"])] = float(r["goodput_tok_s"])
-    return out
-
-
 @source("planner_rcpi", "cheap", PLANNER_RCPI, PLANNER_RCPI_HELDOUT, PLANNER_RCPI_CROSSVAL, *PLANNER_RCPI_LOADS.values())
 def planner_rcpi() -> dict[str, str]:
     """Session 44's agents distilled from the guessed-future planner (``env=throttle_planner``, scripts/rl_rcpi.py
@@ -1405,14 +1403,13 @@ def planner_rcpi() -> dict[str, str]:
     load is 20; seeds 0-19) each agent against the rule (``<agent>_rate<scale>_vs_rule``)."""
     from kvrl.analysis.stats import paired_compare
 
-    test, held = _test_goodputs(PLANNER_RCPI), _test_goodputs(PLANNER_RCPI_HELDOUT)
+    test, held = _by_policy(PLANNER_RCPI, "goodput_tok_s"), _by_policy(PLANNER_RCPI_HELDOUT, "goodput_tok_s")
     rule, held_rule = (next(p for p in PLANNER_RULES if p in runs) for runs in (test, held))
-    agents = sorted(p for p in test if p.startswith("agent"))
+    agents = {p: "seed" + p.split("-seed")[1][0] for p in sorted(test) if p.startswith("agent")}   # label -> key
     others = {p: g for p, g in test.items() if not p.startswith("agent") and "[oracle" not in p}
     best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
     out = {"best": best}
-    for agent in agents:
-        key = "seed" + agent.split("-seed")[1][0]
+    for agent, key in agents.items():
         mine = test[agent]
         for suffix, seeds in (("_s0", range(20)), ("_fresh", range(20, 60)), ("", range(60))):
             c = paired_compare({s: mine[s] for s in seeds}, {s: test[rule][s] for s in seeds}, "goodput_tok_s")
@@ -1422,9 +1419,9 @@ def planner_rcpi() -> dict[str, str]:
         out[f"{key}_heldout_vs_best"] = _compare_cell(paired_compare(held[agent], held["fixed(fraction=0.0) [val-best]"],
                                                                      "goodput_tok_s"), 1)
     for scale, path in PLANNER_RCPI_LOADS.items():
-        runs = _test_goodputs(path)
-        for agent in agents:
-            out[f"seed{agent.split('-seed')[1][0]}_rate{scale}_vs_rule"] = _compare_cell(
+        runs = _by_policy(path, "goodput_tok_s")
+        for agent, key in agents.items():
+            out[f"{key}_rate{scale}_vs_rule"] = _compare_cell(
                 paired_compare(runs[agent], runs[PLANNER_RULES[1]], "goodput_tok_s"), 1)
     cv = json.loads(_text(PLANNER_RCPI_CROSSVAL))
     gain, half = cv["realised_gain_pct_margin_0.0"]
@@ -1929,14 +1926,6 @@ def _paired(a: dict[int, float], b: dict[int, float], digits: int = 0) -> str:
 # --- docs/results.md: the watermark agent live on an H200 beside the sim ---------------------------
 
 LIVE = ("docs/results/rl_live_h200_results.csv", "docs/results/rl_live_h200_sim_results.csv")
-
-
-def _by_policy(path: str, metric: str) -> dict[str, dict[int, float]]:
-    out: dict[str, dict[int, float]] = {}
-    for row in _csv(path):
-        if row["split"] == "test":
-            out.setdefault(row["policy"], {})[int(row["seed"])] = float(row[metric])
-    return out
 
 
 @source("live_h200", "cheap", *LIVE)
