@@ -1440,20 +1440,56 @@ def throttle_live_host() -> dict[str, str]:
     ``ttft_slack``) its paired goodput difference to fixed 0.01 live (``<policy>_live``), in the sim beside each
     live run (``<policy>_sim``) and in that sim priced at the run's measured host speed (``<policy>_host``:
     kvrl-eval's ``sim_host_goodput_tok_s``)."""
-    from kvrl.analysis.stats import paired_compare
-
-    rows = _csv(THROTTLE_LIVE)
-    by_policy: dict[str, dict[int, dict]] = {}
-    for r in rows:
-        by_policy.setdefault(r["policy"], {})[int(r["seed"])] = r
+    by_policy = _live_rows(THROTTLE_LIVE)
     ref = by_policy["fixed(fraction=0.01)"]
     out = {}
     for key, prefix in THROTTLE_LIVE_POLICIES.items():
         mine = next(v for label, v in by_policy.items() if label.startswith(prefix))
-        for suffix, col in (("live", "goodput_tok_s"), ("sim", "sim_goodput_tok_s"), ("host", "sim_host_goodput_tok_s")):
-            c = paired_compare({s: float(r[col]) for s, r in mine.items()}, {s: float(r[col]) for s, r in ref.items()},
-                               "goodput_tok_s")
-            out[f"{key}_{suffix}"] = _compare_cell(c, 1)
+        out.update({f"{key}_{suffix}": cell for suffix, cell in _live_vs(mine, ref).items()})
+    return out
+
+
+def _live_rows(path: str) -> dict[str, dict[int, dict]]:
+    """A live kvrl-eval results.csv (rl_live.sh, merged) as policy -> seed -> row."""
+    by_policy: dict[str, dict[int, dict]] = {}
+    for r in _csv(path):
+        by_policy.setdefault(r["policy"], {})[int(r["seed"])] = r
+    return by_policy
+
+
+def _live_vs(mine: dict[int, dict], ref: dict[int, dict]) -> dict[str, str]:
+    """Paired goodput differences of one policy's live rows to another's over their common seeds: live
+    (``live``), in the sim beside each live run (``sim``) and in that sim priced at the run's measured host
+    speed (``host``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    cols = (("live", "goodput_tok_s"), ("sim", "sim_goodput_tok_s"), ("host", "sim_host_goodput_tok_s"))
+    return {suffix: _compare_cell(paired_compare({s: float(r[col]) for s, r in mine.items()},
+                                                 {s: float(r[col]) for s, r in ref.items()}, "goodput_tok_s"), 1)
+            for suffix, col in cols}
+
+
+PLANNER_LIVE = "docs/results/rl_live_h200/throttle_planner_s45/live_results.csv"
+
+
+@source("planner_live", "cheap", PLANNER_LIVE)
+def planner_live() -> dict[str, str]:
+    """Session 45's ``throttle_planner`` agents live on two H200s (three calls, merged): per agent ``seed<k>`` and
+    for ``token_ratio(4096, 0.05)`` (``rule``) the paired goodput difference to fixed 0.01
+    (``<key>_vs_fixed_{live,sim,host}``, see ``_live_vs``), and per agent to the rule
+    (``<key>_vs_rule_{live,sim,host}``); the test seeds served (``seeds``) and the span of the runs' measured
+    host speed against the profile's (``host_ratio``, kvrl-eval's ``host_probe_ratio``: 1.3 = 30% slower)."""
+    by_policy = _live_rows(PLANNER_LIVE)
+    fixed = by_policy["fixed(fraction=0.01)"]
+    rule = next(v for label, v in by_policy.items() if label.startswith("token_ratio("))
+    out = {f"rule_vs_fixed_{suffix}": cell for suffix, cell in _live_vs(rule, fixed).items()}
+    for label, mine in sorted(by_policy.items()):
+        if label.startswith("agent"):
+            key = "seed" + label.split("-seed")[1][0]
+            out.update({f"{key}_vs_fixed_{suffix}": cell for suffix, cell in _live_vs(mine, fixed).items()})
+            out.update({f"{key}_vs_rule_{suffix}": cell for suffix, cell in _live_vs(mine, rule).items()})
+    ratios = [float(r["host_probe_ratio"]) for runs in by_policy.values() for r in runs.values()]
+    out.update(seeds=str(len(fixed)), host_ratio=_span([min(ratios), max(ratios)], ".2f"))
     return out
 
 
