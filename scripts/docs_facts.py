@@ -1430,6 +1430,39 @@ def planner_rcpi() -> dict[str, str]:
     return out
 
 
+PLANNER_RCPI2 = "docs/results/rl_throttle/planner_rcpi2_results.csv"
+PLANNER_RCPI2_CROSSVAL = "docs/results/rcpi_planner2/crossval.json"
+
+
+@source("planner_rcpi2", "cheap", PLANNER_RCPI2, PLANNER_RCPI2_CROSSVAL, PLANNER_RCPI)
+def planner_rcpi2() -> dict[str, str]:
+    """Session 45's second expert-iteration round on ``throttle_planner``: data collected with session 44's
+    seed-0 agent as the base (``collect --base <agent dir>``), fitted at margin 0 with training seeds 0-2. The
+    crossval's held-out realised gain per decision over that base (``crossval_gain``), the best guessed action's
+    (``crossval_oracle``), the decisions (``crossval_decisions``); per round-2 agent ``seed<k>`` its paired goodput
+    difference over test seeds 0-59 to its base (``<key>_vs_base``) and to ``token_ratio(4096, 0.05)``
+    (``<key>_vs_rule``); and whether the base's, the rule's and fixed 0.01's rows equal session 44's run
+    (``rerun_identical``: yes/no)."""
+    from kvrl.analysis.stats import paired_compare
+
+    runs, before = _by_policy(PLANNER_RCPI2, "goodput_tok_s"), _by_policy(PLANNER_RCPI, "goodput_tok_s")
+    base = next(p for p in runs if "throttle_planner-rcpi-seed0" in p)
+    rule = next(p for p in runs if p.startswith("token_ratio("))
+    out = {}
+    for label in sorted(runs):
+        if "throttle_planner-rcpi2-seed" in label:
+            key = "seed" + label.split("-seed")[1][0]
+            out[f"{key}_vs_base"] = _compare_cell(paired_compare(runs[label], runs[base], "goodput_tok_s"), 1)
+            out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
+    shared = (base, "fixed(fraction=0.01)")
+    same = all(runs[p] == before[p] for p in shared) and runs[rule] == before[PLANNER_RULES[0]]
+    cv = json.loads(_text(PLANNER_RCPI2_CROSSVAL))
+    gain, half = cv["realised_gain_pct_margin_0.0"]
+    out.update(crossval_gain=f"{gain:+.3f} ± {half:.3f}%", crossval_oracle=f"{cv['clairvoyant_gain_pct']:.2f}%",
+               crossval_decisions=str(cv["decisions"]), rerun_identical="yes" if same else "no")
+    return out
+
+
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
 THROTTLE_LIVE_POLICIES = {"agent": "agent dqn", "token_ratio": "token_ratio(", "ttft_slack": "ttft_slack("}
 

@@ -34,7 +34,8 @@ a rule's index.
 ``crossval``: what the observation predicts, held out by collection file (independent episodes):
 for each file, the same network is fitted on the others and its greedy choice on that file's
 decisions is scored with the realised rollout gain (in % of the base), for several margins; mean
-± 95% CI over the folds, beside the clairvoyant gain (the best action's, per decision).
+± 95% CI over the folds, beside the clairvoyant gain (the best action's, per decision), and the margin to fit
+with (``recommended_margin``: null when no margin's gain excludes zero; then keep the base, no fit beats it).
 
 Arguments after the options are Hydra overrides of the task's scenario, as in kvrl-train.
 """
@@ -250,11 +251,21 @@ def crossval(args) -> None:
     out = {"decisions": len(x), "folds": len(parts), "clairvoyant_gain_pct": round(float(y.max(axis=1).mean()), 3),
            "clairvoyant_gain_pct_per_fold": [round(float(y[group == k].max(axis=1).mean()), 3)
                                              for k in range(len(parts))]}
-    for margin, values in gains.items():
-        mean, half = mean_ci(values)
+    realised = {margin: mean_ci(values) for margin, values in gains.items()}
+    for margin, (mean, half) in realised.items():
         out[f"realised_gain_pct_margin_{margin}"] = [round(mean, 3), round(half, 3)]
         out[f"deviation_pct_margin_{margin}"] = round(float(np.mean(deviations[margin])), 1)
+    out["recommended_margin"] = recommended_margin(realised)
     print(json.dumps(out))
+
+
+def recommended_margin(realised: dict[float, tuple[float, float]]) -> float | None:
+    """The margin to ``fit`` with, from crossval's held-out realised gain per margin (``{margin: (mean,
+    95% CI half-width)}``, % of the base's goodput per decision): of the margins whose interval lies above
+    zero, the one with the largest mean; None when no margin's does: keep the base, the fit found nothing
+    the observation predicts (docs/rl.md, "A second round of expert iteration")."""
+    above = {margin: mean for margin, (mean, half) in realised.items() if mean - half > 0}
+    return max(above, key=above.get) if above else None
 
 
 def main() -> None:

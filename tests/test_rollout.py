@@ -197,6 +197,7 @@ def test_rcpi_script_takes_an_agent_as_its_base(env, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["folds"] == 2 and out["decisions"] == 40
     assert out["deviation_pct_margin_1000000.0"] == 0.0 and out["realised_gain_pct_margin_1000000.0"] == [0.0, 0.0]
+    assert "recommended_margin" in out
     rcpi.fit(argparse.Namespace(**common, out=str(tmp_path / "fitted"), weight_decay=1e-4, val_fraction=0.2,
                                 margin_pct=0.5))
     summary = json.loads((tmp_path / "fitted" / "rcpi.json").read_text())
@@ -270,3 +271,17 @@ def test_action_mix_labels_name_the_rules_or_the_bins():
         env_id, cfg = load_task(task, ["workload.max_requests=5"])
         labels = mix.action_labels(gym.make(env_id, config=cfg).unwrapped)
         assert labels[0] == first and len(labels) == n
+
+
+def test_rcpi_recommends_a_margin_only_where_the_crossval_gain_excludes_zero():
+    """crossval's recommended margin: the best mean among margins whose interval lies above zero; none
+    (keep the base) when every interval reaches zero, as in session 45's second round."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
+    rcpi = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rcpi)
+    assert rcpi.recommended_margin({0.0: (0.224, 0.089), 0.05: (0.219, 0.084), 0.25: (0.006, 0.016)}) == 0.0
+    assert rcpi.recommended_margin({0.0: (0.30, 0.35), 0.1: (0.20, 0.05)}) == 0.1
+    assert rcpi.recommended_margin({0.0: (0.012, 0.058), 0.05: (0.008, 0.058), 0.1: (0.005, 0.014)}) is None
