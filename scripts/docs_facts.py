@@ -1511,7 +1511,9 @@ def planner_live() -> dict[str, str]:
     for ``token_ratio(4096, 0.05)`` (``rule``) the paired goodput difference to fixed 0.01
     (``<key>_vs_fixed_{live,sim,host}``, see ``_live_vs``), and per agent to the rule
     (``<key>_vs_rule_{live,sim,host}``); the test seeds served (``seeds``) and the span of the runs' measured
-    host speed against the profile's (``host_ratio``, kvrl-eval's ``host_probe_ratio``: 1.3 = 30% slower)."""
+    host speed against the profile's (``host_ratio``, kvrl-eval's ``host_probe_ratio``: 1.3 = 30% slower); and
+    the live seeds an agent-rule difference of 1% needs (``diff_sd``, ``seeds_ci``, ``seeds_power80``: see
+    ``_seeds_to_resolve``)."""
     by_policy = _live_rows(PLANNER_LIVE)
     fixed = by_policy["fixed(fraction=0.01)"]
     rule = next(v for label, v in by_policy.items() if label.startswith("token_ratio("))
@@ -1523,7 +1525,25 @@ def planner_live() -> dict[str, str]:
             out.update({f"{key}_vs_rule_{suffix}": cell for suffix, cell in _live_vs(mine, rule).items()})
     ratios = [float(r["host_probe_ratio"]) for runs in by_policy.values() for r in runs.values()]
     out.update(seeds=str(len(fixed)), host_ratio=_span([min(ratios), max(ratios)], ".2f"))
+    out.update(_seeds_to_resolve(by_policy, rule, 0.01))
     return out
+
+
+def _seeds_to_resolve(by_policy: dict[str, dict[int, dict]], ref: dict[int, dict], effect: float) -> dict[str, str]:
+    """How many live seeds resolve a gain of ``effect`` (a fraction of ``ref``'s mean goodput) between each agent
+    of ``by_policy`` and ``ref``, from the spread of their paired per-seed differences (normal approximation):
+    ``diff_sd`` (tok/s, the span over agents), ``seeds_ci`` (a 95% interval of half-width ``effect``) and
+    ``seeds_power80`` (80% power to find ``effect`` at the 5% level)."""
+    import numpy as np
+    from scipy import stats
+
+    goodput = {s: float(r["goodput_tok_s"]) for s, r in ref.items()}
+    delta = effect * float(np.mean(list(goodput.values())))
+    sds = [float(np.std([float(r["goodput_tok_s"]) - goodput[s] for s, r in runs.items()], ddof=1))
+           for label, runs in sorted(by_policy.items()) if label.startswith("agent")]
+    z, power = stats.norm.ppf(0.975), stats.norm.ppf(0.8)
+    return {"diff_sd": _span(sds, ".0f"), "seeds_ci": _span([(z * sd / delta) ** 2 for sd in sds], ".0f"),
+            "seeds_power80": _span([((z + power) * sd / delta) ** 2 for sd in sds], ".0f")}
 
 
 AZURE_CODE_TRACE = "kvrl/workloads/data/azure_llm_2023_code.csv"
