@@ -6,6 +6,8 @@ files without it load too)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +25,14 @@ OVERRIDES = ["engine.prefix_hash=xxh3", "workload.num_requests=300", "env.episod
 def env():
     env_id, cfg = load_task("pool512", OVERRIDES)
     return gym.make(env_id, config=cfg).unwrapped
+
+
+def _script(name: str):
+    """The module of scripts/<name>.py, loaded from its file (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _start(env, seed=0):
@@ -162,17 +172,13 @@ def test_rcpi_script_takes_an_agent_as_its_base(env, tmp_path, capsys):
     """scripts/rl_rcpi.py: ``--base`` an agent directory acts as the agent's greedy policy, and
     crossval's margin favours each decision's recorded base action."""
     import argparse
-    import importlib.util
     import json
-    from pathlib import Path
 
     from stable_baselines3 import DQN
 
     from kvrl.envs.agent_io import write_meta
 
-    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
-    rcpi = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rcpi)
+    rcpi = _script("rl_rcpi")
     agent = tmp_path / "agent"
     agent.mkdir()
     model = DQN("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": []})
@@ -243,12 +249,7 @@ def test_set_output_len_refuses_a_length_already_reached(env):
 
 
 def test_rcpi_base_is_a_rules_index_on_a_task_with_rules():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
-    rcpi = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rcpi)
+    rcpi = _script("rl_rcpi")
     _, _, planner = rcpi._env("throttle_planner", ["workload.max_requests=5"], copyable=True)
     assert planner.action_space.n == 7 and rcpi._constant(planner, "3") == 3
     for bad in ("7", "0.01"):
@@ -260,12 +261,7 @@ def test_rcpi_base_is_a_rules_index_on_a_task_with_rules():
 
 
 def test_action_mix_labels_name_the_rules_or_the_bins():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("rl_action_mix", Path(__file__).parents[1] / "scripts" / "rl_action_mix.py")
-    mix = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mix)
+    mix = _script("rl_action_mix")
     for task, first, n in (("throttle_planner", "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)", 7),
                            ("throttle", "0", 6)):
         env_id, cfg = load_task(task, ["workload.max_requests=5"])
@@ -276,12 +272,7 @@ def test_action_mix_labels_name_the_rules_or_the_bins():
 def test_rcpi_recommends_a_margin_only_where_the_crossval_gain_excludes_zero():
     """crossval's recommended margin: the best mean among margins whose interval lies above zero; none
     (keep the base) when every interval reaches zero, as in session 45's second round."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("rl_rcpi", Path(__file__).parents[1] / "scripts" / "rl_rcpi.py")
-    rcpi = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rcpi)
+    rcpi = _script("rl_rcpi")
     assert rcpi.recommended_margin({0.0: (0.224, 0.089), 0.05: (0.219, 0.084), 0.25: (0.006, 0.016)}) == 0.0
     assert rcpi.recommended_margin({0.0: (0.30, 0.35), 0.1: (0.20, 0.05)}) == 0.1
     assert rcpi.recommended_margin({0.0: (0.012, 0.058), 0.05: (0.008, 0.058), 0.1: (0.005, 0.014)}) is None
