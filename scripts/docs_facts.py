@@ -1389,6 +1389,11 @@ PLANNER_RULES = ("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05) [val-tun
                  "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)")               # the held-out one's
 
 
+def _agent_key(label: str) -> str:
+    """A fact key for an agent's kvrl-eval label: ``seed<k>`` from its directory's ``-seed<k>`` suffix."""
+    return "seed" + label.split("-seed")[1][0]
+
+
 @source("planner_rcpi", "cheap", PLANNER_RCPI, PLANNER_RCPI_HELDOUT, PLANNER_RCPI_CROSSVAL, *PLANNER_RCPI_LOADS.values())
 def planner_rcpi() -> dict[str, str]:
     """Session 44's agents distilled from the guessed-future planner (``env=throttle_planner``, scripts/rl_rcpi.py
@@ -1405,7 +1410,7 @@ def planner_rcpi() -> dict[str, str]:
 
     test, held = _by_policy(PLANNER_RCPI, "goodput_tok_s"), _by_policy(PLANNER_RCPI_HELDOUT, "goodput_tok_s")
     rule, held_rule = (next(p for p in PLANNER_RULES if p in runs) for runs in (test, held))
-    agents = {p: "seed" + p.split("-seed")[1][0] for p in sorted(test) if p.startswith("agent")}   # label -> key
+    agents = {p: _agent_key(p) for p in sorted(test) if p.startswith("agent")}   # label -> key
     others = {p: g for p, g in test.items() if not p.startswith("agent") and "[oracle" not in p}
     best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
     out = {"best": best}
@@ -1451,7 +1456,7 @@ def planner_rcpi2() -> dict[str, str]:
     out = {}
     for label in sorted(runs):
         if "throttle_planner-rcpi2-seed" in label:
-            key = "seed" + label.split("-seed")[1][0]
+            key = _agent_key(label)
             out[f"{key}_vs_base"] = _compare_cell(paired_compare(runs[label], runs[base], "goodput_tok_s"), 1)
             out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
     shared = (base, "fixed(fraction=0.01)")
@@ -1520,7 +1525,7 @@ def planner_live() -> dict[str, str]:
     out = {f"rule_vs_fixed_{suffix}": cell for suffix, cell in _live_vs(rule, fixed).items()}
     for label, mine in sorted(by_policy.items()):
         if label.startswith("agent"):
-            key = "seed" + label.split("-seed")[1][0]
+            key = _agent_key(label)
             out.update({f"{key}_vs_fixed_{suffix}": cell for suffix, cell in _live_vs(mine, fixed).items()})
             out.update({f"{key}_vs_rule_{suffix}": cell for suffix, cell in _live_vs(mine, rule).items()})
     ratios = [float(r["host_probe_ratio"]) for runs in by_policy.values() for r in runs.values()]
