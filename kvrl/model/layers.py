@@ -21,7 +21,6 @@ from kvrl.kernels import (
     silu_and_mul,
     store_kv,
 )
-from kvrl.kernels.reference import apply_rotary_ref
 from kvrl.model.config import ModelConfig, RopeConfig
 from kvrl.model.metadata import AttentionMetadata, PaddedAttentionMetadata
 
@@ -86,14 +85,6 @@ class RotaryEmbedding(nn.Module):
         freqs = positions[:, None].float() * self.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by ``cos``/``sin`` ``[T, 1, head_dim]`` (same dtype as x).
-
-    Unfused torch version; :class:`Attention` uses :func:`kvrl.kernels.qk_norm_rotary`.
-    """
-    return apply_rotary_ref(x, cos, sin)
 
 
 class PackedLinear(nn.Linear):
