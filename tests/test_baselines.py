@@ -166,3 +166,35 @@ def test_tune_loads_training_picks_and_tunes_on_the_mean_over_the_training_loads
     bad = subprocess.run([sys.executable, "-m", "kvrl.apps.eval", *bad_args, f"hydra.run.dir={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "tune_loads=training" in bad.stderr
+
+
+def test_at_loads_serves_every_load_in_one_worker_pool(monkeypatch):
+    """at_loads hands the jobs of every load to one run_jobs call: one worker pool, not one per load.
+    The results come load by load in the order of the jobs, each tagged with its val_rate_scale and
+    equal to its job served alone at that load (the run's workload.rate_scale set to it)."""
+    import kvrl.apps.eval as E
+    from kvrl.envs.config import load_task
+
+    _, cfg = load_task("watermark", ["workload=synthetic", "workload.num_requests=30", "workload.rate_scale=1.0",
+                                     "engine.num_blocks=256"])
+    pools = []
+
+    class CountedPool(E.ProcessPoolExecutor):
+        def __init__(self, *args, **kwargs):
+            pools.append(kwargs.get("max_workers"))
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(E, "ProcessPoolExecutor", CountedPool)
+    jobs = [E.Job(E.Policy(f"fixed {f}", "sweep", {"name": "fixed", "fraction": f}), "val", seed)
+            for seed in (0, 1) for f in (0.0, 0.2)]
+    loads = (0.5, 4.0)
+    results = E.at_loads(cfg.run, "watermark", jobs, loads, None, workers=2, chunk=2)
+    assert pools == [2]
+    assert [(r["policy"], r["seed"], r["val_rate_scale"]) for r in results] == [
+        (j.policy.label, j.seed, scale) for scale in loads for j in jobs]
+    alone = [r for scale in loads for r in E.run_jobs(
+        {**cfg.run, "workload": {**cfg.run["workload"], "rate_scale": scale}}, "watermark", jobs, None, workers=1)]
+    np.testing.assert_equal([{k: v for k, v in r.items() if k != "val_rate_scale"} for r in results], alone)  # NaN: equal
+    low, high = results[:len(jobs)], results[len(jobs):]
+    assert all(a["duration_s"] > b["duration_s"] for a, b in zip(low, high))     # 8x the rate: a shorter run
+    np.testing.assert_equal(E.at_loads(cfg.run, "watermark", jobs[:1], None, None, workers=1, chunk=1),
+                            E.run_jobs(cfg.run, "watermark", jobs[:1], None, workers=1))

@@ -40,7 +40,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -86,7 +86,9 @@ class Policy:
 class Job:
     """One engine run: a policy on a split with a seed; ``trace`` keeps the per-step record the
     plots show, ``steps`` the whole record (every :data:`~kvrl.engine.metrics.STEP_COLUMNS` column);
-    ``position``: its place among its seed's test jobs in the order they run (0 first; :func:`job_order`)."""
+    ``position``: its place among its seed's test jobs in the order they run (0 first; :func:`job_order`);
+    ``rate_scale``: the workload's absolute rate scale for this job (before ``resample``; None: the
+    run's), so that one :func:`run_jobs` call serves several loads (:func:`at_loads`)."""
 
     policy: Policy
     split: str
@@ -94,17 +96,20 @@ class Job:
     trace: bool = False
     steps: bool = False
     position: Optional[int] = None
+    rate_scale: Optional[float] = None
 
 
 def job_config(run: dict, role: str, job: Job, resample: Optional[float]) -> dict:
     """The run config of ``job``: the scenario with the policy in the ``role`` slot, the job's
-    split and seed, and the seeded resample."""
+    split, seed and rate scale, and the seeded resample."""
     cfg = copy.deepcopy(run)
     if role == "joint":             # kvrl/WatermarkMode-v0: a plugin per slot
         cfg.update({slot: dict(job.policy.plugin[slot]) for slot in JOINT_SLOTS})
     else:
         cfg[role] = dict(job.policy.plugin)
     cfg["seed"] = job.seed
+    if job.rate_scale is not None:
+        cfg["workload"]["rate_scale"] = job.rate_scale
     cfg["workload"] = job_workload(cfg["workload"], job.split, job.seed, resample)
     return cfg
 
@@ -330,13 +335,16 @@ def sweep_plugins(role: str, sweep: Sequence[float]) -> list[dict]:
     return [{"watermark": w, "eviction": {"name": "lifo", "mode": mode}} for w in fixed for mode in ("recompute", "swap")]
 
 
-def at_loads(run: dict, loads: Optional[Sequence[float]], serve: Callable[[dict], list[dict]]) -> list[dict]:
-    """``serve(run)`` with ``loads`` None; else ``serve`` of ``run`` at each absolute rate scale of
-    ``loads`` in turn, every result tagged with its ``val_rate_scale``, all concatenated."""
+def at_loads(run: dict, role: str, jobs: Sequence[Job], loads: Optional[Sequence[float]],
+             resample: Optional[float], workers: int, chunk: int) -> list[dict]:
+    """:func:`run_jobs` of ``jobs`` with ``loads`` None; else of ``jobs`` at each absolute rate scale
+    of ``loads`` in turn (:attr:`Job.rate_scale`), all in one call (one worker pool), every result
+    tagged with its ``val_rate_scale``. A chunk stays within one load when ``chunk`` divides ``len(jobs)``."""
     if loads is None:
-        return serve(run)
-    return [{**r, "val_rate_scale": float(scale)} for scale in loads
-            for r in serve({**run, "workload": {**run["workload"], "rate_scale": float(scale)}})]
+        return run_jobs(run, role, jobs, resample, workers, chunk=chunk)
+    at = [replace(job, rate_scale=float(scale)) for scale in loads for job in jobs]
+    results = run_jobs(run, role, at, resample, workers, chunk=chunk)
+    return [{**r, "val_rate_scale": job.rate_scale} for job, r in zip(at, results)]
 
 
 def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resample: Optional[float],
@@ -355,7 +363,7 @@ def pick_on_val(run: dict, sweep: Sequence[float], seeds: Sequence[int], resampl
         tag = "val-best in sim"
     plugins = sweep_plugins(role, sweep)
     jobs = [Job(Policy(label_of(p), "sweep", p), "val", seed) for seed in seeds for p in plugins]
-    results = at_loads(run, loads, lambda on: run_jobs(on, role, jobs, resample, workers, chunk=len(plugins)))
+    results = at_loads(run, role, jobs, loads, resample, workers, chunk=len(plugins))
     best = best_of(plugins, results)                             # the first of equals
     log.info("val sweep (%s backend): %s -> %s", run["backend"]["name"],
              ", ".join(f"{k} {v:.2f}" for k, v in mean_goodput(results).items()), label_of(best))
@@ -392,17 +400,17 @@ def evaluate(cfg: DictConfig, out_dir: Path, tracker) -> list:
         results += sweep_results
         policies.append(best)
 
-    def runner(entries, split, kind, seed_list=seeds, on=run):     # (label, plugin) pairs, once per seed
+    def runner(entries, split, kind, seed_list=seeds, on=run, scales=None):   # (label, plugin) pairs, per seed (and load)
         jobs = [Job(Policy(label, kind, plugin), split, seed) for seed in seed_list for label, plugin in entries]
-        return run_jobs(on, role, jobs, resample, cfg.workers, chunk=len(entries))
+        return at_loads(on, role, jobs, scales, resample, cfg.workers, chunk=len(entries))
     tune_seeds = list(cfg.tune_seeds) if cfg.tune_seeds is not None else seeds
     tune_run, tag = run, VAL_TUNED
     if cfg.val_pick == "sim" and run["backend"]["name"] != "sim":     # as the val sweep: no accelerator time
         tune_run, tag = {**run, "backend": sim_backend()}, f"{VAL_TUNED} in sim"
     grids = OmegaConf.to_container(cfg.tune, resolve=True) if cfg.tune is not None else {}    # null: no tuning
     tuned, tune_results = tune_on_val(role, baselines, (grids or {}).get(role),
-                                      lambda entries, split, kind: at_loads(
-                                          tune_run, loads, lambda on: runner(entries, split, kind, tune_seeds, on)),
+                                      lambda entries, split, kind: runner(entries, split, kind, tune_seeds,
+                                                                          tune_run, loads),
                                       tag)
     results += tune_results
     policies += [Policy(label, VAL_TUNED, plugin) for label, plugin in tuned]
