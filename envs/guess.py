@@ -10,9 +10,9 @@ both on its copy:
 * output lengths: :func:`guessed_lengths` draws each unfinished sequence's length from the finished
   requests' lengths (or uses the requests' length hints).
 
-:func:`guess_future` does both on a copy for one :class:`Guess`. Forecast requests get new ids and
-prompt token ids shifted by their index (mod the vocabulary), so they hit no prefix that the real
-requests cached.
+:func:`draw_future` draws both, one guessed future; :func:`guess_future` puts one on a copy for a
+:class:`Guess`. Forecast requests get new ids and prompt token ids shifted by their index (mod the
+vocabulary), so they hit no prefix that the real requests cached.
 """
 from __future__ import annotations
 
@@ -123,14 +123,27 @@ def set_lengths(engine: Engine, lengths: dict[int, int]) -> None:
         engine.set_output_len(seq, lengths[seq.seq_id])
 
 
-def guess_future(loop: ServingLoop, guess: Guess, rng: np.random.Generator) -> None:
-    """Replace, on ``loop`` (a copy: it is changed in place), the requests still to arrive by a forecast
-    (:func:`poisson_forecast`, or :func:`forecast` replayed ``guess.horizon_s`` ahead) and every output
-    length, the live sequences' and the forecast's, by :func:`guessed_lengths`."""
-    if guess.poisson:
-        future = poisson_forecast(loop, guess.window_s, guess.horizon_s, rng)
+def draw_future(loop: ServingLoop, window_s: Optional[float], horizon_s: Optional[float], poisson: bool,
+                rng: np.random.Generator, hints: bool = False) -> tuple[dict[int, int], list[Request]]:
+    """One guessed future of ``loop`` (not changed), drawn from ``rng``: ``({seq_id: output_len}, the
+    requests still to arrive)``. The arrivals are a forecast of the last ``window_s`` seconds:
+    :func:`poisson_forecast` ``horizon_s`` ahead with ``poisson``, else :func:`forecast` replayed
+    ``horizon_s`` ahead (None: to the job's last arrival); ``window_s`` None keeps the job's own
+    arrivals. Then every output length, the live sequences' and the arrivals', by
+    :func:`guessed_lengths` (with ``hints``, the requests' length hints). The arrivals are drawn
+    before the lengths."""
+    if window_s is None:
+        future = loop.pending[loop.next_index:]
+    elif poisson:
+        future = poisson_forecast(loop, window_s, horizon_s, rng)
     else:
-        future = forecast(loop, guess.window_s, guess.horizon_s)
-    lengths, future = guessed_lengths(loop, future, rng)
+        future = forecast(loop, window_s, horizon_s)
+    return guessed_lengths(loop, future, rng, hints)
+
+
+def guess_future(loop: ServingLoop, guess: Guess, rng: np.random.Generator) -> None:
+    """Replace, on ``loop`` (a copy: it is changed in place), the requests still to arrive and every
+    output length by one :func:`draw_future` of ``guess``."""
+    lengths, future = draw_future(loop, guess.window_s, guess.horizon_s, guess.poisson, rng)
     loop.pending = loop.pending[:loop.next_index] + future
     set_lengths(loop.engine, lengths)

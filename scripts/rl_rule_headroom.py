@@ -39,7 +39,7 @@ import logging
 import os
 import time
 
-from kvrl.envs.guess import forecast, guessed_lengths, poisson_forecast, set_lengths
+from kvrl.envs.guess import draw_future, forecast, set_lengths
 
 
 def parse_rule(text: str) -> dict:
@@ -102,11 +102,12 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
          horizon_s: float | None = None, poisson: bool = False) -> tuple[float, list]:
     """The rollout planner on ``loop``: its goodput and the candidate chosen at every decision; with
     ``forecast_s`` > 0 each copy's future arrivals are :func:`forecast`'s, not the job's; with
-    ``blind_seed`` set the copies hold :func:`guessed_lengths` (with ``hints``, the requests' length hints;
-    else ``samples`` draws per decision, the same draws for every candidate, whose goodputs are averaged:
-    the planner then ranks candidates by their expected outcome, not by one guessed future), not the
-    requests' own output lengths; ``horizon_s``: :func:`forecast`'s. With ``poisson`` (blind guesses and
-    ``horizon_s`` needed), every guessed future's arrivals are a :func:`poisson_forecast` of their own."""
+    ``blind_seed`` set the copies hold guessed lengths (:func:`~kvrl.envs.guess.draw_future`; with ``hints``,
+    the requests' length hints; else ``samples`` draws per decision, the same draws for every candidate,
+    whose goodputs are averaged: the planner then ranks candidates by their expected outcome, not by one
+    guessed future), not the requests' own output lengths; ``horizon_s``: :func:`forecast`'s. With
+    ``poisson`` (blind guesses and ``horizon_s`` needed), every guessed future's arrivals are a
+    :func:`~kvrl.envs.guess.poisson_forecast` of their own."""
     import numpy as np
 
     if samples < 1 or (samples > 1 and (blind_seed is None or hints)):
@@ -119,14 +120,12 @@ def plan(loop, candidates: list, epoch_s: float, hold_s: float, forecast_s: floa
     while not loop.done:
         now = loop.engine.now
         scores = dict.fromkeys(candidates, 0.0)
-        forecast_arrivals = forecast(loop, forecast_s, horizon_s) if forecast_s > 0 and not poisson else None
         for _ in range(samples):
-            lengths, future = None, forecast_arrivals
-            if poisson:
-                future = poisson_forecast(loop, forecast_s, horizon_s, rng)
-            if blind_seed is not None:      # the job's own future arrivals are guessed too
-                to_come = future if future is not None else loop.pending[loop.next_index:]
-                lengths, future = guessed_lengths(loop, to_come, rng, hints)
+            if blind_seed is not None:      # no forecast: the job's own arrivals, their lengths guessed too
+                lengths, future = draw_future(loop, forecast_s if forecast_s > 0 else None, horizon_s, poisson,
+                                              rng, hints)
+            else:
+                lengths, future = None, forecast(loop, forecast_s, horizon_s) if forecast_s > 0 else None
             for cand in candidates:
                 trial = copy.deepcopy(loop)
                 if future is not None:

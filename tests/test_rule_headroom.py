@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kvrl.envs import guess as G
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("rl_rule_headroom", ROOT / "scripts" / "rl_rule_headroom.py")
 R = importlib.util.module_from_spec(spec)
@@ -104,7 +106,7 @@ def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_a
     done = set(loop.engine.metrics.finished_output_lens)
     live = loop.engine.live_sequences()
     assert done and live
-    lengths, future = R.guessed_lengths(loop, R.forecast(loop, 1.0), np.random.default_rng(0))
+    lengths, future = G.guessed_lengths(loop, R.forecast(loop, 1.0), np.random.default_rng(0))
     assert set(lengths) == {s.seq_id for s in live}
     for s in live:
         made = len(s.output_token_ids)
@@ -122,7 +124,7 @@ def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_a
                                forecast_s=forecast_s, blind_seed=0)
         assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
     pending = loop.pending[loop.next_index:]
-    _, guessed = R.guessed_lengths(loop, pending, np.random.default_rng(0))
+    _, guessed = G.guessed_lengths(loop, pending, np.random.default_rng(0))
     assert [r.request_id for r in guessed] == [r.request_id for r in pending]
     assert all(r.output_len in done for r in guessed)
 
@@ -133,14 +135,14 @@ def test_samples_average_several_guessed_futures_and_an_empty_forecast_reveals_n
     to the job's own arrivals; K > 1 without blind guesses is refused."""
     rule = R.parse_rule(RULE)
     mine = R.finish(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8))
-    draws, real = [], R.guessed_lengths
+    draws, real = [], G.guessed_lengths
 
     def counted(loop, future, rng, hints=False):
         draws.append((loop.engine.now, len(future)))
         return real(loop, future, rng, hints)
 
-    monkeypatch.setattr(R, "guessed_lengths", counted)
-    monkeypatch.setattr(R, "forecast", lambda loop, window_s, horizon_s=None: [])
+    monkeypatch.setattr(G, "guessed_lengths", counted)
+    monkeypatch.setattr(G, "forecast", lambda loop, window_s, horizon_s=None: [])
     alone, chosen = R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0,
                            forecast_s=2.0, blind_seed=0, samples=3)
     assert alone == pytest.approx(mine, rel=1e-12) and set(chosen) == {None}
@@ -161,7 +163,7 @@ def test_hints_guesses_are_the_requests_own_length_hints():
     R.serve_until(loop, loop.engine.now + 3.0)
     live = loop.engine.live_sequences()
     pending = loop.pending[loop.next_index:]
-    lengths, future = R.guessed_lengths(loop, pending, np.random.default_rng(0), hints=True)
+    lengths, future = G.guessed_lengths(loop, pending, np.random.default_rng(0), hints=True)
     assert live and pending
     assert lengths == {s.seq_id: max(s.request.output_len_hint, len(s.output_token_ids) + 1) for s in live}
     assert [r.output_len for r in future] == [r.output_len_hint for r in pending]
@@ -171,7 +173,7 @@ def test_hints_guesses_are_the_requests_own_length_hints():
     plain = R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8)
     R.serve_until(plain, plain.engine.now + 1.0)
     with pytest.raises(ValueError, match="length_hint_sigma"):
-        R.guessed_lengths(plain, plain.pending[plain.next_index:], np.random.default_rng(0), hints=True)
+        G.guessed_lengths(plain, plain.pending[plain.next_index:], np.random.default_rng(0), hints=True)
 
 
 def test_poisson_forecast_draws_arrivals_at_the_recent_rate_and_the_rule_alone_is_still_the_rule():
@@ -186,7 +188,7 @@ def test_poisson_forecast_draws_arrivals_at_the_recent_rate_and_the_rule_alone_i
     now = loop.engine.now
     recent = {r.request_id: r for r in loop.pending[:loop.next_index] if r.arrival_s >= now - 1.0}
     rng = np.random.default_rng(0)
-    draws = [R.poisson_forecast(loop, 1.0, 4.0, rng) for _ in range(200)]
+    draws = [G.poisson_forecast(loop, 1.0, 4.0, rng) for _ in range(200)]
     for future in draws[:20]:
         times = [r.arrival_s for r in future]
         assert times == sorted(times) and all(now < t <= now + 4.0 for t in times)
