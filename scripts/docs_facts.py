@@ -1534,6 +1534,38 @@ def planner_live() -> dict[str, str]:
     return out
 
 
+PLANNER_LIVE_MORE = "docs/results/rl_live_h200/throttle_planner_s46/live_results.csv"
+
+
+@source("planner_live_more", "cheap", PLANNER_LIVE_MORE, PLANNER_LIVE)
+def planner_live_more() -> dict[str, str]:
+    """Session 46's fresh live seeds for session 44's seed-0 ``throttle_planner`` agent against
+    ``token_ratio(4096, 0.05)`` (one H200, three calls, merged): the paired goodput difference over those seeds
+    (``fresh_vs_rule_{live,sim,host}``, see ``_live_vs``) and over them joined with session 45's seeds of the same
+    two policies (``all_vs_rule_*``; no seed is in both files); the seeds (``seeds``, ``seeds_all``), the span of the
+    runs' host speed against the profile's (``host_ratio``), the rule's mean goodput live and in the sim beside
+    (``rule_live``, ``rule_sim``), and the seeds a 1% difference needs over all of them (``diff_sd``, ``seeds_ci``,
+    ``seeds_power80``: ``_seeds_to_resolve``)."""
+    def pick(by_policy: dict[str, dict[int, dict]], start: str) -> dict[int, dict]:
+        return next(runs for label, runs in by_policy.items() if label.startswith(start))
+
+    more, before = _live_rows(PLANNER_LIVE_MORE), _live_rows(PLANNER_LIVE)
+    agent, rule = pick(more, "agent dqn (agents/throttle_planner-rcpi-seed0/"), pick(more, "token_ratio(")
+    agent_before = pick(before, "agent dqn (agents/throttle_planner-rcpi-seed0/")
+    rule_before = pick(before, "token_ratio(")
+    if set(rule) & set(rule_before):
+        raise ValueError(f"{PLANNER_LIVE_MORE} repeats seeds of {PLANNER_LIVE}: {sorted(set(rule) & set(rule_before))}")
+    agent_all, rule_all = {**agent_before, **agent}, {**rule_before, **rule}
+    out = {f"fresh_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent, rule).items()}
+    out.update({f"all_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent_all, rule_all).items()})
+    ratios = [float(r["host_probe_ratio"]) for runs in (agent, rule) for r in runs.values()]
+    out.update(seeds=str(len(rule)), seeds_all=str(len(rule_all)), host_ratio=_span([min(ratios), max(ratios)], ".2f"),
+               rule_live=f"{statistics.fmean(float(r['goodput_tok_s']) for r in rule.values()):.0f}",
+               rule_sim=f"{statistics.fmean(float(r['sim_goodput_tok_s']) for r in rule.values()):.0f}")
+    out.update(_seeds_to_resolve({"agent": agent_all}, rule_all, 0.01))
+    return out
+
+
 def _seeds_to_resolve(by_policy: dict[str, dict[int, dict]], ref: dict[int, dict], effect: float) -> dict[str, str]:
     """How many live seeds resolve a gain of ``effect`` (a fraction of ``ref``'s mean goodput) between each agent
     of ``by_policy`` and ``ref``, from the spread of their paired per-seed differences (normal approximation):
