@@ -1535,27 +1535,61 @@ def planner_live() -> dict[str, str]:
 
 
 PLANNER_LIVE_MORE = "docs/results/rl_live_h200/throttle_planner_s46/live_results.csv"
+PLANNER_LIVE_FINAL = "docs/results/rl_live_h200/throttle_planner_s48/live_results.csv"
 
 
 @source("planner_live_more", "cheap", PLANNER_LIVE_MORE, PLANNER_LIVE)
 def planner_live_more() -> dict[str, str]:
     """Session 46's fresh live seeds for session 44's seed-0 ``throttle_planner`` agent against
-    ``token_ratio(4096, 0.05)`` (one H200, three calls, merged): the paired goodput difference over those seeds
-    (``fresh_vs_rule_{live,sim,host}``, see ``_live_vs``) and over them joined with session 45's seeds of the same
-    two policies (``all_vs_rule_*``; no seed is in both files); the seeds (``seeds``, ``seeds_all``), the span of the
-    runs' host speed against the profile's (``host_ratio``), the rule's mean goodput live and in the sim beside
-    (``rule_live``, ``rule_sim``), and the seeds a 1% difference needs over all of them (``diff_sd``, ``seeds_ci``,
-    ``seeds_power80``: ``_seeds_to_resolve``)."""
+    ``token_ratio(4096, 0.05)`` (one H200, three calls, merged), joined with session 45's seeds of the same two
+    policies: see :func:`_seed0_agent_vs_rule`."""
+    return _seed0_agent_vs_rule(PLANNER_LIVE_MORE, [PLANNER_LIVE])
+
+
+@source("planner_live_final", "cheap", PLANNER_LIVE_FINAL, PLANNER_LIVE_MORE, PLANNER_LIVE)
+def planner_live_final() -> dict[str, str]:
+    """Session 48's fresh live seeds (70-97) for the same agent and rule, the third and last look at that
+    comparison, joined with sessions 45 and 46's seeds (:func:`_seed0_agent_vs_rule`); ``alpha_looks``: the
+    Bonferroni level over the three looks (30, 70 and all seeds) at a family level of 5%."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = _seed0_agent_vs_rule(PLANNER_LIVE_FINAL, [PLANNER_LIVE_MORE, PLANNER_LIVE])
+    out["alpha_looks"] = f"{0.05 / 3:.3f}"
+    agent, rule = _seed0_pair(PLANNER_LIVE_FINAL, [PLANNER_LIVE_MORE, PLANNER_LIVE])
+    c = paired_compare({s: float(r["goodput_tok_s"]) for s, r in agent.items()},
+                       {s: float(r["goodput_tok_s"]) for s, r in rule.items()}, "goodput_tok_s")
+    rule_mean = statistics.fmean(float(r["goodput_tok_s"]) for r in rule.values())
+    out.update(all_live_interval=f"{c.delta - c.delta_ci:+.1f} to {c.delta + c.delta_ci:+.1f}",
+               all_live_upper_pct=f"{100 * (c.delta + c.delta_ci) / rule_mean:.1f}%")
+    return out
+
+
+def _seed0_pair(fresh_path: str, before_paths: list[str]) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Session 44's seed-0 ``throttle_planner`` agent's and ``token_ratio(4096, 0.05)``'s live rows (seed -> row)
+    of ``fresh_path`` joined with those of ``before_paths``; a seed in two files is an error."""
     def pick(by_policy: dict[str, dict[int, dict]], start: str) -> dict[int, dict]:
         return next(runs for label, runs in by_policy.items() if label.startswith(start))
 
-    more, before = _live_rows(PLANNER_LIVE_MORE), _live_rows(PLANNER_LIVE)
-    agent, rule = pick(more, "agent dqn (agents/throttle_planner-rcpi-seed0/"), pick(more, "token_ratio(")
-    agent_before = pick(before, "agent dqn (agents/throttle_planner-rcpi-seed0/")
-    rule_before = pick(before, "token_ratio(")
-    if set(rule) & set(rule_before):
-        raise ValueError(f"{PLANNER_LIVE_MORE} repeats seeds of {PLANNER_LIVE}: {sorted(set(rule) & set(rule_before))}")
-    agent_all, rule_all = {**agent_before, **agent}, {**rule_before, **rule}
+    agent, rule = {}, {}
+    for path in [fresh_path, *before_paths]:
+        by_policy = _live_rows(path)
+        mine, ref = pick(by_policy, "agent dqn (agents/throttle_planner-rcpi-seed0/"), pick(by_policy, "token_ratio(")
+        if set(rule) & set(ref):
+            raise ValueError(f"{path} repeats seeds: {sorted(set(rule) & set(ref))}")
+        agent.update(mine)
+        rule.update(ref)
+    return agent, rule
+
+
+def _seed0_agent_vs_rule(fresh_path: str, before_paths: list[str]) -> dict[str, str]:
+    """Session 44's seed-0 ``throttle_planner`` agent against ``token_ratio(4096, 0.05)`` live: the paired goodput
+    difference over the seeds of ``fresh_path`` (``fresh_vs_rule_{live,sim,host}``, see ``_live_vs``) and over
+    them joined with the seeds of ``before_paths`` (``all_vs_rule_*``; a seed in two files is an error); the seeds
+    (``seeds``, ``seeds_all``), the span of the fresh runs' host speed against the profile's (``host_ratio``), the
+    rule's mean goodput on the fresh seeds live and in the sim beside (``rule_live``, ``rule_sim``), and the seeds a
+    1% difference needs over all of them (``diff_sd``, ``seeds_ci``, ``seeds_power80``: ``_seeds_to_resolve``)."""
+    agent, rule = _seed0_pair(fresh_path, [])
+    agent_all, rule_all = _seed0_pair(fresh_path, before_paths)
     out = {f"fresh_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent, rule).items()}
     out.update({f"all_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent_all, rule_all).items()})
     ratios = [float(r["host_probe_ratio"]) for runs in (agent, rule) for r in runs.values()]
