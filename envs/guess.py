@@ -92,10 +92,11 @@ def guessed_lengths(loop: ServingLoop, future: list[Request], rng: np.random.Gen
                     hints: bool = False) -> tuple[dict[int, int], list[Request]]:
     """Output lengths a server could guess. Every unfinished sequence's length is drawn from the output
     lengths of the requests finished so far that exceed what it has generated (one token more than
-    that where none does), and each request of ``future`` drawn from all of them (kept as they are
-    before any request finished). With ``hints``, each request's ``output_len_hint`` instead (a length
-    predictor's estimate), at least one token more than generated. Returns ``{seq_id: output_len}`` and
-    ``future`` with its lengths replaced."""
+    that where none does), and each request of ``future`` drawn from all of them (one token where none
+    has finished: the same rule for a request that has generated nothing; never a copied request's
+    own length, which no server knows). With ``hints``, each request's ``output_len_hint`` instead (a
+    length predictor's estimate), at least one token more than generated. Returns
+    ``{seq_id: output_len}`` and ``future`` with its lengths replaced."""
     def hinted(request: Request, made: int) -> int:
         if request.output_len_hint is None:
             raise ValueError(f"request {request.request_id!r} has no output_len_hint: set workload.length_hint_sigma")
@@ -112,8 +113,8 @@ def guessed_lengths(loop: ServingLoop, future: list[Request], rng: np.random.Gen
         lengths[seq.seq_id] = int(rng.choice(longer)) if longer else made + 1
     if hints:
         future = [dataclasses.replace(r, output_len=hinted(r, 0)) for r in future]
-    elif done:
-        future = [dataclasses.replace(r, output_len=int(rng.choice(done))) for r in future]
+    else:
+        future = [dataclasses.replace(r, output_len=int(rng.choice(done)) if done else 1) for r in future]
     return lengths, future
 
 

@@ -129,6 +129,25 @@ def test_blind_copies_guess_output_lengths_from_finished_requests_and_the_rule_a
     assert all(r.output_len in done for r in guessed)
 
 
+def test_before_any_request_finished_guessed_lengths_reveal_no_true_length():
+    """Before the first request finishes a server knows no output length: forecast requests (copies of
+    real ones, for arrivals and for Poisson draws alike) and the live sequences get one token more than
+    they have generated, never the true lengths their copies carry."""
+    import numpy as np
+
+    loop = R.build_loop("slo_shift", SHORT, R.parse_rule(RULE), "test", 1, 0.8)
+    while not loop.engine.live_sequences():
+        R.serve_until(loop, loop.engine.now + 0.002)
+    assert not loop.engine.metrics.finished_output_lens and loop.engine.live_sequences()
+    rng = np.random.default_rng(0)
+    for future in (R.forecast(loop, 1.0), G.poisson_forecast(loop, 1.0, 5.0, rng)):
+        assert future and any(r.output_len > 1 for r in future)       # the copies carry true lengths
+        lengths, guessed = G.guessed_lengths(loop, future, rng)
+        assert [r.request_id for r in guessed] == [r.request_id for r in future]
+        assert all(r.output_len == 1 for r in guessed)
+        assert lengths == {s.seq_id: len(s.output_token_ids) + 1 for s in loop.engine.live_sequences()}
+
+
 def test_samples_average_several_guessed_futures_and_an_empty_forecast_reveals_no_arrival(monkeypatch):
     """--samples K: every decision draws K guessed futures and serves every candidate on each (the rule
     alone is still the rule); a forecast with nothing in its window stays empty instead of falling back
