@@ -11,7 +11,9 @@ with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboa
         call1/live_g0/results.csv call1/live_g1/results.csv ...
 
 A reference is a policy label or the start of one (the first label, in file order, that starts with
-it). Only ``split=test`` rows enter the leaderboard; every row is kept in the merged results.
+it). Only ``split=test`` rows enter the leaderboard; every row is kept in the merged results, unless
+``--policy`` names the policies to keep (labels or their starts, as a reference): then only theirs, e.g.
+one agent and its reference joined over evaluations that served more policies on fewer seeds.
 """
 from __future__ import annotations
 
@@ -76,8 +78,14 @@ def main() -> None:
     p.add_argument("--reference", action="append", default=[], help="policy label (or its start); repeatable")
     p.add_argument("--title", default="Leaderboard (merged shares)")
     p.add_argument("--note", action="append", default=[], help="a line under the title; repeatable")
+    p.add_argument("--policy", action="append", default=[],
+                   help="keep only this policy (a label or its start); repeatable; default: every policy")
     a = p.parse_args()
     _, rows = read_shares(a.results)
+    if a.policy:
+        labels = list(dict.fromkeys(r["policy"] for r in rows))
+        keep = {resolve(policy, labels) for policy in a.policy}
+        rows = [r for r in rows if r["policy"] in keep]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows.sort(key=lambda r: (r["split"], r["policy"], int(r["seed"])))

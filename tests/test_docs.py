@@ -384,6 +384,11 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     assert twice.returncode != 0 and "is also in" in twice.stderr
     missing = subprocess.run([*script, "--out", str(out), "--reference", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
     assert missing.returncode != 0 and "starts with 'lifo'" in missing.stderr
+    only = tmp_path / "only"
+    subprocess.run([*script, "--out", str(only), "--policy", "rule", *shares], check=True, cwd=ROOT, capture_output=True, text=True)
+    assert {r["policy"] for r in csv.DictReader(open(only / "results.csv"))} == {"rule"}
+    unknown = subprocess.run([*script, "--out", str(only), "--policy", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
+    assert unknown.returncode != 0 and "starts with 'lifo'" in unknown.stderr
 
 
 def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(tmp_path):
