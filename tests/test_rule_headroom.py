@@ -223,3 +223,25 @@ def test_poisson_forecast_draws_arrivals_at_the_recent_rate_and_the_rule_alone_i
     with pytest.raises(ValueError, match="poisson needs"):
         R.plan(R.build_loop("slo_shift", SHORT, rule, "test", 1, 0.8), [None], 1.0, 1.0, forecast_s=2.0,
                blind_seed=0, poisson=True)
+
+
+def test_guess_leak_reach_counts_decisions_before_the_first_finish_and_diffs_runs(tmp_path):
+    """scripts/guess_leak_reach.py: only the t = 0 decision precedes slo_shift's first finish; its guessed future
+    is the job's own arrivals without a forecast and empty with one; diff names the seeds whose first decision
+    or goodput differ."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    reach = importlib.util.spec_from_file_location("guess_leak_reach", ROOT / "scripts" / "guess_leak_reach.py")
+    L = importlib.util.module_from_spec(reach)
+    reach.loader.exec_module(L)
+    assert L.decisions("slo_shift", RULE, 1.0, 0.0, [1]) == [(1, 1, 1)]
+    assert L.decisions("slo_shift", RULE, 1.0, 1.0, [1]) == [(1, 1, 0)]
+    runs = {"old": [(0, [None, 0.3], 600.0), (1, [0.3], 500.0), (2, [0.1], 550.0)],
+            "new": [(0, [0.3, 0.3], 600.0), (1, [0.3], 501.0), (2, [0.1], 550.0)]}
+    for name, rows in runs.items():
+        (tmp_path / name).write_text("".join(json.dumps({"seed": s, "chosen": c, "planner_goodput": g}) + "\n"
+                                             for s, c, g in rows))
+    assert L.diff(str(tmp_path / "old"), str(tmp_path / "new")) == {
+        "seeds": [0, 1, 2], "first_decision_differs": [0], "goodput_differs": [1]}
