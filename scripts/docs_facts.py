@@ -1543,7 +1543,7 @@ def planner_live_more() -> dict[str, str]:
     """Session 46's fresh live seeds for session 44's seed-0 ``throttle_planner`` agent against
     ``token_ratio(4096, 0.05)`` (one H200, three calls, merged), joined with session 45's seeds of the same two
     policies: see :func:`_seed0_agent_vs_rule`."""
-    return _seed0_agent_vs_rule(PLANNER_LIVE_MORE, [PLANNER_LIVE])
+    return _seed0_agent_vs_rule(_seed0_pair(PLANNER_LIVE_MORE, []), _seed0_pair(PLANNER_LIVE_MORE, [PLANNER_LIVE]))
 
 
 @source("planner_live_final", "cheap", PLANNER_LIVE_FINAL, PLANNER_LIVE_MORE, PLANNER_LIVE)
@@ -1553,9 +1553,9 @@ def planner_live_final() -> dict[str, str]:
     Bonferroni level over the three looks (30, 70 and all seeds) at a family level of 5%."""
     from kvrl.analysis.stats import paired_compare
 
-    out = _seed0_agent_vs_rule(PLANNER_LIVE_FINAL, [PLANNER_LIVE_MORE, PLANNER_LIVE])
-    out["alpha_looks"] = f"{0.05 / 3:.3f}"
     agent, rule = _seed0_pair(PLANNER_LIVE_FINAL, [PLANNER_LIVE_MORE, PLANNER_LIVE])
+    out = _seed0_agent_vs_rule(_seed0_pair(PLANNER_LIVE_FINAL, []), (agent, rule))
+    out["alpha_looks"] = f"{0.05 / 3:.3f}"
     c = paired_compare({s: float(r["goodput_tok_s"]) for s, r in agent.items()},
                        {s: float(r["goodput_tok_s"]) for s, r in rule.items()}, "goodput_tok_s")
     rule_mean = statistics.fmean(float(r["goodput_tok_s"]) for r in rule.values())
@@ -1581,15 +1581,15 @@ def _seed0_pair(fresh_path: str, before_paths: list[str]) -> tuple[dict[int, dic
     return agent, rule
 
 
-def _seed0_agent_vs_rule(fresh_path: str, before_paths: list[str]) -> dict[str, str]:
-    """Session 44's seed-0 ``throttle_planner`` agent against ``token_ratio(4096, 0.05)`` live: the paired goodput
-    difference over the seeds of ``fresh_path`` (``fresh_vs_rule_{live,sim,host}``, see ``_live_vs``) and over
-    them joined with the seeds of ``before_paths`` (``all_vs_rule_*``; a seed in two files is an error); the seeds
+def _seed0_agent_vs_rule(fresh: tuple[dict[int, dict], dict[int, dict]],
+                         joined: tuple[dict[int, dict], dict[int, dict]]) -> dict[str, str]:
+    """Session 44's seed-0 ``throttle_planner`` agent against ``token_ratio(4096, 0.05)`` live, each an
+    (agent, rule) pair of :func:`_seed0_pair`: the paired goodput difference over the ``fresh`` seeds
+    (``fresh_vs_rule_{live,sim,host}``, see ``_live_vs``) and over the ``joined`` ones (``all_vs_rule_*``); the seeds
     (``seeds``, ``seeds_all``), the span of the fresh runs' host speed against the profile's (``host_ratio``), the
     rule's mean goodput on the fresh seeds live and in the sim beside (``rule_live``, ``rule_sim``), and the seeds a
     1% difference needs over all of them (``diff_sd``, ``seeds_ci``, ``seeds_power80``: ``_seeds_to_resolve``)."""
-    agent, rule = _seed0_pair(fresh_path, [])
-    agent_all, rule_all = _seed0_pair(fresh_path, before_paths)
+    (agent, rule), (agent_all, rule_all) = fresh, joined
     out = {f"fresh_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent, rule).items()}
     out.update({f"all_vs_rule_{suffix}": cell for suffix, cell in _live_vs(agent_all, rule_all).items()})
     ratios = [float(r["host_probe_ratio"]) for runs in (agent, rule) for r in runs.values()]

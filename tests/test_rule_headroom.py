@@ -225,14 +225,13 @@ def test_poisson_forecast_draws_arrivals_at_the_recent_rate_and_the_rule_alone_i
                blind_seed=0, poisson=True)
 
 
-def test_guess_leak_reach_counts_decisions_before_the_first_finish_and_diffs_runs(tmp_path):
+def test_guess_leak_reach_counts_decisions_before_the_first_finish_and_diffs_runs(tmp_path, monkeypatch):
     """scripts/guess_leak_reach.py: only the t = 0 decision precedes slo_shift's first finish; its guessed future
     is the job's own arrivals without a forecast and empty with one; diff names the seeds whose first decision
     or goodput differ."""
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))      # the script imports rl_rule_headroom as run from scripts/
     reach = importlib.util.spec_from_file_location("guess_leak_reach", ROOT / "scripts" / "guess_leak_reach.py")
     L = importlib.util.module_from_spec(reach)
     reach.loader.exec_module(L)
