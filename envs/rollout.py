@@ -149,15 +149,16 @@ class RolloutData:
 
 
 def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: float = 0.3,
-            hold: int = 1, record: float = 1.0, skip_s: float = 0.0, guess: Optional[Guess] = None,
-            into: Optional[RolloutData] = None,
+            hold: int = 1, record: float = 1.0, skip_s: float = 0.0, until_s: Optional[float] = None,
+            guess: Optional[Guess] = None, into: Optional[RolloutData] = None,
             on_record: Optional[Callable[[RolloutData], None]] = None) -> RolloutData:
     """Rollout scores at decisions of ``episodes`` training windows of ``env``.
 
     Each episode is one window of the env's split (its usual draw: window, load scale, step-time
     perturbation) served to completion. A decision is scored with probability ``record`` once
     ``skip_s`` seconds of engine time have passed (the first seconds of a window start from an
-    empty pool, unlike serving). Between decisions the episode follows ``base`` (a policy on the
+    empty pool, unlike serving) and, with ``until_s``, before that many seconds have (to teach the
+    first seconds of an episode, which an evaluation episode starts with too). Between decisions the episode follows ``base`` (a policy on the
     observation each step returns), or a uniformly random action with probability ``explore`` (so
     that the states also cover what the learned policy will do). Each scored decision records the
     base's action there. With ``guess``, the scores are :func:`action_scores`' guessed ones (what a
@@ -171,7 +172,10 @@ def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: f
         start_s = requests[0].arrival_s
         done = False
         while not done:
-            if env.driver.engine.now - start_s >= skip_s and rng.random() < record:
+            elapsed = env.driver.engine.now - start_s
+            if until_s is not None and elapsed >= until_s:
+                break                           # nothing more to score in this window
+            if elapsed >= skip_s and rng.random() < record:
                 data.add(obs, action_scores(env, base, hold, guess, rng), base_action(base, obs))
                 if on_record is not None:
                     on_record(data)

@@ -119,7 +119,8 @@ def collect(args) -> None:
         if args.max_wall_s is not None and time.monotonic() - wall > args.max_wall_s:
             break
         collect_rollouts(env, base, 1, rng, explore=args.explore, hold=args.hold, record=args.record,
-                         skip_s=args.skip_s, guess=guess, into=data, on_record=lambda d: d.save(args.out))
+                         skip_s=args.skip_s, until_s=args.until_s, guess=guess, into=data,
+                         on_record=lambda d: d.save(args.out))
         episodes += 1
         print(json.dumps({"episodes": episodes, "decisions": len(data.scores),
                           "cpu_s": round(time.process_time() - t, 1)}), flush=True)
@@ -278,6 +279,8 @@ def main() -> None:
     c.add_argument("--explore", type=float, default=0.3)
     c.add_argument("--record", type=float, default=0.35, help="share of decisions scored")
     c.add_argument("--skip_s", type=float, default=4.0, help="no scoring in a window's first seconds")
+    c.add_argument("--until_s", type=float, default=None,
+                   help="no scoring after a window's first seconds (with --skip_s 0: teach an episode's start)")
     c.add_argument("--max_wall_s", type=float, default=None, help="no new episode after this many seconds")
     c.add_argument("--hold", type=int, default=1, help="decision epochs each scored action is held before the base")
     c.add_argument("--guess_samples", type=int, default=0,

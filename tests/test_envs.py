@@ -347,7 +347,7 @@ def test_live_backend_episode_runs_on_cpu():
 
 # ---------------------------------------------------------------- the task suite (issue 17)
 SUITE = ("watermark", "preemption", "pressure", "phased", "joint", "tenants", "slo_shift", "throttle", "throttle_rules",
-         "throttle_planner")
+         "throttle_planner", "throttle_planner_mix")
 
 
 def _few_requests(task: str) -> list[str]:
@@ -367,7 +367,8 @@ def test_every_task_uses_the_shipped_profile(task):
 HELD_OUT = (("pressure", "pressure_heldout"), ("phased", "phased_heldout"), ("classes_preemption", "classes_heldout"),
             ("joint", "joint_heldout"), ("tenants", "tenants_heldout"),
             ("slo_shift", "slo_shift_heldout"), ("throttle", "throttle_heldout"),
-            ("throttle_rules", "throttle_rules_heldout"), ("throttle_planner", "throttle_planner_heldout"))
+            ("throttle_rules", "throttle_rules_heldout"), ("throttle_planner", "throttle_planner_heldout"),
+            ("throttle_planner", "throttle_planner_heldout_conv"), ("throttle_planner_mix", "throttle_planner_heldout"))
 
 
 @pytest.mark.parametrize("task,heldout", HELD_OUT)

@@ -83,6 +83,29 @@ def test_collect_and_round_trip(env, tmp_path):
     assert np.array_equal(np.asarray(again.scores), np.asarray(data.scores))
 
 
+def test_collect_scores_only_the_seconds_between_skip_and_until(env, monkeypatch):
+    """``skip_s``/``until_s`` bound the engine seconds (from the window's first arrival) at which
+    decisions are scored; with ``until_s`` the window stops there (nothing more to score)."""
+    import kvrl.envs.rollout as rollout
+
+    scored_at, starts = [], []
+    real_reset = type(env).reset
+
+    def reset(self, *args, **kwargs):
+        starts.append(kwargs["options"]["workload"][0].arrival_s)
+        return real_reset(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(env), "reset", reset)
+    monkeypatch.setattr(rollout, "action_scores",
+                        lambda env, *a, **k: scored_at.append(env.driver.engine.now) or np.zeros(env.action_space.n))
+    collect(env, base=2, episodes=1, rng=np.random.default_rng(0), skip_s=1.0, until_s=2.5)
+    elapsed = np.asarray(scored_at) - starts[0]
+    assert len(elapsed) >= 2 and elapsed.min() >= 1.0 and elapsed.max() < 2.5
+    scored_at.clear()
+    collect(env, base=2, episodes=1, rng=np.random.default_rng(0), skip_s=0.0, until_s=None)
+    assert np.asarray(scored_at).max() - starts[1] >= 2.5      # without until_s the whole window is scored
+
+
 def test_victim_deviations_start_from_the_heuristic_they_deviate_from(tmp_path):
     """scripts/rl_victim_deviation.py: the base episode (slot 0 = slo_slack, swap) is kvrl-eval's
     slo_slack job, and every valid other action is tried at each drawn decision."""
