@@ -251,7 +251,9 @@ def crossval(args) -> None:
             deviations[margin].append(100.0 * float((chosen != base_actions[held]).mean()))
     out = {"decisions": len(x), "folds": len(parts), "clairvoyant_gain_pct": round(float(y.max(axis=1).mean()), 3),
            "clairvoyant_gain_pct_per_fold": [round(float(y[group == k].max(axis=1).mean()), 3)
-                                             for k in range(len(parts))]}
+                                             for k in range(len(parts))],
+           "action_gain_pct": [[round(v, 3) for v in mean_ci([float(y[group == k, a].mean()) for k in range(len(parts))])]
+                               for a in range(y.shape[1])]}
     realised = {margin: mean_ci(values) for margin, values in gains.items()}
     for margin, (mean, half) in realised.items():
         out[f"realised_gain_pct_margin_{margin}"] = [round(mean, 3), round(half, 3)]

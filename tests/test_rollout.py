@@ -227,6 +227,8 @@ def test_rcpi_script_takes_an_agent_as_its_base(env, tmp_path, capsys):
     assert out["folds"] == 2 and out["decisions"] == 40
     assert out["deviation_pct_margin_1000000.0"] == 0.0 and out["realised_gain_pct_margin_1000000.0"] == [0.0, 0.0]
     assert "recommended_margin" in out
+    per_file = [RolloutData.load([f], base=None).advantages_pct().mean(axis=0) for f in files]
+    assert np.allclose([m for m, _ in out["action_gain_pct"]], np.mean(per_file, axis=0), atol=1e-3)
     rcpi.fit(argparse.Namespace(**common, out=str(tmp_path / "fitted"), weight_decay=1e-4, val_fraction=0.2,
                                 margin_pct=0.5))
     summary = json.loads((tmp_path / "fitted" / "rcpi.json").read_text())
