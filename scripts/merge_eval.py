@@ -2,7 +2,7 @@
 
 A live evaluation is often served in shares: one ``kvrl-eval`` per GPU (benchmarks/rl_live.sh with
 ``GPUS=2``) and one device call per group of seeds. Each share writes its own ``results.csv``; this
-joins them (each (policy, seed) must come from exactly one share) and writes what kvrl-eval would
+joins them (a (policy, seed) in two shares must be the same run: the sim serves it alike) and writes what kvrl-eval would
 have written for the whole evaluation: ``results.csv``, ``leaderboard.csv`` and ``leaderboard.md``,
 with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboard).
 
@@ -40,9 +40,16 @@ def _value(field: str, text: str):
     return float(text) if text not in ("", "nan") else math.nan
 
 
+def _measured(row: dict) -> dict:
+    """A results row without its place in its seed's run order (which depends on what else the
+    evaluation served)."""
+    return {k: v for k, v in row.items() if k != "seed_position"}
+
+
 def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
     """The header and rows of every share; raises ValueError when a (policy, split, seed) is in two
-    shares or the shares' columns differ."""
+    shares with different values (the same run twice, as the deterministic sim serves it, is kept
+    once: evaluations that share baselines join) or the shares' columns differ."""
     header, rows, seen = None, [], {}
     for path in paths:
         with open(path, newline="") as f:
@@ -54,8 +61,11 @@ def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
             for r in reader:
                 key = (r["policy"], r["split"], r["seed"])
                 if key in seen:
-                    raise ValueError(f"{path}: {key} is also in {seen[key]}")
-                seen[key] = path
+                    first_path, first = seen[key]
+                    if _measured(first) != _measured(r):
+                        raise ValueError(f"{path}: {key} is also in {first_path}, with other values")
+                    continue
+                seen[key] = (path, r)
                 rows.append(r)
     if header is None:
         raise ValueError("no results files given")

@@ -359,7 +359,8 @@ def test_live_compare_joins_gpu_shares_and_takes_any_reference(tmp_path):
 def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     """scripts/merge_eval.py: the shares' rows become one results.csv and one leaderboard whose
     paired differences span every share's seeds; a reference may be the start of a label; a
-    (policy, split, seed) in two shares, or a reference no label starts with, is an error."""
+    (policy, split, seed) in two shares is kept once when both are the same run, and is an error when
+    their values differ, as is a reference no label starts with."""
     head = "policy,kind,split,seed,goodput_tok_s,aborted,policy_errors,sim_cost_source\n"   # a live run's columns
     values = {"fixed(fraction=0.2) [val-best, given]": [100, 110, 120, 130], "rule": [103, 112, 124, 133]}
     shares = []
@@ -380,8 +381,13 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     assert board["rule"]["runs"] == "4" and float(board["rule"][f"Δgoodput_tok_s {ref}_mean"]) == pytest.approx(3.0)
     assert board["rule"][f"{ref}_verdict"] == "better"                # +3, +2, +4, +3: paired over all four seeds
     assert "4 seeds [0, 1, 2, 3]" in (out / "live_leaderboard.md").read_text()
-    twice = subprocess.run([*script, "--out", str(out), shares[0], shares[0]], cwd=ROOT, capture_output=True, text=True)
-    assert twice.returncode != 0 and "is also in" in twice.stderr
+    twice = tmp_path / "twice"
+    subprocess.run([*script, "--out", str(twice), *shares, shares[0]], check=True, cwd=ROOT, capture_output=True, text=True)
+    assert (twice / "results.csv").read_text() == (out / "live_results.csv").read_text()
+    other = tmp_path / "other.csv"
+    other.write_text(Path(shares[0]).read_text().replace(",100,", ",101,"))
+    clash = subprocess.run([*script, "--out", str(out), shares[0], str(other)], cwd=ROOT, capture_output=True, text=True)
+    assert clash.returncode != 0 and "is also in" in clash.stderr and "other values" in clash.stderr
     missing = subprocess.run([*script, "--out", str(out), "--reference", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
     assert missing.returncode != 0 and "starts with 'lifo'" in missing.stderr
     only = tmp_path / "only"
