@@ -11,7 +11,8 @@ with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboa
         call1/live_g0/results.csv call1/live_g1/results.csv ...
 
 A reference is a policy label or the start of one (the first label, in file order, that starts with
-it). Only ``split=test`` rows enter the leaderboard; every row is kept in the merged results, unless
+it). Only ``split=test`` rows enter the leaderboard, a val-best sweep's own runs (kind ``sweep``) aside,
+as in kvrl-eval's; every row is kept in the merged results, unless
 ``--policy`` names the policies to keep (labels or their starts, as a reference): then only theirs, e.g.
 one agent and its reference joined over evaluations that served more policies on fewer seeds.
 """
@@ -47,7 +48,7 @@ def _measured(row: dict) -> dict:
 
 
 def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
-    """The header and rows of every share; raises ValueError when a (policy, split, seed) is in two
+    """The header and rows of every share; raises ValueError when a (policy, kind, split, seed) is in two
     shares with different values (the same run twice, as the deterministic sim serves it, is kept
     once: evaluations that share baselines join) or the shares' columns differ."""
     header, rows, seen = None, [], {}
@@ -59,7 +60,7 @@ def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
             elif list(reader.fieldnames or []) != header:
                 raise ValueError(f"{path}: its columns differ from {paths[0]}'s")
             for r in reader:
-                key = (r["policy"], r["split"], r["seed"])
+                key = (r["policy"], r.get("kind", ""), r["split"], r["seed"])   # a sweep's row beside its baseline's
                 if key in seen:
                     first_path, first = seen[key]
                     if _measured(first) != _measured(r):
@@ -100,7 +101,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows.sort(key=lambda r: (r["split"], r["policy"], int(r["seed"])))
     write_results(rows, out / f"{a.prefix}results.csv")
-    test = [{k: _value(k, v) for k, v in r.items()} for r in rows if r["split"] == "test"]
+    test = [{k: _value(k, v) for k, v in r.items()} for r in rows
+            if r["split"] == "test" and r.get("kind") != "sweep"]    # as kvrl-eval's: sweep runs feed the oracle row
     labels = list(dict.fromkeys(r["policy"] for r in test))
     references = [resolve(ref, labels) for ref in a.reference]
     board = build_rows(test, references)

@@ -384,6 +384,11 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     twice = tmp_path / "twice"
     subprocess.run([*script, "--out", str(twice), *shares, shares[0]], check=True, cwd=ROOT, capture_output=True, text=True)
     assert (twice / "results.csv").read_text() == (out / "live_results.csv").read_text()
+    swept = tmp_path / "swept.csv"            # a sweep's run of the same label: in results.csv, not the leaderboard
+    swept.write_text(head + '"rule",sweep,test,0,999,0,0,profile:/p/h200.json\n')
+    subprocess.run([*script, "--out", str(twice), *shares, str(swept)], check=True, cwd=ROOT, capture_output=True, text=True)
+    assert len(list(csv.DictReader(open(twice / "results.csv")))) == 9
+    assert {r["policy"]: r["runs"] for r in csv.DictReader(open(twice / "leaderboard.csv"))}["rule"] == "4"
     other = tmp_path / "other.csv"
     other.write_text(Path(shares[0]).read_text().replace(",100,", ",101,"))
     clash = subprocess.run([*script, "--out", str(out), shares[0], str(other)], cwd=ROOT, capture_output=True, text=True)
