@@ -1468,6 +1468,66 @@ def planner_rcpi2() -> dict[str, str]:
     return out
 
 
+PLANNER_MIX = {"test": "docs/results/rl_throttle/planner_mix_results.csv",
+               "heldout": "docs/results/rl_throttle/planner_mix_heldout_results.csv",
+               "conv": "docs/results/rl_throttle/planner_mix_conv_results.csv"}
+PLANNER_MIX_CROSSVAL = {"mix": "docs/results/rcpi_planner_mix/crossval.json",
+                        "real": "docs/results/rcpi_planner_mix_real/crossval.json",
+                        "end": "docs/results/rcpi_planner_mix_end/crossval.json",
+                        "start": "docs/results/rcpi_planner_mix_start/crossval.json",
+                        "startonly": "docs/results/rcpi_planner_mix_start/crossval_start_only.json"}
+PLANNER_MIX_ROUNDS = {"mix": "throttle_planner_mix-rcpi-seed", "end": "throttle_planner_mix-end-seed",
+                      "start": "throttle_planner_mix-start-seed", "old": "throttle_planner-rcpi-seed"}
+
+
+@source("planner_mix", "cheap", *PLANNER_MIX.values(), *PLANNER_MIX_CROSSVAL.values())
+def planner_mix() -> dict[str, str]:
+    """Session 49's agents trained on ``throttle_planner_mix`` (docs/rl.md, "Trained where throttling does not
+    pay"), per round (``mix``: the planner's guessed scores, 1 s held; ``end``: each action held to the window's
+    end on the real future; ``start``: ``mix``'s data, more of it, and the episodes' first 4 s on the real
+    future) and the session-44 agent they started from (``old``), each ``<round>_seed<k>``: its paired goodput
+    difference to ``token_ratio(4096, 0.05)`` (``_vs_rule``) and to the best other non-agent policy (``_vs_best``,
+    named in ``<family>_best``) on ``throttle_planner``'s test split (family ``test``, 60 seeds), on
+    ``throttle_planner_heldout`` (``heldout``) and on ``throttle_planner_heldout_conv`` (``conv``), keys
+    ``<family>_<agent>_vs_rule`` / ``_vs_best``, and the nine mixture agents' range against the best other
+    (``<family>_mixture_agents_vs_best``, %). Per crossval (``mix``, ``real``, ``end``, ``start``, and
+    ``startonly``: the first-seconds decisions alone): the
+    crossval's decisions, its realised gain at the fitted margin and the clairvoyant gain (% of the base per
+    decision), and where the crossval lists them each action's mean gain (``<collection>_gain_<action index>``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out, spans = {}, {}
+    for family, path in PLANNER_MIX.items():
+        runs: dict[str, dict[int, float]] = {}
+        for row in _csv(path):                   # test runs; a val-best sweep's own runs aside, as in the leaderboard
+            if row["split"] == "test" and row["kind"] != "sweep":
+                runs.setdefault(row["policy"], {})[int(row["seed"])] = float(row["goodput_tok_s"])
+        rule = next(p for p in runs if p.startswith("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)"))
+        others = {p: g for p, g in runs.items() if not p.startswith("agent") and "[oracle" not in p}
+        best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
+        out[f"{family}_best"] = best
+        for label in sorted(runs):
+            for name, stem in PLANNER_MIX_ROUNDS.items():
+                if stem in label:
+                    key = f"{family}_{name}_seed{label.split(stem)[1][0]}"
+                    out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
+                    vs_best = paired_compare(runs[label], runs[best], "goodput_tok_s")
+                    out[f"{key}_vs_best"] = _compare_cell(vs_best, 1)
+                    if name != "old":
+                        spans.setdefault(family, []).append(vs_best.pct_change)
+    for family, pcts in spans.items():
+        out[f"{family}_mixture_agents_vs_best"] = _span(pcts, "+.1f") + "%"
+    for name, path in PLANNER_MIX_CROSSVAL.items():
+        cv = _json(path)
+        margin = cv["recommended_margin"] if cv["recommended_margin"] is not None else 0.0
+        gain, half = cv[f"realised_gain_pct_margin_{margin}"]
+        out.update({f"{name}_decisions": str(cv["decisions"]), f"{name}_oracle": f"{cv['clairvoyant_gain_pct']:.2f}%",
+                    f"{name}_gain": f"{gain:+.2f} ± {half:.2f}%", f"{name}_margin": f"{margin:g}"})
+        for action, (mean, half) in enumerate(cv.get("action_gain_pct", [])):
+            out[f"{name}_gain_{action}"] = f"{mean:+.2f} ± {half:.2f}%"
+    return out
+
+
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
 THROTTLE_LIVE_POLICIES = {"agent": "agent dqn", "token_ratio": "token_ratio(", "ttft_slack": "ttft_slack("}
 
