@@ -294,6 +294,34 @@ def test_action_mix_labels_name_the_rules_or_the_bins():
         assert labels[0] == first and len(labels) == n
 
 
+def test_action_mix_first_decisions_replaced_by_a_constant(tmp_path, monkeypatch, capsys):
+    """``--first N --first_action A``: the agent served with its first N decisions at A; with N past the
+    episode's end that is A throughout, with N = 0 the agent itself."""
+    import re
+    import sys
+
+    from stable_baselines3 import DQN
+
+    from kvrl.envs.agent_io import write_meta
+
+    mix = _script("rl_action_mix")
+    env_id, cfg = load_task("throttle_planner")
+    env = gym.make(env_id, config=cfg).unwrapped
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    DQN("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": []}).save(str(agent / "best_model.zip"))
+    write_meta(agent, "dqn", env_id, env.config)
+    goodputs = {}
+    for first in (0, 10_000):
+        monkeypatch.setattr(sys, "argv", ["rl_action_mix.py", "--task", "throttle_planner", "--first", str(first),
+                                          "--first_action", "1", str(agent)])
+        mix.main()
+        goodputs[first] = [float(x) for x in re.findall(r"goodput ([0-9.]+) tok/s", capsys.readouterr().out)]
+    throughout, agent_alone, replaced_none = goodputs[0]
+    assert agent_alone != throughout                        # (seed 0's agent does not act as fixed 0.0)
+    assert replaced_none == agent_alone and goodputs[10_000][2] == throughout == goodputs[10_000][0]
+
+
 def test_rcpi_recommends_a_margin_only_where_the_crossval_gain_excludes_zero():
     """crossval's recommended margin: the best mean among margins whose interval lies above zero; none
     (keep the base) when every interval reaches zero, as in session 45's second round."""
