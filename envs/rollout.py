@@ -158,8 +158,9 @@ def collect(env, base: Base, episodes: int, rng: np.random.Generator, explore: f
     perturbation) served to completion. A decision is scored with probability ``record`` once
     ``skip_s`` seconds of engine time have passed (the first seconds of a window start from an
     empty pool, unlike serving) and, with ``until_s``, before that many seconds have (to teach the
-    first seconds of an episode, which an evaluation episode starts with too). Between decisions the episode follows ``base`` (a policy on the
-    observation each step returns), or a uniformly random action with probability ``explore`` (so
+    first seconds of an episode, which an evaluation episode starts with too; the window stops
+    there). Between decisions the episode follows ``base`` (a policy on the observation each step
+    returns), or a uniformly random action with probability ``explore`` (so
     that the states also cover what the learned policy will do). Each scored decision records the
     base's action there. With ``guess``, the scores are :func:`action_scores`' guessed ones (what a
     server could expect), not the clairvoyant ones. The decisions are added to ``into`` (returned;

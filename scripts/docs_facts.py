@@ -80,11 +80,12 @@ def _csv(path: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(_text(path), newline="")))
 
 
-def _by_policy(path: str, metric: str) -> dict[str, dict[int, float]]:
-    """A kvrl-eval results.csv's test-split ``metric`` by policy and seed."""
+def _by_policy(path: str, metric: str, skip_kinds: Sequence[str] = ()) -> dict[str, dict[int, float]]:
+    """A kvrl-eval results.csv's test-split ``metric`` by policy and seed, rows of ``skip_kinds`` left out
+    (``("sweep",)``: a val-best sweep's own runs, which the leaderboard leaves out too)."""
     out: dict[str, dict[int, float]] = {}
     for row in _csv(path):
-        if row["split"] == "test":
+        if row["split"] == "test" and row.get("kind") not in skip_kinds:
             out.setdefault(row["policy"], {})[int(row["seed"])] = float(row[metric])
     return out
 
@@ -1498,18 +1499,15 @@ def planner_mix() -> dict[str, str]:
 
     out, spans = {}, {}
     for family, path in PLANNER_MIX.items():
-        runs: dict[str, dict[int, float]] = {}
-        for row in _csv(path):                   # test runs; a val-best sweep's own runs aside, as in the leaderboard
-            if row["split"] == "test" and row["kind"] != "sweep":
-                runs.setdefault(row["policy"], {})[int(row["seed"])] = float(row["goodput_tok_s"])
-        rule = next(p for p in runs if p.startswith("token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)"))
+        runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
+        rule = next(p for p in PLANNER_RULES if p in runs)
         others = {p: g for p, g in runs.items() if not p.startswith("agent") and "[oracle" not in p}
         best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
         out[f"{family}_best"] = best
         for label in sorted(runs):
             for name, stem in PLANNER_MIX_ROUNDS.items():
                 if stem in label:
-                    key = f"{family}_{name}_seed{label.split(stem)[1][0]}"
+                    key = f"{family}_{name}_{_agent_key(label)}"
                     out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
                     vs_best = paired_compare(runs[label], runs[best], "goodput_tok_s")
                     out[f"{key}_vs_best"] = _compare_cell(vs_best, 1)

@@ -2,8 +2,8 @@
 
 A live evaluation is often served in shares: one ``kvrl-eval`` per GPU (benchmarks/rl_live.sh with
 ``GPUS=2``) and one device call per group of seeds. Each share writes its own ``results.csv``; this
-joins them (a (policy, seed) in two shares must be the same run: the sim serves it alike) and writes what kvrl-eval would
-have written for the whole evaluation: ``results.csv``, ``leaderboard.csv`` and ``leaderboard.md``,
+joins them (a run that two shares both hold must be the same in each, as the sim serves it) and writes
+what kvrl-eval would have written for the whole evaluation: ``results.csv``, ``leaderboard.csv`` and ``leaderboard.md``,
 with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboard).
 
     python scripts/merge_eval.py --out docs/results/rl_live_h200/slo_shift --prefix live_ \

@@ -249,11 +249,11 @@ def crossval(args) -> None:
             chosen = q.argmax(axis=1)
             gains[margin].append(float(y[held][np.arange(held.sum()), chosen].mean()))
             deviations[margin].append(100.0 * float((chosen != base_actions[held]).mean()))
+    fold_means = np.stack([y[group == k].mean(axis=0) for k in range(len(parts))])      # (folds, actions)
     out = {"decisions": len(x), "folds": len(parts), "clairvoyant_gain_pct": round(float(y.max(axis=1).mean()), 3),
            "clairvoyant_gain_pct_per_fold": [round(float(y[group == k].max(axis=1).mean()), 3)
                                              for k in range(len(parts))],
-           "action_gain_pct": [[round(v, 3) for v in mean_ci([float(y[group == k, a].mean()) for k in range(len(parts))])]
-                               for a in range(y.shape[1])]}
+           "action_gain_pct": [[round(v, 3) for v in mean_ci(column.tolist())] for column in fold_means.T]}
     realised = {margin: mean_ci(values) for margin, values in gains.items()}
     for margin, (mean, half) in realised.items():
         out[f"realised_gain_pct_margin_{margin}"] = [round(mean, 3), round(half, 3)]
