@@ -21,7 +21,8 @@ the source's). They are checked and rewritten like blocks, by the command
 compared collapsed).
 
     python scripts/docs_tables.py list                  # every block and fact span: file, line, kind, command
-    python scripts/docs_tables.py check [--kind cheap]  # re-run and diff; exit 1 on drift
+    python scripts/docs_tables.py check [--kind cheap]  # re-run and diff; exit 1 on drift (the commands run
+                                                        # one per core, Python scripts forked warm: scripts/warm_runner.py)
     python scripts/docs_tables.py update [--kind sim] [FILE ...]   # re-run and rewrite in place
     python scripts/docs_tables.py numbers [--show] [FILE ...]      # prose numbers checked (fact spans) and not
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import importlib.util
 import json
 import os
@@ -99,7 +101,9 @@ def find_blocks(text: str, path: Path) -> list[Block]:
     return blocks
 
 
+@functools.cache
 def _facts_module():
+    """scripts/docs_facts.py, loaded once (it only declares the sources; a fact's values come from its command)."""
     spec = importlib.util.spec_from_file_location("docs_facts", ROOT / "scripts" / "docs_facts.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)   # dataclasses look their module up
@@ -174,6 +178,18 @@ def run_command(command: str, root: Path = ROOT, timeout: float = 3600) -> str:
     return proc.stdout
 
 
+def warm_outputs(paths: Iterable[Path], kinds: Sequence[str] = KINDS, root: Path = ROOT, workers: int = 0) -> dict[str, str]:
+    """The stdout of every distinct command of the blocks of ``kinds`` in ``paths``, run ``workers``
+    at a time (default: one per core), the Python scripts forked from warm interpreters
+    (scripts/warm_runner.py), the rest with :func:`run_command`; the first failure is raised."""
+    spec = importlib.util.spec_from_file_location("warm_runner", ROOT / "scripts" / "warm_runner.py")
+    warm_runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm_runner)
+    commands = [block.command for block, _ in selected(paths, kinds)]
+    with warm_runner.WarmRunner(root, workers, fallback=lambda command: run_command(command, root)) as runner:
+        return runner.run_all(commands)
+
+
 def default_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
@@ -183,12 +199,12 @@ def selected(paths: Iterable[Path], kinds: Sequence[str]) -> list[tuple[Block, s
     out = []
     for path in paths:
         text = Path(path).read_text()
-        blocks = find_blocks(text, Path(path))
-        for fact in find_facts(text, Path(path)):
+        blocks, facts = find_blocks(text, Path(path)), find_facts(text, Path(path))
+        for fact in facts:
             inside = next((b for b in blocks if b.start <= fact.start < b.end), None)
             if inside:
                 raise ValueError(f"{fact.where()}: fact span inside the generated block at line {inside.line}")
-        out += [(b, text) for b in blocks + find_facts(text, Path(path)) if b.kind in kinds]
+        out += [(b, text) for b in blocks + facts if b.kind in kinds]
     return out
 
 
@@ -289,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"  {path}:{line}: {number}")
         return 0
     if args.action == "check":
-        problems = check(files, kinds)
+        problems = check(files, kinds, warm_outputs(files, kinds).__getitem__)
         print("\n".join(problems) or "no drift", file=sys.stderr if problems else sys.stdout)
         return 1 if problems else 0
     for path in update(files, kinds):

@@ -59,14 +59,8 @@ def test_documented_numbers_have_not_drifted(tmp_path):
     number edited by hand must be flagged, naming the file and the command."""
     blocks = _cheap_blocks()
     assert blocks, "no cheap generated block in README.md or docs/"
-    outputs: dict[str, str] = {}
-
-    def run(command: str) -> str:
-        if command not in outputs:
-            outputs[command] = docs_tables.run_command(command, ROOT)
-        return outputs[command]
-
     files = sorted({b.path for b, _ in blocks})
+    run = docs_tables.warm_outputs(files, ("cheap",), ROOT, workers=2).__getitem__
     problems = docs_tables.check(files, ("cheap",), run)
     assert problems == [], "\n".join(problems) + "\n(regenerate: scripts/regen_docs.sh)"
 
