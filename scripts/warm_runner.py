@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -97,7 +98,7 @@ class WarmRunner:
         self.fallback = fallback
         self._idle: "queue.Queue[subprocess.Popen]" = queue.Queue()
         self._procs: list[subprocess.Popen] = []
-        self._tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        self._tmp = Path(tempfile.mkdtemp(prefix="warm-runner-"))   # each command's captured stdout and stderr
         python = shutil.which("python") or sys.executable
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         for _ in range(self.workers):
@@ -118,6 +119,7 @@ class WarmRunner:
                 proc.stdin.close()
                 proc.wait(timeout=60)
         self._procs.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def run(self, command: str) -> str:
         """The stdout of ``command`` (see the module docstring)."""
@@ -127,7 +129,7 @@ class WarmRunner:
                 raise ValueError(f"`{command}` is not a plain python script call and no fallback was given")
             return self.fallback(command)
         proc = self._idle.get()
-        out = self._tmp / f"warm-{os.getpid()}-{proc.pid}.out"
+        out = self._tmp / f"{proc.pid}.out"
         err = out.with_suffix(".err")
         try:
             proc.stdin.write(json.dumps({"argv": argv, "out": str(out), "err": str(err)}) + "\n")
