@@ -17,11 +17,22 @@ SB3 DQN with ``net_arch=[]`` (``best_model.zip`` + ``agent.json``) and ``kvrl-ev
 the search refines the rule instead of rediscovering it), and keeps a diagonal Gaussian over
 ``(theta, b)``.
 
+**The base** is a bin of the task (``--base``, the val-picked constant) or, on a task whose actions
+hand the watermark to rules (``env.action.rules``), an action index (``--base-action``, e.g. 0 for
+the val-tuned rule of ``throttle_planner``); the rounding then ranges over the rules in their order.
+
+**Mixtures.** On a task with ``env.episode.workloads`` the training windows draw their family as
+training does (``Session.episode``), so every candidate of a generation serves the same families,
+loads and windows. Episodes start from an empty engine, as kvrl-eval's jobs do, and run to the
+end: a candidate is scored as the policy it is, not as a deviation that another policy finishes.
+
 **Selection.** After every generation the distribution's mean is served on the ``val`` split
 (``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
-constant on the same jobs; the mean with the best paired val gain is saved (the start itself, the
-base constant or ``--init``'s policy, while no generation beats it on val). Windows are served to
-completion (no time limit), so an episode is scored as kvrl-eval scores a job: ``goodput_tok_s``.
+on the same jobs; with ``--val-families`` each seed's job is served on every family's val split (at
+the family's own rate) and a seed's gain is the mean over the families. The mean with the best
+paired val gain is saved (the start itself, the base or ``--init``'s policy, while no generation
+beats it on val). Windows are served to completion (no time limit), so an episode is scored as
+kvrl-eval scores a job: ``goodput_tok_s``.
 
     python scripts/rl_cem.py --task hinted --base 0.03 --generations 12 --seed 0 \\
         --out docs/results/agents/hinted-cem-seed0 [hydra overrides of the task ...]
@@ -35,6 +46,7 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import Optional
 
 import numpy as np
 
@@ -78,21 +90,35 @@ def _train_window(window_seed: int):
     return list(requests)
 
 
-def _val_job(seed: int, resample: float):
-    """kvrl-eval's val job of ``seed``: the same resample of the split."""
+def _val_job(seed: int, resample: float, family: Optional[int]):
+    """kvrl-eval's val job of ``seed``: the same resample of the split; of ``episode.workloads``'
+    family ``family`` (at its own rate) when given, else of the scenario's workload."""
     from omegaconf import OmegaConf
 
     from kvrl.apps.eval import job_workload
 
-    return job_workload(OmegaConf.to_container(_ENVS["val"].session.run.workload, resolve=True), "val", seed, resample)
+    session = _ENVS["val"].session
+    workload = (OmegaConf.to_container(session.run.workload, resolve=True) if family is None
+                else dict(session.families[family]))
+    return job_workload(workload, "val", seed, resample)
 
 
 def _score(task: tuple) -> float:
-    """One (params, split, job seed) of a generation: the job's goodput tok/s."""
-    params, split, seed, resample = task
+    """One (params, split, job seed, resample, family) of a generation: the job's goodput tok/s."""
+    params, split, seed, resample, family = task
     env = _ENVS[split]
-    requests = _train_window(seed) if split == "train" else _val_job(seed, resample)
+    requests = _train_window(seed) if split == "train" else _val_job(seed, resample, family)
     return serve(env, np.asarray(params), requests, seed)
+
+
+def val_tasks(params: np.ndarray, seeds: list[int], resample: float, families: list[Optional[int]]) -> list[tuple]:
+    """The val jobs of one policy: every seed on every family (seed-major)."""
+    return [(params, "val", s, resample, f) for s in seeds for f in families]
+
+
+def val_gain_per_seed(scores: np.ndarray, base: np.ndarray, n_families: int) -> np.ndarray:
+    """Per val seed, the mean over its families' jobs of the paired gain over the base (%)."""
+    return _paired_gain(scores, base).reshape(-1, n_families).mean(axis=1)
 
 
 def _paired_gain(scores: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -124,6 +150,23 @@ def save_agent(out: str, params: np.ndarray, task: str, overrides: list[str], su
         json.dump(summary, f, indent=2)
 
 
+def base_action(actions, base: Optional[float], index: Optional[int]) -> int:
+    """The base's action index: ``base``'s position among the task's bins, or ``index`` itself.
+    A task whose actions are rules takes ``index`` only (its bins are not its actions)."""
+    n = actions.space.n
+    if actions.rules is not None:
+        if index is None:
+            raise SystemExit(f"the task's actions are rules {actions.rules}: give --base-action (0..{n - 1})")
+    elif index is None:
+        bins = [float(b) for b in actions.config.bins]
+        if base not in bins:
+            raise SystemExit(f"--base {base} is not one of the task's bins {bins}")
+        return bins.index(base)
+    if not 0 <= index < n:
+        raise SystemExit(f"--base-action {index} is not an action of the task (0..{n - 1})")
+    return index
+
+
 def parse_init(text: str, names: list[str], free: np.ndarray) -> np.ndarray:
     """The starting ``(theta, b)`` from ``name=weight,...,bias=b`` (observation names; a name not
     given starts at 0); a weight on a feature outside ``--features`` is an error."""
@@ -146,10 +189,13 @@ def parse_init(text: str, names: list[str], free: np.ndarray) -> np.ndarray:
 
 def train(args) -> None:
     _, _, env = _make_env(args.task, args.overrides, "train")
-    bins = [float(b) for b in env.actions.config.bins]
-    if args.base not in bins:
-        raise SystemExit(f"--base {args.base} is not one of the task's bins {bins}")
     k, n_obs = env.action_space.n, env.observation_space.shape[0]
+    base_index = base_action(env.actions, args.base, args.base_action)
+    families: list[Optional[int]] = [None]
+    if args.val_families:
+        if env.session.config.episode.workloads is None:
+            raise SystemExit("--val-families: the task has no env.episode.workloads")
+        families = list(range(len(env.session.families)))
     from kvrl.envs.features import engine_feature_names
     names = list(engine_feature_names(env.features))
     chosen = names if args.features is None else args.features.split(",")
@@ -158,7 +204,7 @@ def train(args) -> None:
         raise SystemExit(f"--features: {unknown} are not among the task's observation {names}")
     free = np.array([n in chosen for n in names] + [True])       # searched weights (+ the bias); others stay 0
     base = np.zeros(n_obs + 1)
-    base[-1] = bins.index(args.base)
+    base[-1] = base_index
     start = base if args.init is None else parse_init(args.init, names, free)
     rng = np.random.default_rng(args.seed)
     mean, std = start.copy(), np.full(n_obs + 1, args.init_std)
@@ -168,27 +214,26 @@ def train(args) -> None:
     history = []
     t0 = time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides)) as pool:
-        val_tasks = [(base, "val", s, args.resample) for s in val_seeds]
-        val_base = np.asarray(list(pool.map(_score, val_tasks)))
+        val_base = np.asarray(list(pool.map(_score, val_tasks(base, val_seeds, args.resample, families))))
         start_gain = 0.0
         if args.init is not None:       # the start must itself be beaten on val to be replaced
-            val_start = np.asarray(list(pool.map(_score, [(start, "val", s, args.resample) for s in val_seeds])))
-            start_gain = float(_paired_gain(val_start, val_base).mean())
+            val_start = np.asarray(list(pool.map(_score, val_tasks(start, val_seeds, args.resample, families))))
+            start_gain = float(val_gain_per_seed(val_start, val_base, len(families)).mean())
             print(json.dumps({"generation": -1, "start": args.init, "val_gain_pct": round(start_gain, 3)}), flush=True)
         best = {"val_gain_pct": start_gain, "params": start.tolist(), "generation": -1}
         for gen in range(args.generations):
             windows = rng.integers(2**31, size=args.windows).tolist()
             cands = [mean + std * rng.standard_normal(n_obs + 1) for _ in range(args.population)]
             cands[0] = mean.copy()                                  # the mean itself is scored too
-            tasks = [(p, "train", w, None) for p in [base, *cands] for w in windows]
+            tasks = [(p, "train", w, None, None) for p in [base, *cands] for w in windows]
             scores = np.asarray(list(pool.map(_score, tasks, chunksize=1))).reshape(len(cands) + 1, len(windows))
             fitness = _paired_gain(scores[1:], scores[0]).mean(axis=1)
             elite = np.argsort(fitness)[::-1][:args.elite]
             mean = np.mean([cands[i] for i in elite], axis=0)
             std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
                              + std * (1 - args.smoothing), args.min_std) * free
-            val = np.asarray(list(pool.map(_score, [(mean, "val", s, args.resample) for s in val_seeds])))
-            val_gain = _paired_gain(val, val_base)
+            val = np.asarray(list(pool.map(_score, val_tasks(mean, val_seeds, args.resample, families))))
+            val_gain = val_gain_per_seed(val, val_base, len(families))
             row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),
                    "train_fitness_mean_policy": round(float(fitness[0]), 3),
                    "train_fitness_elite_mean": round(float(fitness[elite].mean()), 3),
@@ -211,7 +256,11 @@ def train(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", required=True)
-    ap.add_argument("--base", type=float, required=True, help="the val-picked constant (a bin of the task)")
+    base = ap.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", type=float, help="the val-picked constant (a bin of the task)")
+    base.add_argument("--base-action", type=int, help="the base as an action index (tasks whose actions are rules)")
+    ap.add_argument("--val-families", action="store_true", help="select on every family of env.episode.workloads "
+                    "(each val seed's gain is the mean over the families' val splits)")
     ap.add_argument("--generations", type=int, default=12)
     ap.add_argument("--population", type=int, default=24)
     ap.add_argument("--elite", type=int, default=6)

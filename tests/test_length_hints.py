@@ -146,6 +146,39 @@ def test_policy_search_starts_at_a_given_linear_policy():
             cem.parse_init(bad, names, free)
 
 
+def test_policy_search_base_is_a_bin_or_a_rule_index():
+    """rl_cem.py's base: ``--base`` names a bin of a fraction task; a task whose actions are rules
+    (throttle_planner) needs ``--base-action``, which must be one of its actions."""
+    from types import SimpleNamespace
+
+    from gymnasium import spaces
+
+    cem = _rl_cem()
+    fractions = SimpleNamespace(rules=None, space=spaces.Discrete(3), config=SimpleNamespace(bins=[0.0, 0.01, 0.05]))
+    assert cem.base_action(fractions, 0.05, None) == 2
+    assert cem.base_action(fractions, None, 1) == 1
+    with pytest.raises(SystemExit, match="not one of the task's bins"):
+        cem.base_action(fractions, 0.02, None)
+    rules = SimpleNamespace(rules=[{"name": "token_ratio"}, {"name": "fixed"}], space=spaces.Discrete(2),
+                            config=SimpleNamespace(bins=[0.0, 0.01, 0.05]))
+    assert cem.base_action(rules, None, 0) == 0
+    with pytest.raises(SystemExit, match="give --base-action"):
+        cem.base_action(rules, 0.0, None)          # 0.0 is a bin, but action 0 is the rule
+    with pytest.raises(SystemExit, match="not an action of the task"):
+        cem.base_action(rules, None, 2)
+
+
+def test_policy_search_val_gain_averages_a_seeds_families():
+    """--val-families: a val seed's gain is the mean of its families' paired gains (jobs seed-major)."""
+    cem = _rl_cem()
+    tasks = cem.val_tasks(np.zeros(2), [7, 8], 0.8, [0, 1, 2])
+    assert [(t[2], t[4]) for t in tasks] == [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1), (8, 2)]
+    base = np.array([100.0, 200.0, 50.0, 100.0, 100.0, 100.0])
+    scores = np.array([110.0, 180.0, 50.0, 103.0, 100.0, 97.0])
+    assert np.allclose(cem.val_gain_per_seed(scores, base, 3), [0.0, 0.0])
+    assert np.allclose(cem.val_gain_per_seed(scores[:2], base[:2], 1), [10.0, -10.0])
+
+
 def test_past_future_overcommit_lets_the_predicted_peak_exceed_the_pool():
     from kvrl.plugins.registry import create
 
