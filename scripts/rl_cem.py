@@ -26,6 +26,11 @@ training does (``Session.episode``), so every candidate of a generation serves t
 loads and windows. Episodes start from an empty engine, as kvrl-eval's jobs do, and run to the
 end: a candidate is scored as the policy it is, not as a deviation that another policy finishes.
 
+**References.** By default a job's gain is over the base. With ``--references`` it is over the best
+of the base and those actions (each held throughout) on that job: a window where the rule collapses
+and one where it gains a little then weigh by how far a candidate is from the better answer there,
+not by how far the rule fell, so a policy must be right in both to score.
+
 **Selection.** After every generation the distribution's mean is served on the ``val`` split
 (``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
 on the same jobs; with ``--val-families`` each seed's job is served on every family's val split (at
@@ -150,6 +155,15 @@ def save_agent(out: str, params: np.ndarray, task: str, overrides: list[str], su
         json.dump(summary, f, indent=2)
 
 
+def constant_policy(n_obs: int, action: int, n_actions: int) -> np.ndarray:
+    """The linear-rounded policy that always takes ``action`` (zero weights, the action as the bias)."""
+    if not 0 <= action < n_actions:
+        raise SystemExit(f"--references: {action} is not an action of the task (0..{n_actions - 1})")
+    params = np.zeros(n_obs + 1)
+    params[-1] = action
+    return params
+
+
 def base_action(actions, base: Optional[float], index: Optional[int]) -> int:
     """The base's action index: ``base``'s position among the task's bins, or ``index`` itself.
     A task whose actions are rules takes ``index`` only (its bins are not its actions)."""
@@ -213,38 +227,42 @@ def train(args) -> None:
     val_seeds = [int(s) for s in args.val_seeds.split(",")]
     history = []
     t0 = time.time()
+    refs = [base] + [constant_policy(n_obs, a, k) for a in args.references]
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides)) as pool:
-        val_base = np.asarray(list(pool.map(_score, val_tasks(base, val_seeds, args.resample, families))))
-        start_gain = 0.0
-        if args.init is not None:       # the start must itself be beaten on val to be replaced
-            val_start = np.asarray(list(pool.map(_score, val_tasks(start, val_seeds, args.resample, families))))
-            start_gain = float(val_gain_per_seed(val_start, val_base, len(families)).mean())
-            print(json.dumps({"generation": -1, "start": args.init, "val_gain_pct": round(start_gain, 3)}), flush=True)
-        best = {"val_gain_pct": start_gain, "params": start.tolist(), "generation": -1}
+        val_refs = np.asarray([list(pool.map(_score, val_tasks(r, val_seeds, args.resample, families))) for r in refs])
+        val_ref = val_refs.max(axis=0)                          # per val job, the best reference's goodput
+        val_start = val_refs[0] if args.init is None else \
+            np.asarray(list(pool.map(_score, val_tasks(start, val_seeds, args.resample, families))))
+        start_gain = float(val_gain_per_seed(val_start, val_ref, len(families)).mean())
+        print(json.dumps({"generation": -1, "start": args.init or "base", "val_gain_pct": round(start_gain, 3)}),
+              flush=True)
+        best = {"val_gain_pct": start_gain, "params": start.tolist(), "generation": -1}   # replaced only if beaten
         for gen in range(args.generations):
             windows = rng.integers(2**31, size=args.windows).tolist()
             cands = [mean + std * rng.standard_normal(n_obs + 1) for _ in range(args.population)]
             cands[0] = mean.copy()                                  # the mean itself is scored too
-            tasks = [(p, "train", w, None, None) for p in [base, *cands] for w in windows]
-            scores = np.asarray(list(pool.map(_score, tasks, chunksize=1))).reshape(len(cands) + 1, len(windows))
-            fitness = _paired_gain(scores[1:], scores[0]).mean(axis=1)
+            tasks = [(p, "train", w, None, None) for p in [*refs, *cands] for w in windows]
+            scores = np.asarray(list(pool.map(_score, tasks, chunksize=1))).reshape(len(refs) + len(cands), len(windows))
+            fitness = _paired_gain(scores[len(refs):], scores[:len(refs)].max(axis=0)).mean(axis=1)
             elite = np.argsort(fitness)[::-1][:args.elite]
             mean = np.mean([cands[i] for i in elite], axis=0)
             std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
                              + std * (1 - args.smoothing), args.min_std) * free
             val = np.asarray(list(pool.map(_score, val_tasks(mean, val_seeds, args.resample, families))))
-            val_gain = val_gain_per_seed(val, val_base, len(families))
+            val_gain = val_gain_per_seed(val, val_ref, len(families))
+            per_family = _paired_gain(val, val_ref).reshape(-1, len(families)).mean(axis=0)
             row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),
                    "train_fitness_mean_policy": round(float(fitness[0]), 3),
                    "train_fitness_elite_mean": round(float(fitness[elite].mean()), 3),
                    "val_gain_pct": round(float(val_gain.mean()), 3),
                    "val_gain_per_seed": [round(float(g), 2) for g in val_gain],
+                   "val_gain_per_family": [round(float(g), 2) for g in per_family],
                    "std_mean": round(float(std.mean()), 4), "wall_s": round(time.time() - t0, 1)}
             history.append(row)
             print(json.dumps(row), flush=True)
             if val_gain.mean() > best["val_gain_pct"]:
                 best = {"val_gain_pct": float(val_gain.mean()), "params": mean.tolist(), "generation": gen}
-            summary = {"best": best, "history": history, "val_base_goodput": val_base.tolist(), "features": chosen,
+            summary = {"best": best, "history": history, "val_reference_goodput": val_refs.tolist(), "features": chosen,
                        "args": {k_: v for k_, v in vars(args).items() if k_ != "func"}}
             save_agent(args.out, np.asarray(best["params"]), args.task, args.overrides, summary)  # kept if cut off
             if args.max_wall_s is not None and time.time() - t0 > args.max_wall_s:
@@ -259,6 +277,10 @@ def main() -> None:
     base = ap.add_mutually_exclusive_group(required=True)
     base.add_argument("--base", type=float, help="the val-picked constant (a bin of the task)")
     base.add_argument("--base-action", type=int, help="the base as an action index (tasks whose actions are rules)")
+    ap.add_argument("--references", type=lambda t: [int(a) for a in t.split(",")], default=[],
+                    help="more reference actions (indices, each held throughout): a job's gain is measured against "
+                    "the best of the base and these on that job, in training and on val (e.g. 0,1 on "
+                    "throttle_planner: the rule or never throttling, whichever serves the window better)")
     ap.add_argument("--val-families", action="store_true", help="select on every family of env.episode.workloads "
                     "(each val seed's gain is the mean over the families' val splits)")
     ap.add_argument("--generations", type=int, default=12)
