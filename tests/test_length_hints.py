@@ -179,6 +179,17 @@ def test_policy_search_val_gain_averages_a_seeds_families():
     assert np.allclose(cem.val_gain_per_seed(scores[:2], base[:2], 1), [10.0, -10.0])
 
 
+def test_policy_search_reference_policies_are_constants():
+    """--references: each reference is the linear-rounded policy that holds one action everywhere, and an
+    action outside the task is a clear error."""
+    cem = _rl_cem()
+    ref = cem.constant_policy(4, 3, 7)
+    rng = np.random.default_rng(1)
+    assert {cem.act(ref, o, 7) for o in rng.random((50, 4))} == {3}
+    with pytest.raises(SystemExit, match="not an action of the task"):
+        cem.constant_policy(4, 7, 7)
+
+
 def test_past_future_overcommit_lets_the_predicted_peak_exceed_the_pool():
     from kvrl.plugins.registry import create
 
