@@ -1481,6 +1481,36 @@ PLANNER_MIX_ROUNDS = {"mix": "throttle_planner_mix-rcpi-seed", "end": "throttle_
                       "start": "throttle_planner_mix-start-seed", "old": "throttle_planner-rcpi-seed"}
 
 
+def _rounds_vs_rule_and_best(results: dict[str, str], rounds: dict[str, str], span_key: str,
+                             skip: Sequence[str] = ()) -> dict[str, str]:
+    """Per family (``results``: family -> kvrl-eval results.csv) and agent (``rounds``: round name -> the stem of
+    its agents' directories, seed appended): its paired goodput difference to ``token_ratio(4096, 0.05)``
+    (``<family>_<round>_seed<k>_vs_rule``) and to the best other non-agent policy on the same seeds, the
+    hindsight-best constant aside (``_vs_best``, named in ``<family>_best``); and per family the range of the
+    agents' ``_vs_best`` over every round not in ``skip`` (``<family>_<span_key>_vs_best``, %)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out, spans = {}, {}
+    for family, path in results.items():
+        runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
+        rule = next(p for p in PLANNER_RULES if p in runs)
+        others = {p: g for p, g in runs.items() if not p.startswith("agent") and "[oracle" not in p}
+        best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
+        out[f"{family}_best"] = best
+        for label in sorted(runs):
+            for name, stem in rounds.items():
+                if stem in label:
+                    key = f"{family}_{name}_{_agent_key(label)}"
+                    out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
+                    vs_best = paired_compare(runs[label], runs[best], "goodput_tok_s")
+                    out[f"{key}_vs_best"] = _compare_cell(vs_best, 1)
+                    if name not in skip:
+                        spans.setdefault(family, []).append(vs_best.pct_change)
+    for family, pcts in spans.items():
+        out[f"{family}_{span_key}_vs_best"] = _span(pcts, "+.1f") + "%"
+    return out
+
+
 @source("planner_mix", "cheap", *PLANNER_MIX.values(), *PLANNER_MIX_CROSSVAL.values())
 def planner_mix() -> dict[str, str]:
     """Session 49's agents trained on ``throttle_planner_mix`` (docs/rl.md, "Trained where throttling does not
@@ -1495,26 +1525,7 @@ def planner_mix() -> dict[str, str]:
     ``startonly``: the first-seconds decisions alone): the
     crossval's decisions, its realised gain at the fitted margin and the clairvoyant gain (% of the base per
     decision), and where the crossval lists them each action's mean gain (``<collection>_gain_<action index>``)."""
-    from kvrl.analysis.stats import paired_compare
-
-    out, spans = {}, {}
-    for family, path in PLANNER_MIX.items():
-        runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
-        rule = next(p for p in PLANNER_RULES if p in runs)
-        others = {p: g for p, g in runs.items() if not p.startswith("agent") and "[oracle" not in p}
-        best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
-        out[f"{family}_best"] = best
-        for label in sorted(runs):
-            for name, stem in PLANNER_MIX_ROUNDS.items():
-                if stem in label:
-                    key = f"{family}_{name}_{_agent_key(label)}"
-                    out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
-                    vs_best = paired_compare(runs[label], runs[best], "goodput_tok_s")
-                    out[f"{key}_vs_best"] = _compare_cell(vs_best, 1)
-                    if name != "old":
-                        spans.setdefault(family, []).append(vs_best.pct_change)
-    for family, pcts in spans.items():
-        out[f"{family}_mixture_agents_vs_best"] = _span(pcts, "+.1f") + "%"
+    out = _rounds_vs_rule_and_best(PLANNER_MIX, PLANNER_MIX_ROUNDS, "mixture_agents", skip=("old",))
     for name, path in PLANNER_MIX_CROSSVAL.items():
         cv = _json(path)
         margin = cv["recommended_margin"] if cv["recommended_margin"] is not None else 0.0
