@@ -34,7 +34,9 @@ not by how far the rule fell, so a policy must be right in both to score.
 **Selection.** After every generation the distribution's mean is served on the ``val`` split
 (``--val-seeds`` seeded 80% resamples, as kvrl-eval's, with the cost model as is) beside the base
 on the same jobs; with ``--val-families`` each seed's job is served on every family's val split (at
-the family's own rate) and a seed's gain is the mean over the families. The mean with the best
+the family's own rate), with ``--val-loads`` at every load its training episodes draw (the task's
+``episode.rate_scales``: a task whose val split runs at another load than its test split is then
+not selected for val's load alone), and a seed's gain is the mean over those jobs. The mean with the best
 paired val gain is saved (the start itself, the base or ``--init``'s policy, while no generation
 beats it on val). Windows are served to completion (no time limit), so an episode is scored as
 kvrl-eval scores a job: ``goodput_tok_s``.
@@ -95,35 +97,72 @@ def _train_window(window_seed: int):
     return list(requests)
 
 
-def _val_job(seed: int, resample: float, family: Optional[int]):
-    """kvrl-eval's val job of ``seed``: the same resample of the split; of ``episode.workloads``'
-    family ``family`` (at its own rate) when given, else of the scenario's workload."""
+# A val cell: (family of episode.workloads or None, absolute rate scale or None: the family's own, its
+# position among the training loads or None).
+ValCell = tuple[Optional[int], Optional[float], Optional[int]]
+
+
+def _family_workload(session, family: Optional[int]) -> dict:
+    """The workload config of ``episode.workloads``' family ``family`` (None: the scenario's own)."""
     from omegaconf import OmegaConf
 
+    if family is None:
+        return OmegaConf.to_container(session.run.workload, resolve=True)
+    return dict(session.families[family])
+
+
+def val_cells(session, families: list[Optional[int]], loads: bool) -> list[ValCell]:
+    """The (family, rate scale) cells every val seed is served on: each family at its own rate, or with
+    ``loads`` at each rate scale its training episodes draw (``episode.rate_scales``), as kvrl-train
+    validates a task "at every training load"."""
+    from kvrl.envs.config import episode_rate_scales
+
+    if not loads:
+        return [(f, None, None) for f in families]
+    cells = []
+    for f in families:
+        rates = episode_rate_scales(session.config, _family_workload(session, f))
+        if rates is None:
+            raise SystemExit("--val-loads: the task has no env.episode.rate_scales")
+        cells += [(f, r, i) for i, r in enumerate(rates)]
+    return cells
+
+
+def val_workload(session, seed: int, resample: float, cell: ValCell) -> dict:
+    """kvrl-eval's val job of ``seed`` (the same resample of the split) on ``cell``'s family, at the
+    cell's rate scale when it has one (else the family's own)."""
     from kvrl.apps.eval import job_workload
 
-    session = _ENVS["val"].session
-    workload = (OmegaConf.to_container(session.run.workload, resolve=True) if family is None
-                else dict(session.families[family]))
+    family, rate_scale, _ = cell
+    workload = _family_workload(session, family)
+    if rate_scale is not None:
+        workload["rate_scale"] = rate_scale
     return job_workload(workload, "val", seed, resample)
 
 
 def _score(task: tuple) -> float:
-    """One (params, split, job seed, resample, family) of a generation: the job's goodput tok/s."""
-    params, split, seed, resample, family = task
+    """One (params, split, job seed, resample, val cell) of a generation: the job's goodput tok/s."""
+    params, split, seed, resample, cell = task
     env = _ENVS[split]
-    requests = _train_window(seed) if split == "train" else _val_job(seed, resample, family)
+    requests = _train_window(seed) if split == "train" else val_workload(env.session, seed, resample, cell)
     return serve(env, np.asarray(params), requests, seed)
 
 
-def val_tasks(params: np.ndarray, seeds: list[int], resample: float, families: list[Optional[int]]) -> list[tuple]:
-    """The val jobs of one policy: every seed on every family (seed-major)."""
-    return [(params, "val", s, resample, f) for s in seeds for f in families]
+def val_tasks(params: np.ndarray, seeds: list[int], resample: float, cells: list[ValCell]) -> list[tuple]:
+    """The val jobs of one policy: every seed on every cell (seed-major)."""
+    return [(params, "val", s, resample, c) for s in seeds for c in cells]
 
 
-def val_gain_per_seed(scores: np.ndarray, base: np.ndarray, n_families: int) -> np.ndarray:
-    """Per val seed, the mean over its families' jobs of the paired gain over the base (%)."""
-    return _paired_gain(scores, base).reshape(-1, n_families).mean(axis=1)
+def val_gain_per_seed(scores: np.ndarray, base: np.ndarray, n_cells: int) -> np.ndarray:
+    """Per val seed, the mean over its cells' jobs of the paired gain over the base (%)."""
+    return _paired_gain(scores, base).reshape(-1, n_cells).mean(axis=1)
+
+
+def gain_by(cells: list[ValCell], per_cell: np.ndarray, index: int) -> list[float]:
+    """``per_cell`` gains (one per cell) averaged over the cells sharing a family (``index`` 0) or a
+    training load (2: the same position among each family's rate scales), in first-seen order."""
+    keys = list(dict.fromkeys(c[index] for c in cells))
+    return [float(np.mean([g for c, g in zip(cells, per_cell) if c[index] == k])) for k in keys]
 
 
 def _paired_gain(scores: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -210,6 +249,7 @@ def train(args) -> None:
         if env.session.config.episode.workloads is None:
             raise SystemExit("--val-families: the task has no env.episode.workloads")
         families = list(range(len(env.session.families)))
+    cells = val_cells(env.session, families, args.val_loads)
     from kvrl.envs.features import engine_feature_names
     names = list(engine_feature_names(env.features))
     chosen = names if args.features is None else args.features.split(",")
@@ -229,11 +269,11 @@ def train(args) -> None:
     t0 = time.time()
     refs = [base] + [constant_policy(n_obs, a, k) for a in args.references]
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides)) as pool:
-        val_refs = np.asarray([list(pool.map(_score, val_tasks(r, val_seeds, args.resample, families))) for r in refs])
+        val_refs = np.asarray([list(pool.map(_score, val_tasks(r, val_seeds, args.resample, cells))) for r in refs])
         val_ref = val_refs.max(axis=0)                          # per val job, the best reference's goodput
         val_start = val_refs[0] if args.init is None else \
-            np.asarray(list(pool.map(_score, val_tasks(start, val_seeds, args.resample, families))))
-        start_gain = float(val_gain_per_seed(val_start, val_ref, len(families)).mean())
+            np.asarray(list(pool.map(_score, val_tasks(start, val_seeds, args.resample, cells))))
+        start_gain = float(val_gain_per_seed(val_start, val_ref, len(cells)).mean())
         print(json.dumps({"generation": -1, "start": args.init or "base", "val_gain_pct": round(start_gain, 3)}),
               flush=True)
         best = {"val_gain_pct": start_gain, "params": start.tolist(), "generation": -1}   # replaced only if beaten
@@ -248,21 +288,22 @@ def train(args) -> None:
             mean = np.mean([cands[i] for i in elite], axis=0)
             std = np.maximum(np.std([cands[i] for i in elite], axis=0) * args.smoothing
                              + std * (1 - args.smoothing), args.min_std) * free
-            val = np.asarray(list(pool.map(_score, val_tasks(mean, val_seeds, args.resample, families))))
-            val_gain = val_gain_per_seed(val, val_ref, len(families))
-            per_family = _paired_gain(val, val_ref).reshape(-1, len(families)).mean(axis=0)
+            val = np.asarray(list(pool.map(_score, val_tasks(mean, val_seeds, args.resample, cells))))
+            val_gain = val_gain_per_seed(val, val_ref, len(cells))
+            per_cell = _paired_gain(val, val_ref).reshape(-1, len(cells)).mean(axis=0)
             row = {"generation": gen, "train_fitness_best": round(float(fitness.max()), 3),
                    "train_fitness_mean_policy": round(float(fitness[0]), 3),
                    "train_fitness_elite_mean": round(float(fitness[elite].mean()), 3),
                    "val_gain_pct": round(float(val_gain.mean()), 3),
                    "val_gain_per_seed": [round(float(g), 2) for g in val_gain],
-                   "val_gain_per_family": [round(float(g), 2) for g in per_family],
+                   "val_gain_per_family": [round(g, 2) for g in gain_by(cells, per_cell, 0)],
+                   **({"val_gain_per_load": [round(g, 2) for g in gain_by(cells, per_cell, 2)]} if args.val_loads else {}),
                    "std_mean": round(float(std.mean()), 4), "wall_s": round(time.time() - t0, 1)}
             history.append(row)
             print(json.dumps(row), flush=True)
             if val_gain.mean() > best["val_gain_pct"]:
                 best = {"val_gain_pct": float(val_gain.mean()), "params": mean.tolist(), "generation": gen}
-            summary = {"best": best, "history": history, "val_reference_goodput": val_refs.tolist(), "features": chosen,
+            summary = {"best": best, "history": history, "val_cells": cells, "val_reference_goodput": val_refs.tolist(), "features": chosen,
                        "args": {k_: v for k_, v in vars(args).items() if k_ != "func"}}
             save_agent(args.out, np.asarray(best["params"]), args.task, args.overrides, summary)  # kept if cut off
             if args.max_wall_s is not None and time.time() - t0 > args.max_wall_s:
@@ -283,6 +324,8 @@ def main() -> None:
                     "throttle_planner: the rule or never throttling, whichever serves the window better)")
     ap.add_argument("--val-families", action="store_true", help="select on every family of env.episode.workloads "
                     "(each val seed's gain is the mean over the families' val splits)")
+    ap.add_argument("--val-loads", action="store_true", help="serve each val job at every rate scale the "
+                    "training episodes draw (env.episode.rate_scales), not only at the family's own rate")
     ap.add_argument("--generations", type=int, default=12)
     ap.add_argument("--population", type=int, default=24)
     ap.add_argument("--elite", type=int, default=6)

@@ -171,12 +171,37 @@ def test_policy_search_base_is_a_bin_or_a_rule_index():
 def test_policy_search_val_gain_averages_a_seeds_families():
     """--val-families: a val seed's gain is the mean of its families' paired gains (jobs seed-major)."""
     cem = _rl_cem()
-    tasks = cem.val_tasks(np.zeros(2), [7, 8], 0.8, [0, 1, 2])
-    assert [(t[2], t[4]) for t in tasks] == [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1), (8, 2)]
+    cells = [(0, None, None), (1, None, None), (2, None, None)]
+    tasks = cem.val_tasks(np.zeros(2), [7, 8], 0.8, cells)
+    assert [(t[2], t[4][0]) for t in tasks] == [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1), (8, 2)]
     base = np.array([100.0, 200.0, 50.0, 100.0, 100.0, 100.0])
     scores = np.array([110.0, 180.0, 50.0, 103.0, 100.0, 97.0])
     assert np.allclose(cem.val_gain_per_seed(scores, base, 3), [0.0, 0.0])
     assert np.allclose(cem.val_gain_per_seed(scores[:2], base[:2], 1), [10.0, -10.0])
+
+
+def test_policy_search_val_loads_serve_each_family_at_its_training_loads():
+    """--val-loads: each family is served at every rate scale its training episodes draw (relative scales times
+    the family's own rate_scale), the job keeps kvrl-eval's resample (the rate divided by the kept share);
+    the history averages the cells per family and per training load; a task without rate_scales is a clear error."""
+    from types import SimpleNamespace
+
+    cem = _rl_cem()
+    episode = SimpleNamespace(rate_scales=[0.5, 1.0], rate_scales_relative=True)
+    session = SimpleNamespace(config=SimpleNamespace(episode=episode, run={}),
+                              families=[{"name": "azure_code", "rate_scale": 20.0}, {"name": "synthetic", "rate_scale": 1.0}])
+    cells = cem.val_cells(session, [0, 1], loads=True)
+    assert cells == [(0, 10.0, 0), (0, 20.0, 1), (1, 0.5, 0), (1, 1.0, 1)]
+    assert cem.val_cells(session, [0, 1], loads=False) == [(0, None, None), (1, None, None)]
+    job = cem.val_workload(session, 3, 0.8, (0, 10.0, 0))
+    assert job == {"name": "azure_code", "rate_scale": 12.5, "split": "val", "seed": 3, "subsample": 0.8}
+    assert cem.val_workload(session, 3, 0.8, (1, None, None))["rate_scale"] == 1.25
+    assert session.families[0]["rate_scale"] == 20.0                     # the family's config is not changed
+    assert cem.gain_by(cells, np.array([1.0, 3.0, -2.0, 4.0]), 0) == [2.0, 1.0]
+    assert cem.gain_by(cells, np.array([1.0, 3.0, -2.0, 4.0]), 2) == [-0.5, 3.5]      # per training load
+    episode.rate_scales = None
+    with pytest.raises(SystemExit, match="no env.episode.rate_scales"):
+        cem.val_cells(session, [0], loads=True)
 
 
 def test_policy_search_reference_policies_are_constants():
