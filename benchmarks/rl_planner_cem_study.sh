@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The session-51 evaluation of the policy-search agents trained on throttle_planner_mix (docs/rl.md,
+# The session-51/52 evaluation of the policy-search agents trained on throttle_planner_mix (docs/rl.md,
 # "Whole episodes searched directly"), sim only, each a kvrl-eval with session 49's baselines and
 # seeds, its files copied to docs/results/rl_throttle/planner_cem_<name>_*:
 #   test      throttle_planner's test split, 60 seeds, against fixed 0.0, token_ratio(4096, 0.05), ttft_slack
@@ -7,13 +7,14 @@
 #   conv      throttle_planner_heldout_conv, 10 seeds, the same
 # Runs on this checkout's Python (kvrl installed) or, on a lent GPU host, with benchmarks/device_env.sh
 # sourced first (the GPU stays idle). WORKERS processes each (default 2; a 16-core host: 16);
-# AGENTS: the agent directories (default the three docs/results/agents/throttle_planner_mix-cem-seed*).
+# AGENTS: the agent directories (default sessions 51-52's seven: docs/results/agents/throttle_planner_mix-cem-seed0-2,
+# -cemmean-seed0, -cemload-seed0-2).
 #   bash benchmarks/rl_planner_cem_study.sh [NAME ...]     # default: test heldout conv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${WORKERS:-2}
-A=docs/results/agents/throttle_planner_mix-cem-seed
-AGENTS=${AGENTS:-[$A"0",$A"1",$A"2"]}
+A=docs/results/agents/throttle_planner_mix
+AGENTS=${AGENTS:-[$A-cem-seed0,$A-cem-seed1,$A-cem-seed2,$A-cemmean-seed0,$A-cemload-seed0,$A-cemload-seed1,$A-cemload-seed2]}
 seeds() { python3 -c "print('[' + ','.join(map(str, range($1))) + ']')"; }
 RULES='{name: token_ratio, clip_max_new_tokens: 4096, min_ratio: 0.05},{name: ttft_slack}'
 run() {   # run <name> <kvrl-eval overrides...>

@@ -1540,38 +1540,60 @@ def planner_mix() -> dict[str, str]:
 PLANNER_CEM = {"test": "docs/results/rl_throttle/planner_cem_test_results.csv",
                "heldout": "docs/results/rl_throttle/planner_cem_heldout_results.csv",
                "conv": "docs/results/rl_throttle/planner_cem_conv_results.csv"}
-PLANNER_CEM_ROUNDS = {"cem": "throttle_planner_mix-cem-seed", "cemmean": "throttle_planner_mix-cemmean-seed"}
-PLANNER_CEM_AGENTS = {"cem_seed0": "docs/results/agents/throttle_planner_mix-cem-seed0/cem.json",
-                      "cem_seed1": "docs/results/agents/throttle_planner_mix-cem-seed1/cem.json",
-                      "cem_seed2": "docs/results/agents/throttle_planner_mix-cem-seed2/cem.json",
-                      "cemmean_seed0": "docs/results/agents/throttle_planner_mix-cemmean-seed0/cem.json"}
+PLANNER_CEM_ROUNDS = {"cem": "throttle_planner_mix-cem-seed", "cemmean": "throttle_planner_mix-cemmean-seed",
+                      "cemload": "throttle_planner_mix-cemload-seed"}
+PLANNER_CEM_AGENTS = {f"{name}_seed{k}": f"docs/results/agents/{stem}{k}/cem.json"
+                      for name, stem in PLANNER_CEM_ROUNDS.items() for k in ((0,) if name == "cemmean" else (0, 1, 2))}
 
 
 @source("planner_cem", "cheap", *PLANNER_CEM.values(), *PLANNER_CEM_AGENTS.values())
 def planner_cem() -> dict[str, str]:
-    """Session 51's policy-search agents on ``throttle_planner_mix`` (docs/rl.md, "Whole episodes searched
+    """Sessions 51-52's policy-search agents on ``throttle_planner_mix`` (docs/rl.md, "Whole episodes searched
     directly"; scripts/rl_cem.py, 60 s windows, selected on every family's val split): ``cem_seed<k>`` scored
     against the best of the rule and fixed 0.0 on each job (``--references 1``), ``cemmean_seed0`` against the
-    rule alone. Per family (``test``: throttle_planner's test split, 60 seeds; ``heldout``, ``conv``: the
-    held-out tasks) and agent, keys ``<family>_<agent>_vs_rule`` / ``_vs_best`` as in ``planner_mix``, and the
-    range over the three ``cem`` agents (``<family>_cem_agents_vs_best``, %). Per agent its selected val gain
+    rule alone, ``cemload_seed<k>`` choosing between fixed 0.0 and the rule on load features, selected at every
+    training load too (``--val-loads``). Per family (``test``: throttle_planner's test split, 60 seeds;
+    ``heldout``, ``conv``: the held-out tasks) and agent, keys ``<family>_<agent>_vs_rule`` / ``_vs_best`` as in
+    ``planner_mix`` and ``_vs_fixed0`` (against fixed 0.0), and the range over the three agents of ``cem`` and of
+    ``cemload`` (``<family>_cem_agents_vs_best``, ``<family>_cemload_agents_vs_best``, %). Per agent its selected val gain
     (``<agent>_val_gain``, %, over the base or the reference) and the generation it came from (``_val_generation``).
     From the seed-0 search's val references: per family ``k`` of the mixture, fixed 0.0's mean gain over the rule on
     the val seeds (``val_fixed0_vs_rule_family<k>``, %); and fixed 0.0's paired difference to the rule on the trace's
-    test split (``test_fixed0_vs_rule``)."""
+    test split (``test_fixed0_vs_rule``); from the ``cemload`` search's val references (every family at every
+    training load), the rule's and fixed 0.0's own val score on its scale (``cemload_val_rule``,
+    ``cemload_val_fixed0``, %: the mean shortfall to the better of the two per job) and fixed 0.0's mean gain
+    over the rule per family ``f`` and training load ``l`` (``cemload_val_fixed0_vs_rule_f<f>_l<l>``, %)."""
     import numpy as np
 
     from kvrl.analysis.stats import paired_compare
 
-    out = _rounds_vs_rule_and_best(PLANNER_CEM, PLANNER_CEM_ROUNDS, "cem_agents", skip=("cemmean",))
-    runs = _by_policy(PLANNER_CEM["test"], "goodput_tok_s", skip_kinds=("sweep",))
-    rule = next(p for p in PLANNER_RULES if p in runs)
-    out["test_fixed0_vs_rule"] = _compare_cell(paired_compare(runs["fixed(fraction=0.0)"], runs[rule], "goodput_tok_s"), 1)
+    out = {}
+    for span in ("cem", "cemload"):
+        out.update(_rounds_vs_rule_and_best(PLANNER_CEM, PLANNER_CEM_ROUNDS, f"{span}_agents",
+                                            skip=[name for name in PLANNER_CEM_ROUNDS if name != span]))
+    for family, path in PLANNER_CEM.items():
+        runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
+        fixed0 = next(p for p in runs if p.startswith("fixed(fraction=0.0)"))
+        for label in runs:
+            for name, stem in PLANNER_CEM_ROUNDS.items():
+                if stem in label:
+                    out[f"{family}_{name}_{_agent_key(label)}_vs_fixed0"] = _compare_cell(
+                        paired_compare(runs[label], runs[fixed0], "goodput_tok_s"), 1)
+        if family == "test":
+            rule = next(p for p in PLANNER_RULES if p in runs)
+            out["test_fixed0_vs_rule"] = _compare_cell(paired_compare(runs[fixed0], runs[rule], "goodput_tok_s"), 1)
     seed0 = _json(PLANNER_CEM_AGENTS["cem_seed0"])
     rule_val, fixed0_val = (np.asarray(v) for v in seed0["val_reference_goodput"])
     n_families = len(rule_val) // len(seed0["args"]["val_seeds"].split(","))
     gains = (fixed0_val / rule_val - 1.0).reshape(-1, n_families).mean(axis=0) * 100.0
     out.update({f"val_fixed0_vs_rule_family{k}": f"{g:+.1f}%" for k, g in enumerate(gains)})
+    load0 = np.asarray(_json(PLANNER_CEM_AGENTS["cemload_seed0"])["val_reference_goodput"])   # rows: the base (rule), fixed 0.0
+    for name, row in (("rule", 0), ("fixed0", 1)):
+        out[f"cemload_val_{name}"] = f"{(load0[row] / load0.max(axis=0) - 1.0).mean() * 100.0:+.1f}%"
+    cells = _json(PLANNER_CEM_AGENTS["cemload_seed0"])["val_cells"]
+    per_cell = (load0[1] / load0[0] - 1.0).reshape(-1, len(cells)).mean(axis=0) * 100.0
+    out.update({f"cemload_val_fixed0_vs_rule_f{family}_l{load}": f"{g:+.1f}%"
+                for (family, _, load), g in zip(cells, per_cell)})
     for name, path in PLANNER_CEM_AGENTS.items():
         best = _json(path)["best"]
         out[f"{name}_val_gain"] = f"{best['val_gain_pct']:+.1f}%"
