@@ -1481,22 +1481,24 @@ PLANNER_MIX_ROUNDS = {"mix": "throttle_planner_mix-rcpi-seed", "end": "throttle_
                       "start": "throttle_planner_mix-start-seed", "old": "throttle_planner-rcpi-seed"}
 
 
-def _rounds_vs_rule_and_best(results: dict[str, str], rounds: dict[str, str], span_key: str,
-                             skip: Sequence[str] = ()) -> dict[str, str]:
+def _rounds_vs_rule_and_best(results: dict[str, str], rounds: dict[str, str], spans: dict[str, Sequence[str]],
+                             also_vs: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Per family (``results``: family -> kvrl-eval results.csv) and agent (``rounds``: round name -> the stem of
     its agents' directories, seed appended): its paired goodput difference to ``token_ratio(4096, 0.05)``
-    (``<family>_<round>_seed<k>_vs_rule``) and to the best other non-agent policy on the same seeds, the
-    hindsight-best constant aside (``_vs_best``, named in ``<family>_best``); and per family the range of the
-    agents' ``_vs_best`` over every round not in ``skip`` (``<family>_<span_key>_vs_best``, %)."""
+    (``<family>_<round>_seed<k>_vs_rule``), to the best other non-agent policy on the same seeds, the
+    hindsight-best constant aside (``_vs_best``, named in ``<family>_best``), and to each policy of ``also_vs``
+    (key suffix -> the label it starts with: ``_vs_<suffix>``); and per family and span (``spans``: key -> its
+    rounds) the range of those rounds' agents' ``_vs_best`` (``<family>_<span key>_vs_best``, %)."""
     from kvrl.analysis.stats import paired_compare
 
-    out, spans = {}, {}
+    out, span_pcts = {}, {}
     for family, path in results.items():
         runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
         rule = next(p for p in PLANNER_RULES if p in runs)
         others = {p: g for p, g in runs.items() if not p.startswith("agent") and "[oracle" not in p}
         best = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
         out[f"{family}_best"] = best
+        extra = {suffix: next(p for p in runs if p.startswith(prefix)) for suffix, prefix in (also_vs or {}).items()}
         for label in sorted(runs):
             for name, stem in rounds.items():
                 if stem in label:
@@ -1504,10 +1506,13 @@ def _rounds_vs_rule_and_best(results: dict[str, str], rounds: dict[str, str], sp
                     out[f"{key}_vs_rule"] = _compare_cell(paired_compare(runs[label], runs[rule], "goodput_tok_s"), 1)
                     vs_best = paired_compare(runs[label], runs[best], "goodput_tok_s")
                     out[f"{key}_vs_best"] = _compare_cell(vs_best, 1)
-                    if name not in skip:
-                        spans.setdefault(family, []).append(vs_best.pct_change)
-    for family, pcts in spans.items():
-        out[f"{family}_{span_key}_vs_best"] = _span(pcts, "+.1f") + "%"
+                    for suffix, other in extra.items():
+                        out[f"{key}_vs_{suffix}"] = _compare_cell(paired_compare(runs[label], runs[other], "goodput_tok_s"), 1)
+                    for span, members in spans.items():
+                        if name in members:
+                            span_pcts.setdefault((family, span), []).append(vs_best.pct_change)
+    for (family, span), pcts in span_pcts.items():
+        out[f"{family}_{span}_vs_best"] = _span(pcts, "+.1f") + "%"
     return out
 
 
@@ -1525,7 +1530,7 @@ def planner_mix() -> dict[str, str]:
     ``startonly``: the first-seconds decisions alone): the
     crossval's decisions, its realised gain at the fitted margin and the clairvoyant gain (% of the base per
     decision), and where the crossval lists them each action's mean gain (``<collection>_gain_<action index>``)."""
-    out = _rounds_vs_rule_and_best(PLANNER_MIX, PLANNER_MIX_ROUNDS, "mixture_agents", skip=("old",))
+    out = _rounds_vs_rule_and_best(PLANNER_MIX, PLANNER_MIX_ROUNDS, {"mixture_agents": ("mix", "end", "start")})
     for name, path in PLANNER_MIX_CROSSVAL.items():
         cv = _json(path)
         margin = cv["recommended_margin"] if cv["recommended_margin"] is not None else 0.0
@@ -1567,35 +1572,26 @@ def planner_cem() -> dict[str, str]:
 
     from kvrl.analysis.stats import paired_compare
 
-    out = {}
-    for span in ("cem", "cemload"):
-        out.update(_rounds_vs_rule_and_best(PLANNER_CEM, PLANNER_CEM_ROUNDS, f"{span}_agents",
-                                            skip=[name for name in PLANNER_CEM_ROUNDS if name != span]))
-    for family, path in PLANNER_CEM.items():
-        runs = _by_policy(path, "goodput_tok_s", skip_kinds=("sweep",))
-        fixed0 = next(p for p in runs if p.startswith("fixed(fraction=0.0)"))
-        for label in runs:
-            for name, stem in PLANNER_CEM_ROUNDS.items():
-                if stem in label:
-                    out[f"{family}_{name}_{_agent_key(label)}_vs_fixed0"] = _compare_cell(
-                        paired_compare(runs[label], runs[fixed0], "goodput_tok_s"), 1)
-        if family == "test":
-            rule = next(p for p in PLANNER_RULES if p in runs)
-            out["test_fixed0_vs_rule"] = _compare_cell(paired_compare(runs[fixed0], runs[rule], "goodput_tok_s"), 1)
-    seed0 = _json(PLANNER_CEM_AGENTS["cem_seed0"])
+    out = _rounds_vs_rule_and_best(PLANNER_CEM, PLANNER_CEM_ROUNDS, {"cem_agents": ("cem",), "cemload_agents": ("cemload",)},
+                                   also_vs={"fixed0": "fixed(fraction=0.0)"})
+    runs = _by_policy(PLANNER_CEM["test"], "goodput_tok_s", skip_kinds=("sweep",))
+    rule = next(p for p in PLANNER_RULES if p in runs)
+    out["test_fixed0_vs_rule"] = _compare_cell(paired_compare(runs["fixed(fraction=0.0)"], runs[rule], "goodput_tok_s"), 1)
+    searches = {name: _json(path) for name, path in PLANNER_CEM_AGENTS.items()}
+    seed0 = searches["cem_seed0"]
     rule_val, fixed0_val = (np.asarray(v) for v in seed0["val_reference_goodput"])
     n_families = len(rule_val) // len(seed0["args"]["val_seeds"].split(","))
     gains = (fixed0_val / rule_val - 1.0).reshape(-1, n_families).mean(axis=0) * 100.0
     out.update({f"val_fixed0_vs_rule_family{k}": f"{g:+.1f}%" for k, g in enumerate(gains)})
-    load0 = np.asarray(_json(PLANNER_CEM_AGENTS["cemload_seed0"])["val_reference_goodput"])   # rows: the base (rule), fixed 0.0
+    load0 = np.asarray(searches["cemload_seed0"]["val_reference_goodput"])   # rows: the base (rule), fixed 0.0
     for name, row in (("rule", 0), ("fixed0", 1)):
         out[f"cemload_val_{name}"] = f"{(load0[row] / load0.max(axis=0) - 1.0).mean() * 100.0:+.1f}%"
-    cells = _json(PLANNER_CEM_AGENTS["cemload_seed0"])["val_cells"]
+    cells = searches["cemload_seed0"]["val_cells"]
     per_cell = (load0[1] / load0[0] - 1.0).reshape(-1, len(cells)).mean(axis=0) * 100.0
     out.update({f"cemload_val_fixed0_vs_rule_f{family}_l{load}": f"{g:+.1f}%"
                 for (family, _, load), g in zip(cells, per_cell)})
-    for name, path in PLANNER_CEM_AGENTS.items():
-        best = _json(path)["best"]
+    for name, search in searches.items():
+        best = search["best"]
         out[f"{name}_val_gain"] = f"{best['val_gain_pct']:+.1f}%"
         out[f"{name}_val_generation"] = str(best["generation"])
     return out
