@@ -686,7 +686,7 @@ def test_the_engine_asks_admit_only_of_a_chosen_rule_that_vetoes():
 
 @pytest.mark.parametrize("overrides,named", [
     (["+env.action.rules=[{name: fixed}]"], "at least two"),
-    (["+env.action.rules=[{name: fixed},{name: agent}]"], "'agent' cannot"),
+    (["+env.action.rules=[{name: fixed},{name: agent}]"], "'agent' is a rule only with a policy_path"),
     (["+env.action.rules=[{name: fixed},{name: nope}]"], "nope"),
     (["+env.action.rules=[{name: fixed},{name: pi, kp: -1}]"], "kp"),
     (["+env.action.rules=[{name: fixed},{name: pi}]", "env.action.type=box"], "action.type=discrete"),
@@ -694,6 +694,24 @@ def test_the_engine_asks_admit_only_of_a_chosen_rule_that_vetoes():
 def test_bad_rules_are_refused_naming_the_problem(overrides, named):
     with pytest.raises(ValueError, match=named):
         load_task("watermark", overrides)
+
+
+def test_a_saved_agent_is_a_rule_that_a_gating_agent_can_hand_the_watermark_to(tmp_path):
+    """env.action.rules may name a saved agent (``agent`` with a policy_path): it decides by itself, so a
+    gate that always chooses it serves bit for bit what the saved agent serves alone, and one that always
+    chooses the constant serves the constant."""
+    from kvrl.envs.agent_io import algo_class
+
+    inner_env = make("watermark", RULES_SLACK)
+    model = algo_class("dqn")("MlpPolicy", inner_env, seed=0, device="cpu", learning_starts=0)
+    model.save(str(tmp_path / "model.zip"))
+    write_meta(tmp_path, "dqn", inner_env.spec.id, inner_env.unwrapped.config)
+    gate = f"+env.action.rules=[{{name: fixed, fraction: 0.0}},{{name: agent, policy_path: '{tmp_path}'}}]"
+    alone = _engine_run("watermark", "watermark", {"name": "agent", "policy_path": str(tmp_path)}, RULES_SLACK)
+    _, _, info = rollout(make("watermark", gate), seed=0, action=1)
+    assert same(info["metrics"], alone)
+    _, _, info = rollout(make("watermark", gate), seed=0, action=0)
+    assert same(info["metrics"], _engine_run("watermark", "watermark", {"name": "fixed", "fraction": 0.0}))
 
 
 def test_a_saved_rule_choosing_agent_decides_the_same_inside_and_outside_the_env(tmp_path):
