@@ -1597,6 +1597,47 @@ def planner_cem() -> dict[str, str]:
     return out
 
 
+PLANNER_GATE = {"test": "docs/results/rl_throttle/planner_gate_test_results.csv",
+                "heldout": "docs/results/rl_throttle/planner_gate_heldout_results.csv",
+                "conv": "docs/results/rl_throttle/planner_gate_conv_results.csv"}
+PLANNER_GATE_ROUNDS = {"gate": "throttle_planner_mix-gate-seed", "base": "throttle_planner-rcpi-seed"}
+PLANNER_GATE_SEARCHES = {k: f"docs/results/agents/throttle_planner_mix-gate-seed{k}/cem.json" for k in (0, 1, 2)}
+PLANNER_GATE_LIVE = "docs/results/rl_live_h200/planner_gate_s53/live_results.csv"
+
+
+@source("planner_gate", "cheap", *PLANNER_GATE.values(), *PLANNER_GATE_SEARCHES.values(), PLANNER_GATE_LIVE)
+def planner_gate() -> dict[str, str]:
+    """Session 53's gates on ``throttle_planner_mix`` (docs/rl.md, "Gating the planner's agent"): each chooses on
+    load features between fixed 0.0 and session 44's seed-0 agent (its base). Per family (``test``, ``heldout``,
+    ``conv``, as ``planner_cem``) and agent (``gate_seed<k>``, the base ``base_seed0``) the keys of
+    ``_rounds_vs_rule_and_best`` with ``_vs_fixed0``, and the gates' range against the best other policy
+    (``<family>_gate_agents_vs_best``, %). Per gate its selected val score (``gate_seed<k>_val_gain``, %: the mean
+    shortfall to the better of the base and fixed 0.0 per val job, every family at every training load) and
+    generation (``_val_generation``); the base's and fixed 0.0's own val score on that scale (``val_base``,
+    ``val_fixed0``, from seed 0's search). Live (one H200, fresh test seeds): the seed-0 gate's paired difference to
+    the rule and to fixed 0.0 (``live_vs_rule_{live,sim,host}``, ``live_vs_fixed0_...``, see ``_live_vs``) and the
+    seeds served (``live_seeds``)."""
+    import numpy as np
+
+    out = _rounds_vs_rule_and_best(PLANNER_GATE, PLANNER_GATE_ROUNDS, {"gate_agents": ("gate",)},
+                                   also_vs={"fixed0": "fixed(fraction=0.0)"})
+    for k, path in PLANNER_GATE_SEARCHES.items():
+        search = _json(path)
+        out[f"gate_seed{k}_val_gain"] = f"{search['best']['val_gain_pct']:+.1f}%"
+        out[f"gate_seed{k}_val_generation"] = str(search["best"]["generation"])
+        if k == 0:
+            refs = np.asarray(search["val_reference_goodput"])   # rows: the base agent, fixed 0.0
+            for name, row in (("base", 0), ("fixed0", 1)):
+                out[f"val_{name}"] = f"{(refs[row] / refs.max(axis=0) - 1.0).mean() * 100.0:+.1f}%"
+    live = _live_rows(PLANNER_GATE_LIVE)
+    gate = next(v for label, v in live.items() if label.startswith("agent"))
+    rule = next(live[p] for p in PLANNER_RULES if p in live)
+    for name, ref in (("rule", rule), ("fixed0", live["fixed(fraction=0.0)"])):
+        out.update({f"live_vs_{name}_{suffix}": cell for suffix, cell in _live_vs(gate, ref).items()})
+    out["live_seeds"] = str(len(gate))
+    return out
+
+
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
 THROTTLE_LIVE_POLICIES = {"agent": "agent dqn", "token_ratio": "token_ratio(", "ttft_slack": "ttft_slack("}
 

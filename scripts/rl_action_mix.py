@@ -7,6 +7,9 @@ and in order (the action labels are the task's rules or bins).
 The episode serves the split at the task's scenario load, step times unperturbed, as kvrl-eval's
 jobs do (kvrl-eval's jobs resample 80% of the split per seed; this serves all of it).
 
+``--override`` (repeated) adds Hydra overrides of the task, e.g. a gate's action set
+(``env.action.rules=[...]``) on a task that lists other rules.
+
 ``--first N --first_action A`` serves each agent again with its first N decisions replaced by action A,
 and the split at A throughout: where in the episode an agent's loss to A lies.
 
@@ -36,6 +39,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--first", type=int, default=0, help="with --first_action: decisions replaced")
     p.add_argument("--first_action", type=int, default=None, help="the action index of the replaced decisions")
+    p.add_argument("--override", action="append", default=[], help="a Hydra override of the task (repeatable)")
     p.add_argument("agents", nargs="+", help="kvrl-train or rl_rcpi run directories (best_model.zip, agent.json)")
     a = p.parse_args()
     import gymnasium as gym
@@ -46,7 +50,7 @@ def main() -> None:
     from kvrl.envs.config import load_task
 
     env_id, cfg = load_task(a.task, [f"env.episode.split={a.split}", "env.episode.window_s=null",
-                                     "env.episode.step_time_sigma=0.0", "env.episode.rate_scales=[1.0]"])
+                                     "env.episode.step_time_sigma=0.0", "env.episode.rate_scales=[1.0]", *a.override])
     env = gym.make(env_id, config=cfg).unwrapped
     labels = action_labels(env)
 
