@@ -266,6 +266,25 @@ def test_ttft_slack_throttles_until_a_waiting_first_token_is_at_risk():
     for bad in ({"urgency": 1.5}, {"high": 1.0}, {"low": -0.1}):
         with pytest.raises(ValueError):
             plugins.create("watermark", "ttft_slack", **bad)
+    for bad, named in (({"inner": "nope"}, "inner"), ({"inner_params": {"fraction": 0.1}}, "without inner"),
+                       ({"inner": "fixed", "inner_params": {"nope": 1}}, "nope"), ({"inner": "agent"}, "policy_path")):
+        with pytest.raises(ValueError, match=named):
+            plugins.create("watermark", "ttft_slack", **bad)
+
+
+def test_ttft_slack_hands_its_high_reserve_and_admit_answers_to_the_inner_policy():
+    """With ``inner``, the inner policy answers while nothing waiting is urgent (its reserve and its vetoes) and
+    sees every step; once a request is urgent the rule holds ``low`` and admits everything."""
+    rule = plugins.create("watermark", "ttft_slack", urgency=0.5, low=0.01, inner="tenant_quota",
+                          inner_params={"inner_fraction": 0.3})
+    view = _View()
+    rule.bind(view)
+    view.now, view.waiting = 10.0, ()
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 300 and rule.vetoes
+    view.waiting = (_Seq(9.0, None, 0),)                               # waited 1.0 s = 0.5 x 2 s
+    rule.on_step_end()
+    assert rule.reserved_blocks() == 10 and not rule.vetoes and rule.admit(None, 1)
 
 
 def test_bandit_converges_to_the_best_arm_on_a_stationary_reward():

@@ -18,7 +18,7 @@ import numpy as np
 from kvrl.envs.config import FeatureConfig
 from kvrl.envs.features import FeatureTracker
 from kvrl.plugins.base import WatermarkPolicy, check_choice, check_range
-from kvrl.plugins.registry import register
+from kvrl.plugins.registry import create, make_params, register
 from kvrl.plugins.slack import tight_tpot_share
 
 if TYPE_CHECKING:
@@ -281,29 +281,71 @@ class TtftSlackWatermark(WatermarkPolicy):
     blocks free while that wait is below ``urgency`` x the request's objective, else ``low`` (admit
     until nearly full). With nothing waiting it holds ``high``. It needs no training and sees only
     what a server knows: arrival times and objectives. Parameters: ``urgency`` (0.5, in [0, 1]),
-    ``high`` (0.1) and ``low`` (0.01), each in [0, 1)."""
+    ``high`` (0.1) and ``low`` (0.01), each in [0, 1); ``inner`` (a watermark plugin name, default
+    none) with ``inner_params``: that policy decides in place of ``high`` while no request is urgent
+    (its reservation and its admit answers; it is bound to the engine and sees every event all
+    along), so the rule becomes a TTFT guard around it, e.g. around a saved agent
+    (``inner: agent, inner_params: {policy_path: ...}``)."""
 
     @dataclass
     class Params:
         urgency: float = 0.5
         high: float = 0.1
         low: float = 0.01
+        inner: Optional[str] = None
+        inner_params: Optional[dict] = None
 
         def __post_init__(self):
             check_range("urgency", self.urgency, 0.0, 1.0)
             check_range("high", self.high, 0.0, 1.0, hi_inclusive=False)
             check_range("low", self.low, 0.0, 1.0, hi_inclusive=False)
+            if self.inner is None:
+                if self.inner_params:
+                    raise ValueError("inner_params without inner: name the watermark plugin they are for")
+                return
+            if self.inner == "agent" and not (self.inner_params or {}).get("policy_path"):
+                raise ValueError("inner=agent needs inner_params.policy_path (a saved agent that decides by itself)")
+            try:
+                make_params("watermark", self.inner, **dict(self.inner_params or {}))
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"inner: {err}") from None
 
     def __init__(self, params) -> None:
         super().__init__(params)
         self.fraction = params.high
         self.urgent = False           # a waiting request had used ``urgency`` of its TTFT objective after the last step
+        self.inner: Optional[WatermarkPolicy] = (create("watermark", params.inner, **dict(params.inner_params or {}))
+                                                 if params.inner else None)
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        if self.inner is not None:
+            self.inner.bind(engine)
 
     def on_step_end(self) -> None:
+        if self.inner is not None:
+            self.inner.on_step_end()
         now, urgency = self.engine.now, self.params.urgency
         self.urgent = any(s.first_token_s is None and s.slo_ttft_s is not None
                           and now - s.arrival_s >= urgency * s.slo_ttft_s for s in self.engine.waiting)
         self.fraction = self.params.low if self.urgent else self.params.high
 
+    def on_finish(self, seq) -> None:
+        if self.inner is not None:
+            self.inner.on_finish(seq)
+
+    def on_preempt(self, seq, mode) -> None:
+        if self.inner is not None:
+            self.inner.on_preempt(seq, mode)
+
+    @property
+    def vetoes(self) -> bool:
+        return self.inner is not None and not self.urgent and self.inner.vetoes
+
+    def admit(self, seq, blocks_needed: int) -> bool:
+        return self.inner.admit(seq, blocks_needed) if self.inner is not None and not self.urgent else True
+
     def reserved_blocks(self) -> int:
+        if self.inner is not None and not self.urgent:
+            return self.inner.reserved_blocks()
         return int(self.fraction * self.engine.num_blocks)
