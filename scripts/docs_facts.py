@@ -1542,6 +1542,13 @@ def planner_mix() -> dict[str, str]:
     return out
 
 
+def _val_reference_scores(refs) -> list[str]:
+    """rl_cem.py's val references (``val_reference_goodput``: one row per reference policy, one column per val
+    job): each reference's own val score on the search's scale, the mean shortfall to the best reference per
+    job (%)."""
+    return [f"{(row / refs.max(axis=0) - 1.0).mean() * 100.0:+.1f}%" for row in refs]
+
+
 PLANNER_CEM = {"test": "docs/results/rl_throttle/planner_cem_test_results.csv",
                "heldout": "docs/results/rl_throttle/planner_cem_heldout_results.csv",
                "conv": "docs/results/rl_throttle/planner_cem_conv_results.csv"}
@@ -1584,8 +1591,7 @@ def planner_cem() -> dict[str, str]:
     gains = (fixed0_val / rule_val - 1.0).reshape(-1, n_families).mean(axis=0) * 100.0
     out.update({f"val_fixed0_vs_rule_family{k}": f"{g:+.1f}%" for k, g in enumerate(gains)})
     load0 = np.asarray(searches["cemload_seed0"]["val_reference_goodput"])   # rows: the base (rule), fixed 0.0
-    for name, row in (("rule", 0), ("fixed0", 1)):
-        out[f"cemload_val_{name}"] = f"{(load0[row] / load0.max(axis=0) - 1.0).mean() * 100.0:+.1f}%"
+    out.update({f"cemload_val_{name}": score for name, score in zip(("rule", "fixed0"), _val_reference_scores(load0))})
     cells = searches["cemload_seed0"]["val_cells"]
     per_cell = (load0[1] / load0[0] - 1.0).reshape(-1, len(cells)).mean(axis=0) * 100.0
     out.update({f"cemload_val_fixed0_vs_rule_f{family}_l{load}": f"{g:+.1f}%"
@@ -1625,10 +1631,9 @@ def planner_gate() -> dict[str, str]:
         search = _json(path)
         out[f"gate_seed{k}_val_gain"] = f"{search['best']['val_gain_pct']:+.1f}%"
         out[f"gate_seed{k}_val_generation"] = str(search["best"]["generation"])
-        if k == 0:
-            refs = np.asarray(search["val_reference_goodput"])   # rows: the base agent, fixed 0.0
-            for name, row in (("base", 0), ("fixed0", 1)):
-                out[f"val_{name}"] = f"{(refs[row] / refs.max(axis=0) - 1.0).mean() * 100.0:+.1f}%"
+        if k == 0:   # rows: the base agent, fixed 0.0
+            refs = np.asarray(search["val_reference_goodput"])
+            out.update({f"val_{name}": score for name, score in zip(("base", "fixed0"), _val_reference_scores(refs))})
     live = _live_rows(PLANNER_GATE_LIVE)
     gate = next(v for label, v in live.items() if label.startswith("agent"))
     rule = next(live[p] for p in PLANNER_RULES if p in live)

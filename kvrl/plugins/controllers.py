@@ -18,7 +18,7 @@ import numpy as np
 from kvrl.envs.config import FeatureConfig
 from kvrl.envs.features import FeatureTracker
 from kvrl.plugins.base import WatermarkPolicy, check_choice, check_range
-from kvrl.plugins.registry import create, make_params, register
+from kvrl.plugins.registry import create, inner_plugin_spec, register
 from kvrl.plugins.slack import tight_tpot_share
 
 if TYPE_CHECKING:
@@ -305,10 +305,7 @@ class TtftSlackWatermark(WatermarkPolicy):
                 return
             if self.inner == "agent" and not (self.inner_params or {}).get("policy_path"):
                 raise ValueError("inner=agent needs inner_params.policy_path (a saved agent that decides by itself)")
-            try:
-                make_params("watermark", self.inner, **dict(self.inner_params or {}))
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"inner: {err}") from None
+            inner_plugin_spec("watermark", self.inner, self.inner_params)
 
     def __init__(self, params) -> None:
         super().__init__(params)

@@ -19,38 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from kvrl.plugins.base import (EvictionPolicy, Policy, WatermarkPolicy, check_choice, check_range)
-from kvrl.plugins.registry import UnknownPluginError, make_params, register
+from kvrl.plugins.registry import inner_plugin_spec, register
 
 _RUNNING = "running"
 _DONE = ("finished", "aborted")
-
-
-def _inner_spec(kind: str, inner: str, inner_params: Optional[Dict[str, Any]], shortcut: str,
-                shortcut_value: Any, shortcut_param: str, shortcut_inner: tuple[str, ...]) -> tuple[str, dict]:
-    """Validate the inner policy's name and parameters (merging the shortcut); returns (name, params)."""
-    if not isinstance(inner, str) or not inner:
-        raise ValueError(f"inner must be the name of a {kind} plugin, got {inner!r}")
-    if inner_params is not None and not isinstance(inner_params, dict):
-        try:
-            inner_params = dict(inner_params)
-        except (TypeError, ValueError):
-            raise ValueError(f"inner_params must be a mapping of parameter names to values, got {inner_params!r}") from None
-    params = dict(inner_params or {})
-    if shortcut_value is not None:
-        if inner not in shortcut_inner:
-            raise ValueError(f"{shortcut} applies to inner={'|'.join(shortcut_inner)} only (inner={inner!r}); "
-                             f"set inner_params instead")
-        if shortcut_param in params and params[shortcut_param] != shortcut_value:
-            raise ValueError(f"{shortcut}={shortcut_value!r} contradicts inner_params.{shortcut_param}="
-                             f"{params[shortcut_param]!r}")
-        params[shortcut_param] = shortcut_value
-    try:
-        make_params(kind, inner, **params)   # validates now, naming the key
-    except UnknownPluginError as exc:
-        raise ValueError(f"inner: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"inner: {exc}") from None
-    return inner, params
 
 
 class _Wrapper(Policy):
@@ -84,7 +56,7 @@ class _WatermarkInner:
     inner_params: Optional[Dict[str, Any]] = None
 
     def inner_spec(self) -> tuple[str, dict]:
-        return _inner_spec("watermark", self.inner, self.inner_params, "inner_fraction", self.inner_fraction,
+        return inner_plugin_spec("watermark", self.inner, self.inner_params, "inner_fraction", self.inner_fraction,
                            "fraction", ("fixed",))
 
 
@@ -262,7 +234,7 @@ class _EvictionInner:
     def inner_spec(self) -> tuple[str, dict]:
         if self.inner_mode is not None:
             check_choice("inner_mode", self.inner_mode, ("recompute", "swap", "auto"))
-        return _inner_spec("eviction", self.inner, self.inner_params, "inner_mode", self.inner_mode, "mode",
+        return inner_plugin_spec("eviction", self.inner, self.inner_params, "inner_mode", self.inner_mode, "mode",
                            ("lifo", "fewest_computed", "most_blocks", "priority", "tenant_fair"))
 
 

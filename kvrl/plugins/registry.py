@@ -38,7 +38,7 @@ import logging
 import numbers
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Dict, Literal, Mapping, Optional
 
 from kvrl.plugins.base import check_choice, check_range
 
@@ -216,6 +216,38 @@ def make_params(kind: str, name: str, **params: Any) -> Any:
         return made
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{kind}={name}: {exc}") from exc
+
+
+def inner_plugin_spec(kind: str, inner: str, inner_params: Optional[Dict[str, Any]], shortcut: str = "",
+                      shortcut_value: Any = None, shortcut_param: str = "",
+                      shortcut_inner: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """The ``(name, params)`` of a plugin that wraps another of ``kind`` (its ``inner``): the inner name and
+    ``inner_params`` validated now, errors naming ``inner``, with a one-parameter shortcut merged in
+    (``shortcut`` = ``shortcut_value`` sets the inner's ``shortcut_param``, allowed for ``shortcut_inner``
+    only)."""
+    if not isinstance(inner, str) or not inner:
+        raise ValueError(f"inner must be the name of a {kind} plugin, got {inner!r}")
+    if inner_params is not None and not isinstance(inner_params, dict):
+        try:
+            inner_params = dict(inner_params)
+        except (TypeError, ValueError):
+            raise ValueError(f"inner_params must be a mapping of parameter names to values, got {inner_params!r}") from None
+    params = dict(inner_params or {})
+    if shortcut_value is not None:
+        if inner not in shortcut_inner:
+            raise ValueError(f"{shortcut} applies to inner={'|'.join(shortcut_inner)} only (inner={inner!r}); "
+                             f"set inner_params instead")
+        if shortcut_param in params and params[shortcut_param] != shortcut_value:
+            raise ValueError(f"{shortcut}={shortcut_value!r} contradicts inner_params.{shortcut_param}="
+                             f"{params[shortcut_param]!r}")
+        params[shortcut_param] = shortcut_value
+    try:
+        make_params(kind, inner, **params)   # validates now, naming the key
+    except UnknownPluginError as exc:
+        raise ValueError(f"inner: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"inner: {exc}") from None
+    return inner, params
 
 
 def create(kind: str, name: str, **params: Any) -> Any:
