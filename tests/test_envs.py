@@ -716,8 +716,9 @@ def test_a_saved_agent_is_a_rule_that_a_gating_agent_can_hand_the_watermark_to(t
 
 def test_ttft_slack_around_an_inner_policy_is_the_rule_with_that_policy_for_high(tmp_path):
     """ttft_slack(inner=...): the inner policy decides in place of ``high`` while nothing waiting is urgent, so
-    around fixed(h) it serves bit for bit what ttft_slack(high=h) serves; around a saved agent it runs (and
-    differs from the agent alone only where the queue is urgent)."""
+    around fixed(h) it serves bit for bit what ttft_slack(high=h) serves;
+    around a saved agent it serves what the agent serves alone while no first token is ever at risk (urgency 1:
+    no wait on this scenario reaches its TTFT objective) and otherwise differs (urgency 0: any wait is urgent)."""
     from kvrl.envs.agent_io import algo_class
 
     rule = {"name": "ttft_slack", "urgency": 0.2, "high": 0.2, "low": 0.0}
@@ -727,9 +728,10 @@ def test_ttft_slack_around_an_inner_policy_is_the_rule_with_that_policy_for_high
     model = algo_class("dqn")("MlpPolicy", env, seed=0, device="cpu", learning_starts=0)
     model.save(str(tmp_path / "model.zip"))
     write_meta(tmp_path, "dqn", env.spec.id, env.unwrapped.config)
-    guarded = {"name": "ttft_slack", "urgency": 1.0, "low": 0.0, "inner": "agent",
-               "inner_params": {"policy_path": str(tmp_path)}}
-    assert _engine_run("watermark", "watermark", guarded, RULES_SLACK)["finished"] > 0
+    alone = _engine_run("watermark", "watermark", {"name": "agent", "policy_path": str(tmp_path)}, RULES_SLACK)
+    guarded = {"name": "ttft_slack", "low": 0.0, "inner": "agent", "inner_params": {"policy_path": str(tmp_path)}}
+    assert same(_engine_run("watermark", "watermark", {**guarded, "urgency": 1.0}, RULES_SLACK), alone)
+    assert not same(_engine_run("watermark", "watermark", {**guarded, "urgency": 0.0}, RULES_SLACK), alone)
 
 
 def test_a_saved_rule_choosing_agent_decides_the_same_inside_and_outside_the_env(tmp_path):
