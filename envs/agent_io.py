@@ -30,6 +30,7 @@ ALGOS = {                      # agent name -> (module, class)
     "sac": ("stable_baselines3", "SAC"),
     "dqn": ("stable_baselines3", "DQN"),
     "maskable_ppo": ("sb3_contrib", "MaskablePPO"),
+    "recurrent_ppo": ("sb3_contrib", "RecurrentPPO"),
 }
 ROLES = {"kvrl/Watermark-v0": "watermark", "kvrl/WatermarkLive-v0": "watermark",
          "kvrl/Preemption-v0": "eviction", "kvrl/PreemptionLive-v0": "eviction",
@@ -42,7 +43,7 @@ class AgentNotFound(FileNotFoundError):
 
 
 def algo_class(name: str) -> type:
-    """The SB3 class of agent ``name`` (``ppo``, ``sac``, ``dqn``, ``maskable_ppo``)."""
+    """The SB3 class of agent ``name`` (``ppo``, ``sac``, ``dqn``, ``maskable_ppo``, ``recurrent_ppo``)."""
     if name not in ALGOS:
         raise ValueError(f"unknown agent {name!r}; known agents: {sorted(ALGOS)}")
     module, cls = ALGOS[name]
@@ -89,7 +90,10 @@ def read_meta(path: str | Path) -> dict:
 
 @dataclass
 class Agent:
-    """A loaded agent: the SB3 model, its algorithm, env id and typed env config."""
+    """A loaded agent: the SB3 model, its algorithm, env id and typed env config.
+
+    A ``recurrent_ppo`` agent carries its LSTM state from one :meth:`act` to the next: one episode (one
+    engine run) per agent, or :meth:`reset` between episodes."""
 
     model: Any
     algo: str
@@ -97,6 +101,8 @@ class Agent:
     env_config: Any
     path: Path
     deterministic: bool = True
+    lstm_state: Any = None        # recurrent_ppo: the hidden and cell states after the last act
+    episode_start: bool = True    # recurrent_ppo: the next act starts an episode (zeroes the state)
 
     @property
     def role(self) -> str:
@@ -104,12 +110,22 @@ class Agent:
         return ROLES[self.env_id]
 
     def act(self, obs: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
-        """The model's action for one observation (masked for ``maskable_ppo``)."""
+        """The model's action for one observation (masked for ``maskable_ppo``; for ``recurrent_ppo``,
+        given the observations since the episode started, through its state)."""
         if self.algo == "maskable_ppo":
             action, _ = self.model.predict(obs, deterministic=self.deterministic, action_masks=mask)
+        elif self.algo == "recurrent_ppo":
+            action, self.lstm_state = self.model.predict(obs, state=self.lstm_state, deterministic=self.deterministic,
+                                                         episode_start=np.array([self.episode_start]))
+            self.episode_start = False
         else:
             action, _ = self.model.predict(obs, deterministic=self.deterministic)
         return action
+
+
+    def reset(self) -> None:
+        """Start a new episode: a recurrent agent forgets what it saw (others hold no state)."""
+        self.lstm_state, self.episode_start = None, True
 
 
 def _zero(_progress: float) -> float:

@@ -69,6 +69,7 @@ def main() -> None:
     for path in a.agents:
         model = load_agent(path)
         actions, goodput = serve(lambda k, obs: model.act(obs))
+        model.reset()                              # a recurrent agent starts the next episode afresh
         shares = np.bincount(actions, minlength=len(labels)) / len(actions)
         print(f"{os.path.basename(path.rstrip('/'))}: {len(actions)} decisions, goodput {goodput:.1f} tok/s")
         print("  " + "; ".join(f"{label} {share:.0%}" for label, share in zip(labels, shares)))

@@ -78,7 +78,10 @@ def main() -> None:
     agent = load_agent(a.agent)
     env_id, cfg = load_task(a.task, [])
     env = gym.make(env_id, config=cfg).unwrapped
-    episodes = [serve(env, agent.act, 1000 + i)[0] for i in range(a.episodes)]
+    episodes = []
+    for i in range(a.episodes):
+        agent.reset()                                  # a recurrent agent starts each episode afresh
+        episodes.append(serve(env, agent.act, 1000 + i)[0])
     train = np.concatenate(episodes)
     mu, sd = train.mean(0), train.std(0) + 1e-3
     z_train = (train - mu) / sd
@@ -91,10 +94,12 @@ def main() -> None:
         env_id, cfg = load_task(task, [f"env.episode.split={split}", "env.episode.window_s=null",
                                        "env.episode.step_time_sigma=0.0", "env.episode.rate_scales=[1.0]"])
         family_env = gym.make(env_id, config=cfg).unwrapped
+        agent.reset()
         obs, _, alone = serve(family_env, agent.act, 0)
         rows.append((family, obs, [obs]))
         if a.guard_action is not None:
             fallback, flags = a.guard_action, []
+            agent.reset()
             _, _, with_guard = serve(family_env, lambda o: fallback if flags.append(looks_new(o)) or flags[-1]
                                      else agent.act(o), 0)
             taken = np.mean(flags)

@@ -281,24 +281,45 @@ def _save_untrained(tmp_path, task, algo):
     from kvrl.envs.agent_io import algo_class
 
     env = make(task)
-    model = algo_class(algo)("MlpPolicy", env, seed=0, device="cpu", n_steps=32, batch_size=32)
+    policy = "MlpLstmPolicy" if algo == "recurrent_ppo" else "MlpPolicy"
+    model = algo_class(algo)(policy, env, seed=0, device="cpu", n_steps=32, batch_size=32)
+    if algo == "recurrent_ppo":      # a state that weighs as much as the observation, so that it shows in the actions
+        import torch
+
+        with torch.no_grad():
+            model.policy.lstm_actor.weight_hh_l0.mul_(20.0)
+            model.policy.action_net.weight.mul_(20.0)
     model.save(str(tmp_path / "model.zip"))
     write_meta(tmp_path, algo, env.spec.id, env.unwrapped.config)
     return env, load_agent(tmp_path)
 
 
 @pytest.mark.parametrize("task,kind,algo", [("watermark", "watermark", "ppo"),
+                                            ("watermark", "watermark", "recurrent_ppo"),
                                             ("preemption", "eviction", "maskable_ppo")])
 def test_saved_agent_decides_the_same_inside_and_outside_the_env(tmp_path, task, kind, algo):
+    """The plugin serving a saved agent by itself takes the decisions the env takes with it; a recurrent
+    agent's state runs through the episode there too."""
     env, agent = _save_untrained(tmp_path, task, algo)
     obs, _ = env.reset(seed=0)
+    seen, actions = [], []
     while True:
         mask = env.unwrapped.action_masks() if kind == "eviction" else None
-        obs, _, terminated, truncated, info = env.step(agent.act(obs, mask))
+        seen.append(obs)
+        actions.append(int(agent.act(obs, mask)))
+        obs, _, terminated, truncated, info = env.step(actions[-1])
         if terminated or truncated:
             break
     outside = _engine_run(task, kind, {"name": "agent", "policy_path": str(tmp_path)})
     assert same(outside, info["metrics"])
+    if algo == "recurrent_ppo":      # its actions depend on what it saw before: not on the observation alone
+        agent.reset()
+        assert [int(agent.act(o)) for o in seen] == actions
+        forgetful = []
+        for o in seen:
+            agent.reset()
+            forgetful.append(int(agent.act(o)))
+        assert forgetful != actions
 
 
 def test_missing_checkpoint_path_is_named(tmp_path):

@@ -93,6 +93,19 @@ def test_maskable_ppo_trains_on_the_preemption_task(tmp_path):
     assert json.loads((tmp_path / "p" / "agent.json").read_text())["algo"] == "maskable_ppo"
 
 
+def test_recurrent_ppo_trains_validates_and_is_evaluated(tmp_path):
+    """agent=recurrent_ppo (an LSTM policy): validated during training with its state carried through each
+    val episode, saved, and served by kvrl-eval through the agent plugin."""
+    run = tmp_path / "r"
+    app("train", f"hydra.run.dir={run}", *TRAIN, "agent=recurrent_ppo")
+    assert json.loads((run / "agent.json").read_text())["algo"] == "recurrent_ppo"
+    assert (run / "best_model.zip").exists() and len(np.load(run / "evaluations.npz")["results"]) >= 1
+    out = tmp_path / "e"
+    app("eval", f"hydra.run.dir={out}", *EVAL, f"agents=[{run}]", "seeds=[0]")
+    rows = list(csv.DictReader(open(out / "leaderboard.csv")))
+    agent = [r for r in rows if r["kind"] == "agent"]
+    assert len(agent) == 1 and "recurrent_ppo" in agent[0]["policy"] and float(agent[0]["goodput_tok_s_mean"]) > 0
+
 # Live backend on CPU (the tiny random model): six requests of the test split, one seed.
 LIVE = ["backend=live", "model=tiny", "backend.device=cpu", "engine.num_blocks=256", "workload.max_requests=6",
         "seeds=[0]", "baselines.watermark=[{name: fixed, fraction: 0.01}]", "live_warmup=2", "plots=false",

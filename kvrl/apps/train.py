@@ -189,8 +189,8 @@ def apply_action_prior(model: Any, logits: dict[int, float]) -> None:
     n = getattr(model.action_space, "n", None)
     if head is None or n is None or getattr(head, "bias", None) is None or head.out_features != int(n):
         raise ConfigError(f"train.init_logits: {type(model).__name__} on {model.action_space} has no "
-                          "categorical action head to set a prior on (PPO or MaskablePPO with a "
-                          "discrete action space)")
+                          "categorical action head to set a prior on (PPO, MaskablePPO or RecurrentPPO "
+                          "with a discrete action space)")
     for index, logit in logits.items():
         if index >= n:
             raise ConfigError(f"train.init_logits.{index}: the action space has {n} actions (0..{n - 1})")

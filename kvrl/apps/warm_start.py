@@ -24,7 +24,7 @@ from kvrl.envs.config import to_dict
 
 # The parts of a task config that decide what an observation and an action mean.
 MEANING_KEYS = ("features", "action", "decision")
-PPO_FAMILY = ("ppo", "maskable_ppo")
+PPO_FAMILY = ("ppo", "maskable_ppo", "recurrent_ppo")
 
 
 @dataclass
