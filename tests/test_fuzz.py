@@ -355,7 +355,7 @@ def test_fuzz_engine_config_through_omegaconf(kw, seed):
 
 
 # ============================================================================ engine operations
-SCHEDULERS = [("fcfs", {}), ("priority", {}), ("sjf", {}), ("sjf", {"oracle": False}), ("lpm", {"max_queue": 4})]
+SCHEDULERS = [("fcfs", {}), ("priority", {}), ("sjf", {}), ("sjf", {"oracle": True}), ("lpm", {"max_queue": 4})]
 WATERMARKS = [("fixed", {}), ("fixed", {"fraction": 0.0}), ("opt_factor", {"a": 4.0}), ("avg_block_len", {"t": 3.0}),
               ("token_ratio", {"decay_steps": 5}), ("past_future", {"min_history": 2}), ("past_future", {"min_history": 2, "key": "tenant"}),
               ("tenant_quota", {}), ("tenant_quota", {"share": 0.3, "burst": 1.5, "inner": "thrash_guard"}),

@@ -359,3 +359,24 @@ def test_reservations_beyond_the_pool_are_the_whole_pool_not_a_policy_error(name
     metrics = engine.run([make_request(f"r{i}", prompt_len=8, output_len=6, arrival_s=0.001 * i, seed=i)
                           for i in range(12)])
     assert metrics["finished"] == 12 and metrics["policy_errors"] == 0
+
+
+def test_sjf_predicts_lengths_unless_told_to_read_them():
+    """By default ``sjf`` orders by the mean output of finished requests of the same prompt-length bucket
+    (a server's guess); only ``oracle=true`` reads each request's exact output length."""
+    from types import SimpleNamespace
+
+    def seq(seq_id, prompt_len, output_len, num_output=0):
+        return SimpleNamespace(seq_id=seq_id, prompt_len=prompt_len, output_len=output_len,
+                               num_output=num_output, arrival_s=float(seq_id))
+
+    predicted, oracle = plugins.create("scheduler", "sjf"), plugins.create("scheduler", "sjf", oracle=True)
+    assert not predicted.params.oracle and predicted.static_key is False and oracle.static_key is True
+    short_prompt_long_output, long_prompt_short_output = seq(0, 10, 900), seq(1, 1000, 20)
+    for finished in (seq(9, 12, 30), seq(8, 900, 600)):          # short prompts have ended short so far
+        predicted.on_finish(SimpleNamespace(prompt_len=finished.prompt_len, num_output=finished.output_len))
+    order = lambda p: sorted([short_prompt_long_output, long_prompt_short_output], key=p.key)
+    assert order(predicted) == [short_prompt_long_output, long_prompt_short_output]
+    assert order(oracle) == [long_prompt_short_output, short_prompt_long_output]
+    assert predicted.predict(seq(2, 5000, 1)) == pytest.approx((30 + 600) / 2)   # unseen bucket: the global mean
+    assert plugins.create("scheduler", "sjf", default_len=77).predict(seq(3, 10, 1)) == 77

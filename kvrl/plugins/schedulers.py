@@ -35,17 +35,17 @@ class PriorityScheduler(SchedulerPolicy):
 
 @register("scheduler", "sjf")
 class ShortestJobFirst(SchedulerPolicy):
-    """Shortest job first by output length. With ``oracle=true`` it uses the exact output length
-    (an upper bound on what length prediction can give); otherwise a predictor: the mean output
-    length of finished requests in the same prompt-length bucket (powers of two), falling back to
-    the global mean and then to ``default_len``. Ties by arrival. Parameters: ``oracle`` (bool,
-    default true), ``default_len`` (tokens, default 256). Sources: SJF/SRPT scheduling for LLM
+    """Shortest job first by output length, predicted: the mean output length of finished requests in
+    the same prompt-length bucket (powers of two), falling back to the global mean and then to
+    ``default_len``. With ``oracle=true`` it reads each request's exact output length instead, which
+    no server knows: an upper bound on what length prediction can give, for studies only. Ties by
+    arrival. Parameters: ``oracle`` (bool, default false), ``default_len`` (tokens, default 256). Sources: SJF/SRPT scheduling for LLM
     serving (e.g. Qiu et al. 2024, "Efficient interactive LLM serving with proxy model-based
     sequence length prediction")."""
 
     @dataclass
     class Params:
-        oracle: bool = True
+        oracle: bool = False
         default_len: int = 256
 
         def __post_init__(self):
