@@ -9,7 +9,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         && ls .whl > /tmp/site/.kvrl-wheels; } ) 9> /tmp/kvrl-wheels.lock || exit 1
   export PYTHONPATH=/tmp/site
 fi
-for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -s "../$d" "kvrl/$d"; done
+# -n: never a link inside an existing one (two scripts started at once race here; the loser finds the link made)
+for d in kernels envs conf; do [ -e "kvrl/$d" ] || ln -sn "../$d" "kvrl/$d" 2>/dev/null || [ -e "kvrl/$d" ] || exit 1; done
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 
 # GPU, driver, python/torch/triton and the commit, for a script's header (non-zero if torch is missing).
