@@ -2321,6 +2321,48 @@ def ceiling_s36() -> dict[str, str]:
     return out
 
 
+# --- docs/rl.md, "The admission order: a lever the agents do not hold" (session 54) -------------------------------
+
+SCHEDULER_ORDER = "docs/results/rl_scheduler"
+SCHEDULER_RUNS = {"pressure": ("fcfs", "sjf", "sjf_oracle"), "tenants": ("fcfs", "sjf", "sjf_oracle", "lpm"),
+                  "tenants_heldout": ("fcfs", "sjf", "sjf_oracle", "lpm")}
+SCHEDULER_AGENTS = f"{SCHEDULER_ORDER}/tenants_lpm_agents_results.csv"
+
+
+def _hindsight(runs: dict[str, dict[int, float]]) -> dict[int, float]:
+    """The swept fixed watermark of the highest mean on these seeds (kvrl-eval's oracle line), per seed."""
+    swept = [v for label, v in runs.items() if label.startswith("fixed(") and " [" not in label]
+    return max(swept, key=lambda v: sum(v.values()) / len(v))
+
+
+@source("scheduler_order", "cheap", SCHEDULER_AGENTS,
+        *(f"{SCHEDULER_ORDER}/{task}_{name}_results.csv" for task, names in SCHEDULER_RUNS.items() for name in names))
+def scheduler_order() -> dict[str, str]:
+    """Session 54's admission-order study (benchmarks/rl_scheduler_study.sh): per task and scheduler, its
+    hindsight-best fixed watermark against fcfs's, paired per seed (``<task>_<scheduler>_vs_fcfs``); the best
+    scheduler per seed (clairvoyant) against the scheduler of the highest mean (``<task>_clairvoyant_vs_strongest``); and
+    the FCFS-trained ``tenants`` agents served under lpm: the span of their goodput differences to the strongest
+    other policy there (``lpm_agents_vs_best``, naming it in ``lpm_best``)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = {}
+    for task, names in SCHEDULER_RUNS.items():
+        best = {n: _hindsight(_by_policy(f"{SCHEDULER_ORDER}/{task}_{n}_results.csv", "goodput_tok_s")) for n in names}
+        for n in names[1:]:
+            out[f"{task}_{n}_vs_fcfs"] = _compare_cell(paired_compare(best[n], best["fcfs"], "goodput_tok_s"))
+        per_seed = {seed: max(b[seed] for b in best.values()) for seed in best["fcfs"]}
+        strongest = max(best, key=lambda n: sum(best[n].values()))
+        out[f"{task}_clairvoyant_vs_strongest"] = _compare_cell(paired_compare(per_seed, best[strongest], "goodput_tok_s"))
+    runs = _by_policy(SCHEDULER_AGENTS, "goodput_tok_s", skip_kinds=("sweep",))
+    others = {p: v for p, v in runs.items() if not p.startswith("agent") and "[oracle" not in p}
+    best_label = max(others, key=lambda p: sum(others[p].values()) / len(others[p]))
+    deltas = [paired_compare(v, others[best_label], "goodput_tok_s").pct_change
+              for p, v in runs.items() if p.startswith("agent")]
+    out["lpm_best"] = best_label
+    out["lpm_agents_vs_best"] = _span(deltas, "+.1f") + "%"
+    return out
+
+
 DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
              "docs/results/rl_slots/round4_deviation_val_seeds5-9.jsonl")
 
