@@ -2327,6 +2327,8 @@ SCHEDULER_ORDER = "docs/results/rl_scheduler"
 SCHEDULER_RUNS = {"pressure": ("fcfs", "sjf", "sjf_oracle"), "tenants": ("fcfs", "sjf", "sjf_oracle", "lpm"),
                   "tenants_heldout": ("fcfs", "sjf", "sjf_oracle", "lpm")}
 SCHEDULER_AGENTS = f"{SCHEDULER_ORDER}/tenants_lpm_agents_results.csv"
+SCHEDULER_LIVE = {(sched, stage): f"docs/results/rl_live_h200/scheduler_s54/{sched}/tenants/{stage}/results.csv"
+                  for sched in ("fcfs", "lpm") for stage in ("live", "sim")}
 
 
 def _hindsight(runs: dict[str, dict[int, float]]) -> dict[int, float]:
@@ -2335,14 +2337,16 @@ def _hindsight(runs: dict[str, dict[int, float]]) -> dict[int, float]:
     return max(swept, key=lambda v: sum(v.values()) / len(v))
 
 
-@source("scheduler_order", "cheap", SCHEDULER_AGENTS,
+@source("scheduler_order", "cheap", SCHEDULER_AGENTS, *SCHEDULER_LIVE.values(),
         *(f"{SCHEDULER_ORDER}/{task}_{name}_results.csv" for task, names in SCHEDULER_RUNS.items() for name in names))
 def scheduler_order() -> dict[str, str]:
     """Session 54's admission-order study (benchmarks/rl_scheduler_study.sh): per task and scheduler, its
     hindsight-best fixed watermark against fcfs's, paired per seed (``<task>_<scheduler>_vs_fcfs``); the best
     scheduler per seed (clairvoyant) against the scheduler of the highest mean (``<task>_clairvoyant_vs_strongest``); and
     the FCFS-trained ``tenants`` agents served under lpm: the span of their goodput differences to the strongest
-    other policy there (``lpm_agents_vs_best``, naming it in ``lpm_best``)."""
+    other policy there (``lpm_agents_vs_best``, naming it in ``lpm_best``); live on an H200
+    (benchmarks/rl_scheduler_live.sh), fixed 0.01 under lpm against under fcfs, live and in the sim stage beside it
+    (``<stage>_lpm_vs_fcfs``), and the sim's error on each scheduler's mean goodput (``sim_error_<scheduler>``)."""
     from kvrl.analysis.stats import paired_compare
 
     out = {}
@@ -2360,6 +2364,12 @@ def scheduler_order() -> dict[str, str]:
               for p, v in runs.items() if p.startswith("agent")]
     out["lpm_best"] = best_label
     out["lpm_agents_vs_best"] = _span(deltas, "+.1f") + "%"
+    fixed = {key: _by_policy(path, "goodput_tok_s")["fixed(fraction=0.01)"] for key, path in SCHEDULER_LIVE.items()}
+    for stage in ("live", "sim"):
+        out[f"{stage}_lpm_vs_fcfs"] = _compare_cell(paired_compare(fixed["lpm", stage], fixed["fcfs", stage], "goodput_tok_s"))
+    for sched in ("fcfs", "lpm"):
+        live, sim = (sum(fixed[sched, st].values()) / len(fixed[sched, st]) for st in ("live", "sim"))
+        out[f"sim_error_{sched}"] = f"{100 * (sim - live) / live:+.1f}%"
     return out
 
 
