@@ -1643,6 +1643,26 @@ def planner_gate() -> dict[str, str]:
     return out
 
 
+PLANNER_RPPO = {"test": "docs/results/rl_throttle/planner_rppo_test_results.csv",
+                "heldout": "docs/results/rl_throttle/planner_rppo_heldout_results.csv",
+                "conv": "docs/results/rl_throttle/planner_rppo_conv_results.csv"}
+PLANNER_RPPO_TRAINING = {k: f"docs/results/agents/throttle_planner_mix-rppo-seed{k}/summary.json" for k in (0, 1, 2)}
+
+
+@source("planner_rppo", "cheap", *PLANNER_RPPO.values(), *PLANNER_RPPO_TRAINING.values())
+def planner_rppo() -> dict[str, str]:
+    """Session 54's recurrent agents (``agent=recurrent_ppo``, an LSTM policy) trained on ``throttle_planner_mix``
+    (docs/rl.md, "A recurrent policy"): per family and agent ``rppo_seed<k>`` the keys of ``_rounds_vs_rule_and_best``
+    with ``_vs_fixed0``, the agents' range against the best other policy (``<family>_rppo_agents_vs_best``, %), and
+    their training (``decisions``, ``train_min``: the range of the three runs' wall minutes)."""
+    out = _rounds_vs_rule_and_best(PLANNER_RPPO, {"rppo": "throttle_planner_mix-rppo-seed"}, {"rppo_agents": ("rppo",)},
+                                   also_vs={"fixed0": "fixed(fraction=0.0)"})
+    runs = [_json(path) for path in PLANNER_RPPO_TRAINING.values()]
+    out["decisions"] = _span([r["timesteps"] for r in runs], ",.0f")
+    out["train_min"] = _span([r["wall_s"] / 60 for r in runs], ".0f")
+    return out
+
+
 THROTTLE_LIVE = "docs/results/rl_live_h200/throttle_s42/live_results.csv"
 THROTTLE_LIVE_POLICIES = {"agent": "agent dqn", "token_ratio": "token_ratio(", "ttft_slack": "ttft_slack("}
 
