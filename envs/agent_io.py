@@ -122,7 +122,6 @@ class Agent:
             action, _ = self.model.predict(obs, deterministic=self.deterministic)
         return action
 
-
     def reset(self) -> None:
         """Start a new episode: a recurrent agent forgets what it saw (others hold no state)."""
         self.lstm_state, self.episode_start = None, True
