@@ -101,8 +101,7 @@ class Agent:
     env_config: Any
     path: Path
     deterministic: bool = True
-    lstm_state: Any = None        # recurrent_ppo: the hidden and cell states after the last act
-    episode_start: bool = True    # recurrent_ppo: the next act starts an episode (zeroes the state)
+    lstm_state: Any = None        # recurrent_ppo: the hidden and cell states after the last act (None: a new episode)
 
     @property
     def role(self) -> str:
@@ -116,15 +115,14 @@ class Agent:
             action, _ = self.model.predict(obs, deterministic=self.deterministic, action_masks=mask)
         elif self.algo == "recurrent_ppo":
             action, self.lstm_state = self.model.predict(obs, state=self.lstm_state, deterministic=self.deterministic,
-                                                         episode_start=np.array([self.episode_start]))
-            self.episode_start = False
+                                                         episode_start=np.array([self.lstm_state is None]))
         else:
             action, _ = self.model.predict(obs, deterministic=self.deterministic)
         return action
 
     def reset(self) -> None:
         """Start a new episode: a recurrent agent forgets what it saw (others hold no state)."""
-        self.lstm_state, self.episode_start = None, True
+        self.lstm_state = None
 
 
 def _zero(_progress: float) -> float:
