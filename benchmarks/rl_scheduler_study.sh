@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Session 54's admission-order study (docs/rl.md, "The admission order: another lever"): does the order in
+# Session 54's admission-order study (docs/rl.md, "The admission order: a lever the agents do not hold"): does the order in
 # which waiting requests are admitted leave room that the watermark does not, under memory pressure? For
 # each task and scheduler, one kvrl-eval on the task's test split (10 seeds) serving the fixed watermarks
 # of SWEEP on test (oracle=true: the hindsight-best constant of that scheduler), sim only; its files go to
 # docs/results/rl_scheduler/<task>_<scheduler>_{leaderboard.csv,leaderboard.md,results.csv}.
-# scripts/rl_scheduler_headroom.py then compares each scheduler's constants with fcfs's, paired per seed.
+# scripts/rl_scheduler_table.py then compares each scheduler's constants with fcfs's, paired per seed.
 #   bash benchmarks/rl_scheduler_study.sh [TASK ...]      # default: pressure tenants tenants_heldout
 # WORKERS processes each (default 2); on a lent GPU host source benchmarks/device_env.sh first.
 set -euo pipefail
@@ -27,8 +27,8 @@ for task in "${@:-pressure tenants tenants_heldout}"; do
     run "$t" fcfs scheduler=fcfs
     run "$t" sjf scheduler=sjf scheduler.oracle=false
     run "$t" sjf_oracle scheduler=sjf scheduler.oracle=true
-    case $t in tenants*)    # shared prefixes: longest cached prefix first, as shipped (FCFS past 128 waiting) and
-      run "$t" lpm scheduler=lpm                                # with no such fallback in these runs
+    case $t in tenants*)    # shared prefixes: longest cached prefix first, as shipped (FCFS past 128 waiting)
+      run "$t" lpm scheduler=lpm                                # and without that fallback in these runs
       run "$t" lpm_q4096 scheduler=lpm scheduler.max_queue=4096 ;;
     esac
   done

@@ -2351,12 +2351,6 @@ SCHEDULER_LIVE = {(sched, stage): f"docs/results/rl_live_h200/scheduler_s54/{sch
                   for sched in ("fcfs", "lpm") for stage in ("live", "sim")}
 
 
-def _hindsight(runs: dict[str, dict[int, float]]) -> dict[int, float]:
-    """The swept fixed watermark of the highest mean on these seeds (kvrl-eval's oracle line), per seed."""
-    swept = [v for label, v in runs.items() if label.startswith("fixed(") and " [" not in label]
-    return max(swept, key=lambda v: sum(v.values()) / len(v))
-
-
 @source("scheduler_order", "cheap", SCHEDULER_AGENTS, *SCHEDULER_LIVE.values(),
         *(f"{SCHEDULER_ORDER}/{task}_{name}_results.csv" for task, names in SCHEDULER_RUNS.items() for name in names))
 def scheduler_order() -> dict[str, str]:
@@ -2367,15 +2361,20 @@ def scheduler_order() -> dict[str, str]:
     other policy there (``lpm_agents_vs_best``, naming it in ``lpm_best``); live on an H200
     (benchmarks/rl_scheduler_live.sh), fixed 0.01 under lpm against under fcfs, live and in the sim stage beside it
     (``<stage>_lpm_vs_fcfs``), and the sim's error on each scheduler's mean goodput (``sim_error_<scheduler>``)."""
+    import importlib.util
+
     from kvrl.analysis.stats import paired_compare
 
+    spec = importlib.util.spec_from_file_location("rl_scheduler_table", Path(__file__).with_name("rl_scheduler_table.py"))
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
     out = {}
     for task, names in SCHEDULER_RUNS.items():
-        best = {n: _hindsight(_by_policy(f"{SCHEDULER_ORDER}/{task}_{n}_results.csv", "goodput_tok_s")) for n in names}
+        by = {n: table.with_hindsight(table.by_policy(_csv(f"{SCHEDULER_ORDER}/{task}_{n}_results.csv"))) for n in names}
+        best = {n: runs[table.HINDSIGHT] for n, runs in by.items()}
         for n in names[1:]:
             out[f"{task}_{n}_vs_fcfs"] = _compare_cell(paired_compare(best[n], best["fcfs"], "goodput_tok_s"))
-        per_seed = {seed: max(b[seed] for b in best.values()) for seed in best["fcfs"]}
-        strongest = max(best, key=lambda n: sum(best[n].values()))
+        per_seed, strongest = table.clairvoyant(by)
         out[f"{task}_clairvoyant_vs_strongest"] = _compare_cell(paired_compare(per_seed, best[strongest], "goodput_tok_s"))
     runs = _by_policy(SCHEDULER_AGENTS, "goodput_tok_s", skip_kinds=("sweep",))
     others = {p: v for p, v in runs.items() if not p.startswith("agent") and "[oracle" not in p}

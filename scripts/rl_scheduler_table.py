@@ -17,6 +17,7 @@ import argparse
 import csv
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterable
 
 from kvrl.analysis.stats import paired_compare
 
@@ -25,14 +26,20 @@ METRIC = "goodput_tok_s"
 HINDSIGHT = "best constant in hindsight"
 
 
-def read(path: str) -> dict[str, dict[int, float]]:
-    """policy label (``[val-best, given]`` dropped) -> seed -> goodput (tok/s), over the test runs in ``path``."""
+def by_policy(rows: Iterable[dict[str, str]]) -> dict[str, dict[int, float]]:
+    """policy label (``[val-best, given]`` dropped) -> seed -> goodput (tok/s), over the test rows of a kvrl-eval
+    results.csv."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row["split"] == "test":
-                out[row["policy"].replace(" [val-best, given]", "")][int(row["seed"])] = float(row[METRIC])
+    for row in rows:
+        if row["split"] == "test":
+            out[row["policy"].replace(" [val-best, given]", "")][int(row["seed"])] = float(row[METRIC])
     return out
+
+
+def read(path: str) -> dict[str, dict[int, float]]:
+    """:func:`by_policy` of the results.csv at ``path``."""
+    with open(path, newline="") as f:
+        return by_policy(csv.DictReader(f))
 
 
 def with_hindsight(runs: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
@@ -43,6 +50,14 @@ def with_hindsight(runs: dict[str, dict[int, float]]) -> dict[str, dict[int, flo
 
 def mean(values: dict[int, float]) -> float:
     return sum(values.values()) / len(values)
+
+
+def clairvoyant(by: dict[str, dict[str, dict[int, float]]]) -> tuple[dict[int, float], str]:
+    """Over schedulers (``by``: name -> :func:`with_hindsight` runs): the best hindsight-best constant per seed, and
+    the scheduler whose hindsight-best constant has the highest mean (the strongest)."""
+    names = list(by)
+    best = {seed: max(by[n][HINDSIGHT][seed] for n in names) for seed in by[names[0]][HINDSIGHT]}
+    return best, max(names, key=lambda n: mean(by[n][HINDSIGHT]))
 
 
 def cell(values: dict[int, float], reference: dict[int, float]) -> str:
@@ -71,8 +86,7 @@ def main() -> None:
     for label in sorted(policies, key=lambda x: (x == HINDSIGHT, x)):
         row = [f"{mean(by[n][label]):,.0f}" for n in names] + [cell(by[n][label], ref[label]) for n in names[1:]]
         print(f"| {label} | " + " | ".join(row) + " |")
-    strongest = max(names, key=lambda n: mean(by[n][HINDSIGHT]))
-    best = {seed: max(by[n][HINDSIGHT][seed] for n in names) for seed in seeds}
+    best, strongest = clairvoyant(by)
     print(f"\nThe best scheduler per test seed (clairvoyant), each at its hindsight-best constant: {mean(best):,.0f} tok/s; "
           f"against {strongest} (the strongest): {cell(best, by[strongest][HINDSIGHT])}")
 
