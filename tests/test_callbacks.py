@@ -117,6 +117,27 @@ def test_fidelity_recorder_is_a_callback_and_the_loop_stops_past_the_wall_limit(
     assert cut.metrics.num_finished == 0
 
 
+def test_fidelity_recorder_counts_what_a_steps_decodes_read_of_the_prefix_cache_together():
+    """Six decodes over two prefixes of 64 tokens (four blocks): decodes 0, 2, 4 read prefix A, 1 and 3 read
+    prefix B, and decode 5 (16 tokens of context) reads none. Per prefix, every reader but one reads blocks
+    another reads, and so does that one: 3 x 64 + 2 x 64 co-read tokens, 2 prefixes, 128 prefix tokens counted
+    once. The step model's ``dec_coread`` counts the readers admitted after a prefix's first (3 x 64), whether
+    or not another decode of this step reads the same blocks (two readers of two prefixes: none does)."""
+    from kvrl.executors.profile import batch_features
+    from kvrl.fidelity.replay import batch_co_reads, prefix_reads
+    from kvrl.profiling.batches import BatchFactory
+
+    batch = BatchFactory(256, 16, 1000, 4096).batch(decode_lens=[200, 300, 150, 90, 70, 16], shared_prefix=64,
+                                                     prefix_groups=2)
+    reads = prefix_reads(batch, {})
+    assert len(reads) == 5 and len({first for first, _ in reads}) == 2
+    assert batch_co_reads(reads) == {"dec_prefixes": 2, "dec_coread_batch": 5 * 64, "dec_prefix_unique": 128}
+    assert batch_features(batch)["dec_coread"] == 3 * 64
+    alone = BatchFactory(256, 16, 1000, 4096).batch(decode_lens=[200, 300], shared_prefix=64, prefix_groups=2)
+    assert batch_co_reads(prefix_reads(alone, {})) == {"dec_prefixes": 2, "dec_coread_batch": 0, "dec_prefix_unique": 128}
+    assert batch_co_reads(()) == {"dec_prefixes": 0, "dec_coread_batch": 0, "dec_prefix_unique": 0}
+
+
 def test_prefix_cache_event_hooks_are_called():
     """Policy's hooks are part of every kind's contract: a prefix cache that overrides them hears
     of every step, finish and preemption."""

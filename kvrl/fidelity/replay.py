@@ -27,6 +27,9 @@ class StepRecorder(EngineCallback):
         self.batches: list = []
         self.elapsed: list[float] = []
         self.inside: list[float] = []     # wall seconds inside execute (elapsed_s adds the engine's gap)
+        #: per step, the prefix-cache blocks its decodes read, as :func:`prefix_reads` sees them at the step
+        self.prefix_reads: list[tuple] = []
+        self._first_block: dict[int, int] = {}    # seq_id -> first block of its table, while it had one
         #: CPU contention counters every ``cpu_every`` steps (kvrl.fidelity.cpu)
         self.cpu = CpuSampler(cpu_every)
 
@@ -41,6 +44,7 @@ class StepRecorder(EngineCallback):
         self.inside.append(event.execute_wall_s)
         self.batches.append(event.batch)
         self.elapsed.append(event.output.elapsed_s)
+        self.prefix_reads.append(prefix_reads(event.batch, self._first_block))
         return True
 
     def replay(self, pricer, live) -> list[dict]:
@@ -53,9 +57,9 @@ class StepRecorder(EngineCallback):
         model = pricer.profile.model if pricer.profile is not None else None
         rows = []
         cpu = self.cpu.columns(len(self.batches))
-        for batch, work, live_s, inside_s, cpu_row in zip(self.batches, host_work_rows(self.batches), self.elapsed,
-                                                          self.inside, cpu):
-            f = {**batch_features(batch), **work}
+        for batch, work, live_s, inside_s, cpu_row, reads in zip(self.batches, host_work_rows(self.batches),
+                                                                 self.elapsed, self.inside, cpu, self.prefix_reads):
+            f = {**batch_features(batch), **work, **batch_co_reads(reads)}
             n_dec, n_pre = f["n_dec"], f["n_pre"]
             host_s = pricer.host_speed * model.host_s(n_pre + n_dec, n_pre, *(f[k] for k in HOST_WORK)) \
                 if model is not None and batch.seqs else 0.0
@@ -63,6 +67,47 @@ class StepRecorder(EngineCallback):
                          "live_execute_s": inside_s, "sim_host_s": host_s, "tokens": batch.num_tokens, **f,
                          "graph": int(live.uses_graph(n_pre, n_dec)), **cpu_row})
         return rows
+
+
+def prefix_reads(batch, first_block: dict[int, int]) -> tuple:
+    """``(first block, tokens)`` of each decode of ``batch`` that reads prefix-cache blocks: the first
+    block of its table (which names the prefix it reads: one tenant's system prompt, one shared
+    document) and the KV tokens of its prefix-cache hit it reads (``shared_prefix_tokens``, at most its
+    context). Called right after the step (a loop over its sequences: microseconds, so the live step it
+    follows is not slowed), when a sequence the step finished has given its blocks back: ``first_block``
+    (``seq_id`` -> first block, updated here from every sequence of the step that still holds blocks)
+    remembers its first block from an earlier step."""
+    reads = []
+    for item in batch.seqs:
+        seq = item.seq
+        if seq.block_table:
+            first_block[seq.seq_id] = seq.block_table[0]
+        if item.num_tokens == 1 and seq.shared_prefix_tokens and seq.seq_id in first_block:
+            reads.append((first_block[seq.seq_id], min(seq.shared_prefix_tokens, item.start + 1)))
+    return tuple(reads)
+
+
+#: the replay's columns from :func:`batch_co_reads` (diagnostic: no step model prices them)
+BATCH_READ_COLUMNS = ("dec_prefixes", "dec_coread_batch", "dec_prefix_unique")
+
+
+def batch_co_reads(reads: tuple) -> dict[str, int]:
+    """What a step's decodes read of the prefix cache together (:func:`prefix_reads`):
+    ``dec_prefixes``, the distinct prefixes read; ``dec_coread_batch``, the KV tokens that decodes read
+    in prefix blocks another decode of the same step also reads (per decode, its hit up to the longest
+    other reader's of the same prefix), where the step model's ``dec_coread`` counts the blocks another
+    sequence held when the decode was admitted; ``dec_prefix_unique``, the prefix tokens the step
+    reads counting each prefix once (per prefix, its longest reader's hit)."""
+    by_prefix: dict[int, list[int]] = {}
+    for first, tokens in reads:
+        by_prefix.setdefault(first, []).append(tokens)
+    coread = unique = 0
+    for hits in by_prefix.values():
+        top = sorted(hits, reverse=True)
+        unique += top[0]
+        if len(top) > 1:
+            coread += min(top[0], top[1]) + sum(top[1:])      # the longest reads up to the second-longest
+    return {"dec_prefixes": len(by_prefix), "dec_coread_batch": coread, "dec_prefix_unique": unique}
 
 
 class GcPauses:
@@ -174,7 +219,8 @@ def read_replay_csv(path: Path) -> list[dict]:
     version 13; without it the longest prefill chunk is taken as all of the step's prefill tokens),
     :data:`~kvrl.executors.profile.HOST_WORK`),
     ``kind``, ``live_s``, ``live_execute_s`` and
-    ``graph``, and the CPU contention columns where recorded (:data:`~kvrl.fidelity.cpu.CPU_COLUMNS`).
+    ``graph``, and the CPU contention columns where recorded (:data:`~kvrl.fidelity.cpu.CPU_COLUMNS`) and
+    the step's prefix reads where recorded (:data:`BATCH_READ_COLUMNS`, since session 55).
     Counters that files written before fit version 9 lack (``pre_tok_prev``,
     ``swap_blocks``, ``swap_step``) follow from the rows in order, as
     :func:`~kvrl.executors.profile.host_work_rows` computes them live."""
@@ -185,7 +231,8 @@ def read_replay_csv(path: Path) -> list[dict]:
     rows, prev_pre_tok = [], 0
     with open(path) as f:
         for r in csv.DictReader(f):
-            feats = {k: int(float(r[k])) for k in (*FEATURES, CO_READ, PRE_MAX_Q, *HOST_WORK) if r.get(k) not in (None, "")}
+            feats = {k: int(float(r[k])) for k in (*FEATURES, CO_READ, PRE_MAX_Q, *HOST_WORK, *BATCH_READ_COLUMNS)
+                     if r.get(k) not in (None, "")}
             swaps = feats.get("swap_out", 0) + feats.get("swap_in", 0)
             feats.setdefault("pre_tok_prev", prev_pre_tok)
             feats.setdefault("swap_blocks", swaps)
