@@ -57,6 +57,9 @@ class PagedAllocator(PrefixIdentityMixin):
     #: register blocks lazily where the prefix cache allows it (module doc); a subclass that reads a
     #: cached block's identity outside a lookup (a tier storing reclaimed blocks by identity) sets False
     lazy_registration = True
+    #: keep each waiting request's prefix peek between steps (PrefixIdentityMixin.peek_cached_tokens); a
+    #: subclass whose match finds blocks beyond this pool's own (a tier's) sets False
+    keeps_peeks = True
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
@@ -81,6 +84,11 @@ class PagedAllocator(PrefixIdentityMixin):
         # append_blocks takes one block itself where _reclaim is this class's (a tier's offloads)
         self._one_block = self._lru is not None and type(self)._reclaim is PagedAllocator._reclaim
         self._families: dict = {}
+        #: the cached blocks reclaimed since the first ``peek_cached_tokens`` (None before it), oldest first,
+        #: less the first ``_reclaim_base`` (trimmed): a cached block keeps its identity until it is in here
+        #: (PrefixIdentityMixin.peek_cached_tokens)
+        self._reclaim_log: Optional[list[int]] = None
+        self._reclaim_base = 0
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache
@@ -118,6 +126,8 @@ class PagedAllocator(PrefixIdentityMixin):
                 raise OutOfBlocks("no free GPU block")
             self._cached[block] = False
             self._identity[block] = None
+            if self._reclaim_log is not None:
+                self._reclaim_log.append(block)
         self.ref_counts[block] = 1
         self._fill[block] = 0
         self._num_used += 1
@@ -280,6 +290,8 @@ class PagedAllocator(PrefixIdentityMixin):
                     del block_of[block_hash]
                 self._cached[block] = False
                 self._identity[block] = None
+                if self._reclaim_log is not None:
+                    self._reclaim_log.append(block)
             self.ref_counts[block] = 1
             self._fill[block] = 0
             self._num_used += 1
@@ -317,6 +329,8 @@ class PagedAllocator(PrefixIdentityMixin):
                 fill[block] = 0
                 table.append(block)
             self._num_used += k
+            if k and self._reclaim_log is not None:
+                self._reclaim_log += table[-k:]
             if pending:
                 self.prefix_cache.num_pending -= pending
             if k < n:
@@ -329,6 +343,8 @@ class PagedAllocator(PrefixIdentityMixin):
             ref[block] = 1
             fill[block] = 0
         self._num_used += len(blocks)
+        if self._reclaim_log is not None:
+            self._reclaim_log += blocks
         table += blocks
         if len(blocks) < n:
             raise OutOfBlocks("no free GPU block")

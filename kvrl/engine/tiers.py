@@ -94,6 +94,7 @@ class TieredAllocator(TierPrefetchMixin, TierDiskIOMixin, PagedAllocator):
     """
 
     lazy_registration = False    # a reclaimed block is stored in the tier by its identity
+    keeps_peeks = False         # its matches go on into the CPU tier and the disk
 
     def __init__(self, *args, tier_blocks: int, policy: "TierPolicy", block_bytes: int,
                  timer: "PolicyTimer", on_error: Callable[[str, Exception], object], disk_blocks: int = 0,
@@ -172,6 +173,8 @@ class TieredAllocator(TierPrefetchMixin, TierDiskIOMixin, PagedAllocator):
         self._reclaimed(block)
         self._cached[block] = False
         self._identity[block] = None
+        if self._reclaim_log is not None:
+            self._reclaim_log.append(block)
         self._meta[block] = None
         self._prefetched[block] = False
         self.ref_counts[block] = 1
