@@ -135,3 +135,35 @@ def test_each_app_stops_before_any_work_naming_the_key(module, overrides, key, t
     assert proc.returncode != 0 and key in proc.stderr, proc.stderr[-2000:]
     written = sorted(p.name for p in run_dir.iterdir() if p.suffix != ".log")    # Hydra's job log aside
     assert written == [".hydra"] and not (tmp_path / "ckpt").exists()
+
+
+def test_the_tenants_fidelity_set_serves_the_tenants_tasks_test_jobs():
+    """conf/fidelity_set/tenants.yaml (benchmarks/fidelity_tenants.sh) is the multi-tenant task's test jobs as
+    kvrl-eval builds them (env=tenants, test split, seeds 0-9, resample 0.8): request for request, with the
+    task's SLO on each request. A change to conf/env/tenants.yaml that the set does not follow fails here."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from kvrl.apps.eval import job_workload
+    from kvrl.apps.rl_schema import register_rl_schemas
+    from kvrl.workloads import build_workload
+
+    fid = load("fidelity", ["+fidelity_set=tenants", "only_workloads=[tenants_s3]",
+                            "+policies.lpm={scheduler: {name: lpm}, watermark: {name: fixed, fraction: 0.01}, "
+                            "eviction: {name: lifo, mode: recompute}, prefix_cache: {name: hash_lru}}",
+                            "only_policies=[vllm,lpm]"])
+    assert [f"tenants_s{s}" for s in range(10)] == [w for w in fid["workloads"] if w.startswith("tenants_s")]
+    register_rl_schemas()
+    with initialize_config_module("kvrl.conf", version_base="1.3"):
+        task = OmegaConf.to_container(compose("eval", overrides=["env=tenants"]), resolve=True)
+    entry = fid["workloads"]["tenants_s3"]
+    assert {k: entry["engine"][k] for k in ("num_blocks", "num_cpu_blocks", "prefix_cache_scope")} == \
+        {k: task["engine"][k] for k in ("num_blocks", "num_cpu_blocks", "prefix_cache_scope")}
+    ours = build_workload(dict(entry["workload"]), vocab_size=1000, max_model_len=40960)
+    theirs = build_workload(job_workload(task["workload"], "test", 3, task["resample"]), vocab_size=1000,
+                            max_model_len=40960)
+    assert len(ours) == len(theirs) > 50
+    for a, b in zip(ours, theirs):
+        assert (a.request_id, a.arrival_s, a.output_len, a.tenant) == (b.request_id, b.arrival_s, b.output_len, b.tenant)
+        assert np.array_equal(a.prompt_token_ids, b.prompt_token_ids)
+        assert (a.slo_ttft_s, a.slo_tpot_s) == (task["slo"]["ttft_s"], task["slo"]["tpot_s"])

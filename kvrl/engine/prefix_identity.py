@@ -178,7 +178,7 @@ class PrefixIdentityMixin:
         the leading blocks found then are found now. The same count as a whole match
         (tests/test_prefix_peek.py), at one lookup per waiting request and step plus one set test per
         block reclaimed since its last peek, instead of a lookup and an identity check per cached block
-        (docs/fidelity.md, "Run 61": 1-3 ms a step with 64-128 requests waiting on 1-3k-token system
+        (docs/fidelity.md, "Runs 68-69": 1-3 ms a step with 64-128 requests waiting on 1-3k-token system
         prompts, live)."""
         bs = self.block_size
         if self._lru is None or not self.keeps_peeks:    # another prefix cache, or tiers: a whole match
