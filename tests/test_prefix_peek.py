@@ -42,7 +42,7 @@ class _PeekCheck(EngineCallback):
     def on_step(self, event) -> bool:
         pool = self.engine.allocator
         for seq in [*self.engine.preempted, *self.engine.waiting]:
-            kept = seq.prefix_peek is not None and seq.prefix_peek[0] > 0
+            kept = seq.prefix_peek is not None
             peek = pool.peek_cached_tokens(seq)
             assert peek == pool.match_prefix(seq).num_tokens(pool.block_size), f"step {event.step_index}, seq {seq.seq_id}"
             self.checked += 1

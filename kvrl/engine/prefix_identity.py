@@ -192,7 +192,7 @@ class PrefixIdentityMixin:
             self._reclaim_base += cut
         base, max_blocks = self._reclaim_base, (seq.num_tokens - 1) // bs
         kept = seq.prefix_peek
-        if kept is not None and kept[0] and kept[2] == max_blocks and kept[1] >= base \
+        if kept is not None and kept[2] == max_blocks and kept[1] >= base \
                 and kept[3].isdisjoint(log[kept[1] - base:]):
             found, blocks = kept[0], kept[3]
             more = self._match_from(seq, found, max_blocks, PrefixMatch()).block_ids
@@ -200,7 +200,10 @@ class PrefixIdentityMixin:
                 found += len(more)
                 blocks.update(more)
         else:
-            blocks = set(self.match_prefix(seq).block_ids)
-            found = len(blocks)
+            found_ids = self.match_prefix(seq).block_ids
+            if not found_ids:           # nothing to keep: the next peek matches again (a miss is cheap)
+                seq.prefix_peek = None
+                return 0
+            found, blocks = len(found_ids), set(found_ids)
         seq.prefix_peek = (found, base + len(log), max_blocks, blocks)
         return found * bs
