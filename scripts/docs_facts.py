@@ -2392,6 +2392,48 @@ def scheduler_order() -> dict[str, str]:
     return out
 
 
+LPM_FIDELITY = "docs/results/fidelity_tenants"
+LPM_FIDELITY_RUNS = ("run68", "run69")
+
+
+@source("lpm_fidelity", "cheap", *(f"{LPM_FIDELITY}/{run}/{name}" for run in LPM_FIDELITY_RUNS
+                                   for name in ("fidelity.csv", "residuals.csv")))
+def lpm_fidelity() -> dict[str, str]:
+    """Session 55's fidelity runs of the multi-tenant task's test jobs under fcfs (``vllm``) and lpm
+    (benchmarks/fidelity_tenants.sh; run 68 before the kept prefix peeks, run 69 after): per run, lpm against
+    fcfs paired over the workloads, live and in the sim (``<run>_<stage>_<metric>``, scripts/fidelity_policy_pairs.py),
+    the sim's error on each policy's mean (``<run>_sim_error_<policy>_<metric>``), and the engine's time between
+    steps, live against the profile's host terms, summed over each policy's pairs (``<run>_host_error_<policy>``;
+    scripts/fidelity_residuals.py) and as a share of the live run's time (``<run>_host_share_<policy>``)."""
+    import importlib.util
+
+    from kvrl.analysis.stats import paired_compare
+
+    spec = importlib.util.spec_from_file_location("fidelity_policy_pairs",
+                                                  Path(__file__).with_name("fidelity_policy_pairs.py"))
+    pairs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pairs)
+    out = {}
+    for run in LPM_FIDELITY_RUNS:
+        values = pairs.read(_csv(f"{LPM_FIDELITY}/{run}/fidelity.csv"))
+        for metric, short in (("goodput_tok_s", "goodput"), ("throughput_tok_s", "throughput")):
+            for stage in ("live", "sim"):
+                c = paired_compare(values[(metric, "lpm", stage)], values[(metric, "vllm", stage)], metric)
+                out[f"{run}_{stage}_{short}"] = _compare_cell(c)
+            for pol in ("vllm", "lpm"):
+                live, sim = values[(metric, pol, "live")], values[(metric, pol, "sim")]
+                out[f"{run}_sim_error_{pol}_{short}"] = _pct(100 * (sum(sim[w] for w in live) / sum(live.values()) - 1))
+        rows = _csv(f"{LPM_FIDELITY}/{run}/residuals.csv")
+        for pol in ("vllm", "lpm"):
+            mine = [r for r in rows if r["pair"].endswith("/" + pol)]
+            host = [r for r in mine if r["kind"] == "host"]
+            live_host, sim_host = sum(_f(r, "live_s") for r in host), sum(_f(r, "sim_s_before") for r in host)
+            out[f"{run}_host_error_{pol}"] = _pct(100 * (sim_host / live_host - 1))
+            forward = sum(_f(r, "live_s") for r in mine if r["kind"] != "host")
+            out[f"{run}_host_share_{pol}"] = f"{100 * live_host / (live_host + forward):.1f}%"
+    return out
+
+
 DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
              "docs/results/rl_slots/round4_deviation_val_seeds5-9.jsonl")
 

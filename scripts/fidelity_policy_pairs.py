@@ -19,17 +19,16 @@ import numpy as np
 from kvrl.analysis.stats import paired_compare
 
 
-def read(path: str) -> dict:
-    """``{(metric, policy, side): {workload: value}}`` of a fidelity.csv (side: live or sim; not its
-    ``ranking`` rows)."""
+def read(rows) -> dict:
+    """``{(metric, policy, side): {workload: value}}`` of a fidelity.csv's rows (dicts; side: live or sim; not
+    its ``ranking`` rows)."""
     out: dict = defaultdict(dict)
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            if r["policy"] == "ranking":
-                continue
-            for side in ("live", "sim"):
-                if r[side] not in ("", "nan"):
-                    out[(r["metric"], r["policy"], side)][r["workload"]] = float(r[side])
+    for r in rows:
+        if r["policy"] == "ranking":
+            continue
+        for side in ("live", "sim"):
+            if r[side] not in ("", "nan"):
+                out[(r["metric"], r["policy"], side)][r["workload"]] = float(r[side])
     return out
 
 
@@ -77,7 +76,9 @@ def main(argv=None) -> None:
     ap.add_argument("--metrics", nargs="+", default=["goodput_tok_s", "throughput_tok_s", "ttft_p99_s", "tpot_p50_s"])
     ap.add_argument("--workloads", nargs="*", default=None)
     a = ap.parse_args(argv)
-    print(table(read(a.csv), a.policy, a.baseline, a.metrics, set(a.workloads) if a.workloads else None))
+    with open(a.csv) as f:
+        values = read(csv.DictReader(f))
+    print(table(values, a.policy, a.baseline, a.metrics, set(a.workloads) if a.workloads else None))
 
 
 if __name__ == "__main__":

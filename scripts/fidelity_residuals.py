@@ -75,6 +75,24 @@ def binned_ratio(steps, fwd, sel, values, edges, name) -> list[str]:
     return lines
 
 
+def host_by_queue(steps: list[dict], policy: np.ndarray, host: np.ndarray, name: str) -> list[str]:
+    """Rows per policy and bin of waiting requests (``n_wait``): the mean time between steps live (``live_s``
+    minus the time inside ``execute``) and as the ``name`` profile's host terms price it, in ms: a scheduler
+    whose own work grows with the queue shows here (docs/fidelity.md, "Runs 68-69")."""
+    gap = np.asarray([max(s["live_s"] - s["live_execute_s"], 0.0) for s in steps])
+    waiting = np.asarray([float(s.get("n_wait", 0)) for s in steps])
+    lines = ["", f"## The time between steps by waiting requests ({name} profile)", "",
+             "Mean over steps of the engine's time between steps, live and as the profile's host terms price it.", "",
+             "| policy | waiting | steps | live ms | model ms |", "|---|---|---:|---:|---:|"]
+    for pol in sorted(set(policy)):
+        for lo, hi in ((0, 1), (1, 32), (32, 64), (64, 129), (129, np.inf)):
+            b = (policy == pol) & (waiting >= lo) & (waiting < hi)
+            if b.sum():
+                lines.append(f"| {pol} | [{lo:g}, {hi:g}) | {int(b.sum())} | {1e3 * gap[b].mean():.3f} | "
+                             f"{1e3 * host[b].mean():.3f} |")
+    return lines
+
+
 def episodes(pairs: dict[str, list[dict]], priced: dict, windows: int = 8) -> list[str]:
     """Whether the residuals are local in time: each pair's run cut into ``windows`` windows of
     consecutive steps; per window the median ratio live / model of host gaps, mixed steps and
@@ -204,6 +222,7 @@ def main(argv=None) -> int:
         md += binned_ratio(every, fwd, decode & (policy == pol), after_swap.astype(float), [0, 1, 2],
                            f"decode ({pol}): after a swap step")
         md += binned_ratio(every, fwd, mixed & (policy == pol), col("n_dec"), [1, 16, 64, 257], f"mixed ({pol}): decodes")
+    md += host_by_queue(every, policy, np.concatenate([priced[names[0]][p][1] for p in pairs]), names[0])
     md += episodes(pairs, priced[names[0]])
     write_report("\n".join(md) + "\n", rows_csv, args.out)
     return 0
