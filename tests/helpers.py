@@ -15,11 +15,13 @@ from kvrl.executors.sim import SimExecutor
 
 
 def make_engine(num_blocks=64, block_size=4, num_cpu_blocks=64, scheduler="fcfs", watermark="fixed",
-                eviction="lifo", prefix_cache="hash_lru", watermark_params=None, eviction_params=None, **engine_kw):
+                eviction="lifo", prefix_cache="hash_lru", watermark_params=None, eviction_params=None,
+                scheduler_params=None, **engine_kw):
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, num_cpu_blocks=num_cpu_blocks,
                        max_model_len=engine_kw.pop("max_model_len", 4096), **engine_kw)
     return Engine(cfg, SimExecutor(MODEL_SHAPES["qwen3-0.6b"], DEVICES["h200"]),
-                  plugins.create("scheduler", scheduler), plugins.create("watermark", watermark, **(watermark_params or {})),
+                  plugins.create("scheduler", scheduler, **(scheduler_params or {})),
+                  plugins.create("watermark", watermark, **(watermark_params or {})),
                   plugins.create("eviction", eviction, **(eviction_params or {})),
                   plugins.create("prefix_cache", prefix_cache))
 

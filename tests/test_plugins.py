@@ -16,7 +16,7 @@ from kvrl import plugins
 from kvrl.plugins.base import EvictionDecision, EvictionPolicy, PreemptionMode
 
 BUILTINS = {
-    "scheduler": {"fcfs", "priority", "sjf", "lpm"},
+    "scheduler": {"fcfs", "priority", "sjf", "lpm", "switch", "order_bandit"},
     "watermark": {"fixed", "opt_factor", "avg_block_len", "token_ratio", "past_future", "pi", "bandit", "slo_mix",
                   "ttft_slack"},
     "eviction": {"lifo", "fewest_computed", "most_blocks", "priority", "longest_remaining", "slo_slack", "cost_aware"},

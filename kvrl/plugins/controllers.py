@@ -1,5 +1,6 @@
 """Adaptive watermark controllers that need no training: ``pi`` (feedback control), ``bandit``
-(an online discounted-UCB bandit over watermark values), ``slo_mix`` (a rule on the share of
+(an online discounted-UCB bandit over watermark values, :class:`EpochBandit`, which the ``order_bandit``
+scheduler of :mod:`kvrl.plugins.orders` plays over admission orders), ``slo_mix`` (a rule on the share of
 tight-TPOT requests) and ``ttft_slack`` (a rule on how long the oldest waiting request has waited).
 
 They move the watermark (reserved / total GPU blocks) while the engine serves, from what a real
@@ -144,40 +145,17 @@ def slo_misses(seq: "SeqView", now: float) -> tuple[bool, bool]:
     return ttft_miss, tpot_miss
 
 
-@register("watermark", "bandit")
-class BanditWatermark(WatermarkPolicy):
-    """An online bandit over watermark values that needs no training: discounted UCB (Garivier
-    and Moulines 2011), for rewards that drift. Engine time is cut into epochs of ``epoch_s``
-    engine seconds; each epoch holds one arm (a fraction of ``fractions``) and earns its goodput
-    (output tokens per engine second of the sequences that finished in the epoch and met their
-    SLOs). Past epochs count with weight ``discount`` per epoch since, so the bandit follows a
-    changing best arm. An epoch's arm: each arm once in the listed order, then the largest
-    ``m_i / M + exploration * sqrt(ln n / n_i)`` (``n_i``, ``m_i``: discounted count and mean
-    reward of arm i; ``n``: their sum; ``M``: the largest epoch goodput seen, so means are in
-    [0, 1]); ties go to the first listed arm. Deterministic: no random numbers, the same run
-    gives the same decisions. Parameters: ``fractions`` ([0.0, 0.01, 0.05, 0.1, 0.2, 0.3], each
-    in [0, 1)), ``epoch_s`` (2.0), ``discount`` (0.9, in (0, 1]), ``exploration`` (0.5)."""
+class EpochBandit:
+    """Discounted UCB (Garivier and Moulines 2011) over ``k`` arms, one arm per epoch of ``params.epoch_s``
+    engine seconds, each epoch rewarded with its goodput: output tokens per engine second of the sequences that
+    finished in it and met their SLOs. The mixin of the plugins that play it (the ``bandit`` watermark, the
+    ``order_bandit`` scheduler); they call :meth:`_start_bandit` from ``__init__`` and :meth:`_start_epochs` from
+    ``bind``, and read :attr:`arm`, the arm in force. An epoch's arm: each arm once in order, then the largest
+    ``m_i / M + exploration * sqrt(ln n / n_i)`` (``n_i``, ``m_i``: discounted count and mean reward of arm i;
+    ``n``: their sum; ``M``: the largest epoch goodput seen, so means are in [0, 1]); ties go to the first arm.
+    Deterministic: no random numbers."""
 
-    @dataclass
-    class Params:
-        fractions: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2, 0.3])
-        epoch_s: float = 2.0
-        discount: float = 0.9
-        exploration: float = 0.5
-
-        def __post_init__(self):
-            if isinstance(self.fractions, (str, bytes)) or not hasattr(self.fractions, "__len__") \
-                    or len(self.fractions) == 0:
-                raise ValueError(f"fractions must be a non-empty list of numbers, got {self.fractions!r}")
-            for i, f in enumerate(self.fractions):
-                check_range(f"fractions[{i}]", f, 0.0, 1.0, hi_inclusive=False)
-            check_range("epoch_s", self.epoch_s, 1e-9)
-            check_range("discount", self.discount, 1e-9, 1.0)
-            check_range("exploration", self.exploration, 0.0)
-
-    def __init__(self, params) -> None:
-        super().__init__(params)
-        k = len(params.fractions)
+    def _start_bandit(self, k: int) -> None:
         self.counts = np.zeros(k)        # discounted epochs per arm
         self.sums = np.zeros(k)          # discounted goodput (tok/s) per arm
         self.best_reward = 0.0           # largest epoch goodput seen (tok/s): the reward scale
@@ -186,13 +164,8 @@ class BanditWatermark(WatermarkPolicy):
         self._good_tokens = 0
         self._epoch_start = 0.0
 
-    @property
-    def fraction(self) -> float:
-        return float(self.params.fractions[self.arm])
-
-    def bind(self, engine) -> None:
-        super().bind(engine)
-        self._epoch_start = engine.now
+    def _start_epochs(self, now: float) -> None:
+        self._epoch_start = now
 
     def choose(self) -> int:
         """The arm of the next epoch."""
@@ -227,6 +200,49 @@ class BanditWatermark(WatermarkPolicy):
         self.reward(self.arm, self._good_tokens / elapsed)
         self._good_tokens, self._epoch_start = 0, now
         self.arm = self.choose()
+
+
+def check_bandit_params(epoch_s: float, discount: float, exploration: float) -> None:
+    """The shared :class:`EpochBandit` parameters' ranges (``ValueError`` naming the first out of range)."""
+    check_range("epoch_s", epoch_s, 1e-9)
+    check_range("discount", discount, 1e-9, 1.0)
+    check_range("exploration", exploration, 0.0)
+
+
+@register("watermark", "bandit")
+class BanditWatermark(EpochBandit, WatermarkPolicy):
+    """An online bandit over watermark values that needs no training (:class:`EpochBandit`: discounted
+    UCB, for rewards that drift): each epoch of ``epoch_s`` engine seconds holds one arm, a fraction of
+    ``fractions``, and earns its goodput; past epochs count with weight ``discount`` per epoch since, so
+    the bandit follows a changing best arm. Parameters: ``fractions`` ([0.0, 0.01, 0.05, 0.1, 0.2, 0.3],
+    each in [0, 1)), ``epoch_s`` (2.0), ``discount`` (0.9, in (0, 1]), ``exploration`` (0.5)."""
+
+    @dataclass
+    class Params:
+        fractions: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.05, 0.1, 0.2, 0.3])
+        epoch_s: float = 2.0
+        discount: float = 0.9
+        exploration: float = 0.5
+
+        def __post_init__(self):
+            if isinstance(self.fractions, (str, bytes)) or not hasattr(self.fractions, "__len__") \
+                    or len(self.fractions) == 0:
+                raise ValueError(f"fractions must be a non-empty list of numbers, got {self.fractions!r}")
+            for i, f in enumerate(self.fractions):
+                check_range(f"fractions[{i}]", f, 0.0, 1.0, hi_inclusive=False)
+            check_bandit_params(self.epoch_s, self.discount, self.exploration)
+
+    def __init__(self, params) -> None:
+        super().__init__(params)
+        self._start_bandit(len(params.fractions))
+
+    @property
+    def fraction(self) -> float:
+        return float(self.params.fractions[self.arm])
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        self._start_epochs(engine.now)
 
     def reserved_blocks(self) -> int:
         return int(self.fraction * self.engine.num_blocks)
