@@ -8,7 +8,9 @@ fixed watermark ``--fraction``; every ``--epoch`` seconds of engine time it copi
 serves the rest of the job once per order, that order held for ``--hold`` seconds and then the base, and keeps
 the order whose finished job has the best goodput. The copies hold the future (arrivals, output lengths), so
 it bounds what any adaptive order can gain over the base; with the base among the candidates it is never
-worse than the base on a deterministic sim job.
+worse than the base on a deterministic sim job. ``--present`` and ``--blind`` take the foresight away: the
+copies then hold no future arrivals, and output lengths guessed from the finished requests (``--samples``
+guesses averaged), so the planner sees what a server sees and is a policy a server could run.
 
     python scripts/rl_order_headroom.py --task tenants --seeds 0,...,9 --workers 2 --out OUT.jsonl
     python scripts/rl_order_headroom.py --table OUT.jsonl
@@ -48,19 +50,34 @@ def finish_base(loop) -> float:
     return float(loop.engine.metrics.summary()["goodput_tok_s"])
 
 
-def plan(loop, epoch_s: float, hold_s: float) -> tuple[float, list[int]]:
+def plan(loop, epoch_s: float, hold_s: float, present: bool = False, blind_seed: int | None = None,
+         samples: int = 1) -> tuple[float, list[int]]:
     """The rollout planner on ``loop`` (a :func:`switch_loop`): its goodput and the order index chosen at
-    every decision (ties: the base)."""
+    every decision (ties: the base). ``present``: the copies hold no request still to arrive (the planner
+    ranks the orders on the work already there, as a server could); ``blind_seed`` set: the copies hold
+    output lengths guessed from the finished requests (:func:`~kvrl.envs.guess.guessed_lengths`), not the
+    true ones, ``samples`` guesses per decision (the same for every order) whose goodputs are averaged."""
+    import numpy as np
+
+    from kvrl.envs.guess import guessed_lengths, set_lengths
+
+    rng = np.random.default_rng(blind_seed)
     orders = range(len(loop.engine.scheduler.schedulers))
     chosen = []
     while not loop.done:
         now = loop.engine.now
-        scores = {}
-        for i in orders:
-            trial = copy.deepcopy(loop)
-            trial.engine.scheduler.set_order(i)
-            serve_until(trial, now + hold_s)
-            scores[i] = finish_base(trial)
+        scores = dict.fromkeys(orders, 0.0)
+        for _ in range(samples if blind_seed is not None else 1):
+            lengths = guessed_lengths(loop, [], rng)[0] if blind_seed is not None else None
+            for i in orders:
+                trial = copy.deepcopy(loop)
+                if present:
+                    trial.pending = trial.pending[:trial.next_index]
+                if lengths is not None:
+                    set_lengths(trial.engine, lengths)
+                trial.engine.scheduler.set_order(i)
+                serve_until(trial, now + hold_s)
+                scores[i] += finish_base(trial)
         best = max(orders, key=lambda i: (scores[i], i == 0))
         chosen.append(best)
         loop.engine.scheduler.set_order(best)
@@ -71,13 +88,15 @@ def plan(loop, epoch_s: float, hold_s: float) -> tuple[float, list[int]]:
 
 
 def _job(args: tuple) -> dict:
-    task, orders, fraction, split, seed, resample, epoch_s, hold_s, extra = args
+    task, orders, fraction, split, seed, resample, epoch_s, hold_s, extra, present, blind, samples = args
     logging.disable(logging.WARNING)
     t = time.process_time()
     base = finish_base(switch_loop(task, orders, fraction, split, seed, resample, extra))
-    goodput, chosen = plan(switch_loop(task, orders, fraction, split, seed, resample, extra), epoch_s, hold_s)
+    goodput, chosen = plan(switch_loop(task, orders, fraction, split, seed, resample, extra), epoch_s, hold_s, present,
+                           seed if blind else None, samples)
     return {"task": task, "seed": seed, "split": split, "orders": orders, "fraction": fraction, "epoch_s": epoch_s,
-            "hold_s": hold_s, "extra": list(extra), "rule": {"name": orders[0]}, "rule_goodput": base,
+            "hold_s": hold_s, "extra": list(extra), "present": present, "blind": blind, "samples": samples,
+            "rule": {"name": orders[0]}, "rule_goodput": base,
             "planner_goodput": goodput, "chosen": chosen, "cpu_s": time.process_time() - t}
 
 
@@ -125,8 +144,11 @@ def table(path: str) -> str:
         lines.append(f"| {r['seed']} | {r['rule_goodput']:,.1f} | {r['planner_goodput']:,.1f} | "
                      f"{100 * (r['planner_goodput'] / r['rule_goodput'] - 1):+.1f}% | {len(r['chosen'])} | "
                      + " | ".join(f"{r['chosen'].count(i) / n:.0%}" for i in range(1, len(orders))) + " |")
-    head = (f"{results[0]['task']} {results[0]['split']}, fixed {results[0]['fraction']:g}, decisions every "
-            f"{results[0]['epoch_s']:g} s, each order held {results[0]['hold_s']:g} s then {orders[0]}")
+    r0 = results[0]
+    sees = ("the work already there" if r0.get("present") else "the job's future arrivals") + \
+        (f", {r0.get('samples', 1)} guesses of the output lengths" if r0.get("blind") else ", the true output lengths")
+    head = (f"{r0['task']} {r0['split']}, fixed {r0['fraction']:g}, decisions every {r0['epoch_s']:g} s, each order "
+            f"held {r0['hold_s']:g} s then {orders[0]}; the copies see {sees}")
     return "\n".join([head, "", *lines, "", summary(results) + "."])
 
 
@@ -141,6 +163,11 @@ def main() -> None:
     p.add_argument("--resample", type=float, default=0.8)
     p.add_argument("--epoch", type=float, default=1.0, help="engine seconds between decisions")
     p.add_argument("--hold", type=float, default=1.0, help="engine seconds a chosen order is held")
+    p.add_argument("--present", action="store_true",
+                   help="the copies hold no request still to arrive: the orders are ranked on the work already there")
+    p.add_argument("--blind", action="store_true",
+                   help="the copies hold output lengths guessed from the finished requests, not the true ones")
+    p.add_argument("--samples", type=int, default=1, help="with --blind, guesses per decision (averaged)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the JSON lines here")
     p.add_argument("--check", default=None, help="a kvrl-eval results.csv served under the base order")
@@ -167,7 +194,8 @@ def main() -> None:
                               "goodput_mean": sum(g) / len(g)}))
         return
     orders = a.orders.split(",")
-    jobs = [(a.task, orders, a.fraction, a.split, s, a.resample, a.epoch, a.hold, list(a.overrides)) for s in seeds]
+    jobs = [(a.task, orders, a.fraction, a.split, s, a.resample, a.epoch, a.hold, list(a.overrides), a.present,
+             a.blind, a.samples) for s in seeds]
     results = run_jobs(_job, jobs, a.workers, a.out)
     if a.check:
         check_against(results, a.check, f"fixed(fraction={a.fraction})")

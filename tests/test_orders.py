@@ -77,3 +77,42 @@ def test_the_order_bandit_switches_orders_by_epoch_while_serving():
 def test_order_parameters_are_validated(name, params, key):
     with pytest.raises(ValueError, match=key):
         plugins.create("scheduler", name, **params)
+
+
+def test_an_agent_of_the_order_task_sets_the_admission_order_through_its_rules():
+    """env=tenants_order: every action hands the watermark to an ``ordered`` rule, which sets the engine's
+    switch to that rule's order for the epoch; the watermark stays the rules' 0."""
+    import gymnasium as gym
+
+    import kvrl.envs  # noqa: F401  (registers the ids)
+    from kvrl.envs.config import load_task
+
+    env_id, cfg = load_task("tenants_order", ["env.episode.window_s=4.0", "env.episode.rate_scales=null"])
+    env = gym.make(env_id, config=cfg)
+    env.reset(seed=0)
+    engine = env.unwrapped.driver.engine
+    assert engine.scheduler.params.orders == ["lpm", "fcfs", "sjf"] and engine.scheduler.choice == 0
+    for action in (2, 1, 0):
+        _, _, terminated, truncated, info = env.step(action)
+        assert engine.scheduler.choice == action and info["rule"] == action and info["watermark"] == 0.0
+        if terminated or truncated:
+            break
+
+
+def test_an_ordered_rule_needs_a_switch_with_its_order():
+    import dataclasses
+
+    from kvrl.envs.config import DecisionConfig, FeatureConfig
+
+    features = dataclasses.replace(FeatureConfig(), ttft_ref_s=1.0, tpot_ref_s=0.05)
+    engine = make_engine(num_blocks=40, scheduler="lpm", watermark="agent")
+    with pytest.raises(ValueError, match="scheduler=switch"):
+        engine.watermark.drive(features, DecisionConfig(),
+                               [{"name": "ordered", "order": "fcfs"}, {"name": "ordered", "order": "lpm"}])
+    alone = make_engine(num_blocks=40, scheduler="switch", watermark="ordered", watermark_params={"fraction": 0.25},
+                        scheduler_params={"orders": ["fcfs", "lpm"], "choice": 1})
+    assert alone.watermark.reserved_blocks() == 10 and alone.scheduler.choice == 1   # by itself: a fixed watermark
+    bandit = make_engine(num_blocks=40, scheduler="order_bandit", watermark="agent")
+    with pytest.raises(ValueError, match="order_bandit chooses its own order"):
+        bandit.watermark.drive(features, DecisionConfig(),
+                               [{"name": "ordered", "order": "fcfs"}, {"name": "ordered", "order": "lpm"}])

@@ -109,6 +109,8 @@ class AgentWatermark(WatermarkPolicy):
         for rule in self.rules:
             rule.bind(self.engine)
         self.rule = 0
+        if self.rules:
+            self.rules[0].on_take_over()
 
     def observe(self) -> np.ndarray:
         return self.tracker.engine_features()
@@ -123,6 +125,7 @@ class AgentWatermark(WatermarkPolicy):
         if not 0 <= index < len(self.rules):
             raise ValueError(f"watermark agent: rule {index} of {len(self.rules)} (env.action.rules)")
         self.rule = index
+        self.rules[index].on_take_over()
         self._decided()
 
     def _decided(self) -> None:

@@ -92,6 +92,12 @@ class WatermarkPolicy(Policy):
     def reserved_blocks(self) -> int:
         """Free blocks to keep: an integer in ``[0, num_blocks]`` (anything else is a policy error)."""
 
+    def on_take_over(self) -> None:
+        """Called when an agent hands the watermark to this policy as one of its rules (``env.action.rules``,
+        :class:`~kvrl.plugins.agent.AgentWatermark`), before it answers for the engine: a rule that acts
+        beyond the watermark while it is in force (the ``ordered`` rule sets the admission order) acts
+        here. Default: nothing."""
+
     @property
     def vetoes(self) -> bool:
         """Whether :meth:`admit` may refuse a request now; the engine asks :meth:`admit` only when it

@@ -1,7 +1,9 @@
 """Schedulers that change the admission order while the engine serves: ``switch`` (the order of one of
 several schedulers, the one chosen last by whatever drives it: a planner, a controller, an agent) and
 ``order_bandit`` (a discounted-UCB bandit over those orders, :class:`~kvrl.plugins.controllers.EpochBandit`,
-that needs no training).
+that needs no training); and the ``ordered`` watermark, a rule that holds a fixed watermark and, while an
+agent has handed it the watermark (``env.action.rules``), the engine's ``switch`` at one order: so an agent
+of ``kvrl/Watermark-v0`` chooses the admission order (``env=tenants_order``).
 
 On the multi-tenant task the order is a lever of about 30% (``lpm`` over ``fcfs``, docs/rl.md, "The
 admission order"), and the best order per run, chosen with hindsight, is a few percent over ``lpm``: these
@@ -9,9 +11,10 @@ are what an adaptive order is measured with (``scripts/rl_order_headroom.py``).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
-from kvrl.plugins.base import SchedulerPolicy, check_range
+from kvrl.plugins.base import SchedulerPolicy, WatermarkPolicy, check_range
 from kvrl.plugins.controllers import EpochBandit, check_bandit_params
 from kvrl.plugins.registry import available, create, register
 
@@ -23,6 +26,10 @@ def _check_orders(orders) -> None:
     for i, name in enumerate(orders):
         if name not in known:
             raise ValueError(f"orders[{i}] must be one of {known}, got {name!r}")
+
+
+#: the ``switch`` scheduler of each engine, keyed (weakly) on the engine view its plugins are bound to
+_SWITCHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @register("scheduler", "switch")
@@ -61,6 +68,7 @@ class SwitchScheduler(SchedulerPolicy):
 
     def bind(self, engine) -> None:
         super().bind(engine)
+        _SWITCHES[engine] = self
         for s in self.schedulers:
             s.bind(engine)
 
@@ -111,6 +119,10 @@ class OrderBandit(EpochBandit, SwitchScheduler):
     def choice(self) -> int:
         return self.arm
 
+    def set_order(self, index: int) -> None:
+        raise ValueError("scheduler=order_bandit chooses its own order; an agent or planner that sets the order "
+                         "needs scheduler=switch")
+
     def bind(self, engine) -> None:
         super().bind(engine)
         self._start_epochs(engine.now)
@@ -122,3 +134,34 @@ class OrderBandit(EpochBandit, SwitchScheduler):
     def on_finish(self, seq) -> None:
         SwitchScheduler.on_finish(self, seq)
         EpochBandit.on_finish(self, seq)
+
+
+@register("watermark", "ordered")
+class OrderedWatermark(WatermarkPolicy):
+    """A rule for an agent that chooses the admission order (``env.action.rules``): keep ``fraction`` of the
+    GPU blocks free (as ``fixed``) and, each time the agent hands it the watermark, set the engine's
+    ``switch`` scheduler to ``order`` (one of that scheduler's ``orders``) until the next decision. Run by
+    itself (no agent), it is ``fixed``, and the switch keeps its own order. An engine whose scheduler is not a
+    ``switch`` with ``order`` among its orders fails at the hand-over, naming the setting. Parameters:
+    ``order`` (a scheduler name, default ``lpm``), ``fraction`` (default 0.0, in [0, 1))."""
+
+    @dataclass
+    class Params:
+        order: str = "lpm"
+        fraction: float = 0.0
+
+        def __post_init__(self):
+            _check_orders([self.order])
+            check_range("fraction", self.fraction, 0.0, 1.0, hi_inclusive=False)
+
+    def on_take_over(self) -> None:
+        switch = _SWITCHES.get(self.engine)
+        orders = switch.params.orders if switch is not None else []
+        if self.params.order not in orders:
+            raise ValueError(f"watermark rule ordered(order={self.params.order}) sets the admission order of a "
+                             f"switch scheduler: set scheduler=switch with {self.params.order} among scheduler.orders "
+                             f"(now: {'scheduler is not switch' if switch is None else orders})")
+        switch.set_order(orders.index(self.params.order))
+
+    def reserved_blocks(self) -> int:
+        return int(self.params.fraction * self.engine.num_blocks)
