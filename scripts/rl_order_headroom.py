@@ -111,11 +111,11 @@ def _serve(args: tuple) -> dict:
 
 def serve_config(text: str) -> tuple[str, list[str], float]:
     """``NAME=OVERRIDES`` of ``--serve`` as ``(name, task overrides, watermark)``: the overrides are
-    space-separated, and a ``fraction=F`` among them is the job's fixed watermark (default 0.0)."""
+    space-separated, and a ``fraction=F`` among them is the job's fixed watermark (default 0.01)."""
     name, _, spec = text.partition("=")
     overrides = spec.split()
     fraction = [float(o.split("=", 1)[1]) for o in overrides if o.startswith("fraction=")]
-    return name, [o for o in overrides if not o.startswith("fraction=")], fraction[-1] if fraction else 0.0
+    return name, [o for o in overrides if not o.startswith("fraction=")], fraction[-1] if fraction else 0.01
 
 
 def summary(results: list[dict]) -> str:
@@ -157,7 +157,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="tenants")
     p.add_argument("--orders", default="lpm,fcfs,sjf", help="the schedulers to choose among; the first is the base")
-    p.add_argument("--fraction", type=float, default=0.0, help="the fixed watermark of every job (lpm's hindsight-best)")
+    p.add_argument("--fraction", type=float, default=0.01, help="the fixed watermark of every job (lpm's val-best on tenants)")
     p.add_argument("--split", default="test")
     p.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
     p.add_argument("--resample", type=float, default=0.8)

@@ -81,7 +81,7 @@ def test_order_parameters_are_validated(name, params, key):
 
 def test_an_agent_of_the_order_task_sets_the_admission_order_through_its_rules():
     """env=tenants_order: every action hands the watermark to an ``ordered`` rule, which sets the engine's
-    switch to that rule's order for the epoch; the watermark stays the rules' 0."""
+    switch to that rule's order for the epoch; the watermark stays the rules' 0.01 (10 of 1,024 blocks)."""
     import gymnasium as gym
 
     import kvrl.envs  # noqa: F401  (registers the ids)
@@ -94,7 +94,7 @@ def test_an_agent_of_the_order_task_sets_the_admission_order_through_its_rules()
     assert engine.scheduler.params.orders == ["lpm", "fcfs", "sjf"] and engine.scheduler.choice == 0
     for action in (2, 1, 0):
         _, _, terminated, truncated, info = env.step(action)
-        assert engine.scheduler.choice == action and info["rule"] == action and info["watermark"] == 0.0
+        assert engine.scheduler.choice == action and info["rule"] == action and info["watermark"] == 10 / 1024
         if terminated or truncated:
             break
 
