@@ -10,6 +10,10 @@ with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboa
         --reference 'fixed(fraction=0.2)' --reference slo_mix --note 'H200, 4 calls x 2 GPUs' \
         call1/live_g0/results.csv call1/live_g1/results.csv ...
 
+A share given as ``TAG=path`` has `` [TAG]`` appended to its policy labels, so evaluations that differ in a
+setting the labels do not carry (the scheduler: docs/rl.md, "Choosing the admission order") join as rows of
+their own: ``lpm=runs/a/results.csv fcfs=runs/b/results.csv``.
+
 A reference is a policy label or the start of one (the first label, in file order, that starts with
 it). Only ``split=test`` rows enter the leaderboard, a val-best sweep's own runs (kind ``sweep``) aside,
 as in kvrl-eval's; every row is kept in the merged results, unless
@@ -47,19 +51,30 @@ def _measured(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "seed_position"}
 
 
+def tagged(spec: str) -> tuple[str, str]:
+    """``(path, tag)`` of a results argument: ``TAG=path`` or a plain path (tag "")."""
+    tag, sep, path = spec.partition("=")
+    return (path, tag) if sep and not tag.endswith(".csv") else (spec, "")
+
+
 def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
     """The header and rows of every share; raises ValueError when a (policy, kind, split, seed) is in two
     shares with different values (the same run twice, as the deterministic sim serves it, is kept
-    once: evaluations that share baselines join) or the shares' columns differ."""
+    once: evaluations that share baselines join) or the shares' columns differ. A share given as
+    ``TAG=path`` has `` [TAG]`` appended to each of its policy labels: the same policy served under another
+    setting the evaluation does not name (another scheduler) stays a row of its own."""
     header, rows, seen = None, [], {}
-    for path in paths:
+    for spec in paths:
+        path, tag = tagged(spec)
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             if header is None:
                 header = list(reader.fieldnames or [])
             elif list(reader.fieldnames or []) != header:
-                raise ValueError(f"{path}: its columns differ from {paths[0]}'s")
+                raise ValueError(f"{path}: its columns differ from {tagged(paths[0])[0]}'s")
             for r in reader:
+                if tag:
+                    r["policy"] = f"{r['policy']} [{tag}]"
                 key = (r["policy"], r.get("kind", ""), r["split"], r["seed"])   # a sweep's row beside its baseline's
                 if key in seen:
                     first_path, first = seen[key]
@@ -83,7 +98,7 @@ def resolve(reference: str, labels: list[str]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", help="the shares' results.csv files")
+    p.add_argument("results", nargs="+", help="the shares' results.csv files (TAG=path: its labels get ' [TAG]')")
     p.add_argument("--out", required=True, help="directory for the merged files")
     p.add_argument("--prefix", default="", help="file name prefix (e.g. live_ or sim_)")
     p.add_argument("--reference", action="append", default=[], help="policy label (or its start); repeatable")

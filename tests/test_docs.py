@@ -394,6 +394,12 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     assert {r["policy"] for r in csv.DictReader(open(only / "results.csv"))} == {"rule"}
     unknown = subprocess.run([*script, "--out", str(only), "--policy", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
     assert unknown.returncode != 0 and "starts with 'lifo'" in unknown.stderr
+    tagged = tmp_path / "tagged"           # TAG=path: the same labels served under another setting, rows of their own
+    subprocess.run([*script, "--out", str(tagged), "--reference", "rule [a]", f"a={shares[0]}", f"b={shares[0]}"],
+                   check=True, cwd=ROOT, capture_output=True, text=True)
+    board = {r["policy"]: r for r in csv.DictReader(open(tagged / "leaderboard.csv"))}
+    assert set(board) == {f"{p} [{t}]" for p in values for t in "ab"}
+    assert float(board["rule [b]"]["Δgoodput_tok_s vs rule [a]_mean"]) == 0.0
 
 
 def test_rerun_leaderboard_reads_the_recorded_command_and_compares_every_value(tmp_path):
