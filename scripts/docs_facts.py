@@ -2434,6 +2434,53 @@ def lpm_fidelity() -> dict[str, str]:
     return out
 
 
+ORDER = "docs/results/rl_order"
+ORDER_HEADROOM = ("headroom", "headroom_present", "headroom_present_blind4")
+
+
+@source("order_choice", "cheap", *(f"{ORDER}/{p}{h}.jsonl" for p in ("", "heldout_") for h in ORDER_HEADROOM),
+        f"{ORDER}/lpm_val_constants.jsonl", f"{ORDER}/bandit_val.jsonl",
+        *(f"{ORDER}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout")))
+def order_choice() -> dict[str, str]:
+    """Session 55's adaptive admission order (benchmarks/rl_order_study.sh): the order planners against their
+    base lpm, paired per test seed (``<task>_<planner>``: clairvoyant ``headroom``, ``headroom_present``,
+    ``headroom_present_blind4``; task ``tenants`` or ``heldout``); the val split's lpm constants and order
+    bandits (``val_lpm_<fraction>``, ``val_bandit_best`` naming the best setting, ``val_bandit_best_goodput``); and
+    each merged leaderboard's rows against lpm (``<task>_<row>``: ``fcfs``, ``sjf``, ``bandit``, ``agents``: the
+    agents' span)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = {}
+    for prefix, task in (("", "tenants"), ("heldout_", "heldout")):
+        for h in ORDER_HEADROOM:
+            rows = _jsonl(f"{ORDER}/{prefix}{h}.jsonl")
+            c = paired_compare({r["seed"]: r["planner_goodput"] for r in rows},
+                               {r["seed"]: r["rule_goodput"] for r in rows}, "goodput_tok_s")
+            out[f"{task}_{h}"] = _compare_cell(c)
+    val = {}
+    for r in _jsonl(f"{ORDER}/lpm_val_constants.jsonl") + _jsonl(f"{ORDER}/bandit_val.jsonl"):
+        val.setdefault(r["name"], []).append(r["goodput"])
+    means = {name: sum(g) / len(g) for name, g in val.items()}
+    for name in ("f0", "f0.01", "f0.03", "f0.05"):
+        out[f"val_lpm_{name[1:]}"] = f"{means[name]:,.0f}"
+    bandits = {n: m for n, m in means.items() if n.startswith("b")}
+    best = max(bandits, key=bandits.get)
+    out["val_bandit_best"], out["val_bandit_best_goodput"] = best, f"{bandits[best]:,.0f}"
+    out["val_bandit_span"] = f"{min(bandits.values()):,.0f}-{max(bandits.values()):,.0f}"
+    ref = "fixed(fraction=0.01) [val-best, given] [lpm]"
+    for task in ("tenants", "tenants_heldout"):
+        rows = _csv(f"{ORDER}/{task}_merged_leaderboard.csv")
+        by = {r["policy"]: r for r in rows}
+        key = "tenants" if task == "tenants" else "heldout"
+        for name, label in (("fcfs", "fixed(fraction=0.01) [val-best, given] [fcfs]"),
+                            ("sjf", "fixed(fraction=0.01) [val-best, given] [sjf]"),
+                            ("bandit", "fixed(fraction=0.01) [order_bandit]")):
+            out[f"{key}_{name}"] = _paired_cell(by[label], ref)
+        agents = [r for r in rows if r["policy"].startswith("agent")]
+        out[f"{key}_agents"] = _pct_change_span(agents, ref)
+    return out
+
+
 DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
              "docs/results/rl_slots/round4_deviation_val_seeds5-9.jsonl")
 
