@@ -116,3 +116,22 @@ def test_an_ordered_rule_needs_a_switch_with_its_order():
     with pytest.raises(ValueError, match="order_bandit chooses its own order"):
         bandit.watermark.drive(features, DecisionConfig(),
                                [{"name": "ordered", "order": "fcfs"}, {"name": "ordered", "order": "lpm"}])
+
+
+def test_a_copied_engine_s_ordered_rules_set_the_copy_s_order():
+    """A rollout planner deep-copies the serving state and plays each action on the copy: an ``ordered`` rule of
+    the copy sets the copy's switch, and the original keeps its order."""
+    import copy
+    import dataclasses
+
+    from kvrl.envs.config import DecisionConfig, FeatureConfig
+
+    engine = make_engine(num_blocks=40, scheduler="switch", watermark="agent",
+                         scheduler_params={"orders": ["lpm", "fcfs", "sjf"]})
+    engine.watermark.drive(dataclasses.replace(FeatureConfig(), ttft_ref_s=1.0, tpot_ref_s=0.05), DecisionConfig(),
+                           [{"name": "ordered", "order": o} for o in ("lpm", "fcfs", "sjf")])
+    twin = copy.deepcopy(engine)
+    twin.watermark.set_rule(2)
+    assert twin.scheduler.choice == 2 and engine.scheduler.choice == 0
+    engine.watermark.set_rule(1)
+    assert engine.scheduler.choice == 1 and twin.scheduler.choice == 2

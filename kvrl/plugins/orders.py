@@ -72,6 +72,13 @@ class SwitchScheduler(SchedulerPolicy):
         for s in self.schedulers:
             s.bind(engine)
 
+    def __setstate__(self, state: dict) -> None:
+        """A copy (``copy.deepcopy`` of a serving loop, as a rollout planner makes) is the switch of the copied
+        engine: the ``ordered`` rules of that copy find it."""
+        self.__dict__.update(state)
+        if self.engine is not None:
+            _SWITCHES[self.engine] = self
+
     def key(self, seq):
         return self.current.key(seq)
 
