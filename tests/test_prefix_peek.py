@@ -63,7 +63,7 @@ def test_a_kept_peek_is_the_whole_match_at_every_step(seed, engine_kw):
     engine.run(_tenant_requests(seed), callbacks=[check])
     assert engine.metrics.num_finished == 60
     assert check.checked > 200 and check.hits > 50 and check.kept > 20      # kept peeks were asked and found blocks
-    assert engine.allocator._reclaim_base > 0          # the reclaim log was trimmed (4 x 40 blocks) and peeks went on
+    assert engine.allocator._reclaim_log.base > 0      # the reclaim log was trimmed (4 x 40 blocks) and peeks went on
 
 
 def test_a_tiered_pool_peeks_with_whole_matches():
@@ -107,3 +107,19 @@ def test_a_reclaimed_block_ends_a_kept_peek():
     pool._take(table, 12 - pool.num_used_blocks)                 # every free block, then reclaims cached ones
     assert pool._reclaim_log and set(pool._reclaim_log) & seq.prefix_peek[3]
     assert pool.peek_cached_tokens(seq) == pool.match_prefix(seq).num_tokens(4) < 16
+
+
+def test_the_reclaim_log_is_bounded_and_says_when_it_dropped_what_a_peek_needs():
+    import copy
+
+    from kvrl.engine.prefix_identity import ReclaimLog
+
+    log = ReclaimLog(cap=8)
+    log.append(1)
+    mark = log.end
+    log += [2, 3, 4]
+    assert log.since(mark) == [2, 3, 4] and log.since(0) == [1, 2, 3, 4]
+    log += list(range(5, 10))                      # 9 entries > 8: the older half goes
+    assert len(log) <= 8 and log.base == 4 and log.end == 9 and log.since(mark) is None
+    twin = copy.deepcopy(log)
+    assert (list(twin), twin.base, twin.cap, twin.end) == (list(log), 4, 8, 9)

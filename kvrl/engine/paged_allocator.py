@@ -84,11 +84,9 @@ class PagedAllocator(PrefixIdentityMixin):
         # append_blocks takes one block itself where _reclaim is this class's (a tier's offloads)
         self._one_block = self._lru is not None and type(self)._reclaim is PagedAllocator._reclaim
         self._families: dict = {}
-        #: the cached blocks reclaimed since the first ``peek_cached_tokens`` (None before it), oldest first,
-        #: less the first ``_reclaim_base`` (trimmed): a cached block keeps its identity until it is in here
-        #: (PrefixIdentityMixin.peek_cached_tokens)
-        self._reclaim_log: Optional[list[int]] = None
-        self._reclaim_base = 0
+        #: the cached blocks reclaimed since the first ``peek_cached_tokens`` (None before it): a cached block
+        #: keeps its identity until it is in here (kvrl.engine.prefix_identity.ReclaimLog)
+        self._reclaim_log = None
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache

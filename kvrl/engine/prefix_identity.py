@@ -1,7 +1,7 @@
 """Prefix matching and block identities of the paged pool (:class:`PrefixIdentityMixin`, a base of
 :class:`kvrl.engine.paged_allocator.PagedAllocator`, whose attributes it reads: ``block_size``,
 ``prefix_cache``, ``ref_counts`` and the private ``_hasher``, ``_width``, ``_salt``, ``_checked``,
-``_lazy``, ``_lru``, ``_families``, ``_identity``, ``_reclaim_log``, ``_reclaim_base`` and ``keeps_peeks``).
+``_lazy``, ``_lru``, ``_families``, ``_identity``, ``_reclaim_log`` and ``keeps_peeks``).
 
 Lazy registration (a plain ``hash_lru`` run by the pool with a checked hash, the default): a full block
 is registered without computing its identity while its *family* (the blocks of the chains that start
@@ -35,6 +35,45 @@ class PrefixFamily:
     owner: Sequence
     first: int
     blocks: Optional[list[int]]
+
+
+class ReclaimLog(list):
+    """The cached blocks the pool reclaimed since its first :meth:`PrefixIdentityMixin.peek_cached_tokens`,
+    oldest first: a list, which the pool appends to (and extends) where it reclaims a cached block. At most
+    ``cap`` are kept: past that the older half is dropped and counted in ``base``, so a peek kept from before
+    the cut is matched again, and a run whose peeks stop (a switch to another order) keeps a bounded log."""
+
+    __slots__ = ("base", "cap")
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.base = 0          # blocks dropped from the front
+        self.cap = cap
+
+    @property
+    def end(self) -> int:
+        """Blocks logged so far, the dropped ones included: where the log stands."""
+        return self.base + len(self)
+
+    def since(self, position: int) -> Optional[list]:
+        """The blocks logged since ``position`` (an earlier :attr:`end`), or None if some were dropped."""
+        return self[position - self.base:] if position >= self.base else None
+
+    def append(self, block: int) -> None:
+        super().append(block)
+        if len(self) > self.cap:
+            self._trim()
+
+    def __iadd__(self, blocks):
+        super().__iadd__(blocks)
+        if len(self) > self.cap:
+            self._trim()
+        return self
+
+    def _trim(self) -> None:
+        cut = len(self) // 2
+        del self[:cut]
+        self.base += cut
 
 
 @dataclass
@@ -173,7 +212,7 @@ class PrefixIdentityMixin:
         Asked for every waiting request at every step by a prefix-aware scheduler (``lpm``), so on the
         pool's own hash_lru the answer is kept on the sequence (:attr:`Sequence.prefix_peek`: the blocks
         found, in a set, and where the reclaim log stood) and, while none of those blocks has been
-        reclaimed since (:attr:`_reclaim_log`), only the blocks after them are looked up: a cached block
+        reclaimed since (:class:`ReclaimLog`), only the blocks after them are looked up: a cached block
         keeps the identity it was found with until it is reclaimed, and registrations only add blocks, so
         the leading blocks found then are found now. The same count as a whole match
         (tests/test_prefix_peek.py), at one lookup per waiting request and step plus one set test per
@@ -185,15 +224,11 @@ class PrefixIdentityMixin:
             return self.match_prefix(seq).num_tokens(bs)
         log = self._reclaim_log
         if log is None:
-            log = self._reclaim_log = []
-        elif len(log) > 4 * self.num_blocks:     # bounded: a peek kept from before the cut is recomputed
-            cut = len(log) // 2
-            del log[:cut]
-            self._reclaim_base += cut
-        base, max_blocks = self._reclaim_base, (seq.num_tokens - 1) // bs
+            log = self._reclaim_log = ReclaimLog(4 * self.num_blocks)
+        max_blocks = (seq.num_tokens - 1) // bs
         kept = seq.prefix_peek
-        if kept is not None and kept[2] == max_blocks and kept[1] >= base \
-                and kept[3].isdisjoint(log[kept[1] - base:]):
+        reclaimed = log.since(kept[1]) if kept is not None and kept[2] == max_blocks else None
+        if reclaimed is not None and kept[3].isdisjoint(reclaimed):
             found, blocks = kept[0], kept[3]
             more = self._match_from(seq, found, max_blocks, PrefixMatch()).block_ids
             if more:
@@ -205,5 +240,5 @@ class PrefixIdentityMixin:
                 seq.prefix_peek = None
                 return 0
             found, blocks = len(found_ids), set(found_ids)
-        seq.prefix_peek = (found, base + len(log), max_blocks, blocks)
+        seq.prefix_peek = (found, log.end, max_blocks, blocks)
         return found * bs
