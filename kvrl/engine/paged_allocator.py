@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from kvrl.engine.guards import PooledHashLRU
 from kvrl.engine.hashing import BlockHasher
 from kvrl.engine.pool_invariants import check_paged_pool
-from kvrl.engine.prefix_identity import PrefixIdentityMixin, PrefixMatch
+from kvrl.engine.prefix_identity import PrefixIdentityMixin, PrefixMatch, ReclaimLog
 from kvrl.engine.request import Sequence
 from kvrl.plugins.base import PrefixCachePolicy
 
@@ -57,9 +57,7 @@ class PagedAllocator(PrefixIdentityMixin):
     #: register blocks lazily where the prefix cache allows it (module doc); a subclass that reads a
     #: cached block's identity outside a lookup (a tier storing reclaimed blocks by identity) sets False
     lazy_registration = True
-    #: keep each waiting request's prefix peek between steps (PrefixIdentityMixin.peek_cached_tokens); a
-    #: subclass whose match finds blocks beyond this pool's own (a tier's) sets False
-    keeps_peeks = True
+    keeps_peeks = True     # keep prefix peeks between steps (PrefixIdentityMixin); False: matches go into tiers
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
                  prefix_cache: PrefixCachePolicy, clock: Callable[[], float],
@@ -84,9 +82,8 @@ class PagedAllocator(PrefixIdentityMixin):
         # append_blocks takes one block itself where _reclaim is this class's (a tier's offloads)
         self._one_block = self._lru is not None and type(self)._reclaim is PagedAllocator._reclaim
         self._families: dict = {}
-        #: the cached blocks reclaimed since the first ``peek_cached_tokens`` (None before it): a cached block
-        #: keeps its identity until it is in here (kvrl.engine.prefix_identity.ReclaimLog)
-        self._reclaim_log = None
+        #: the cached blocks reclaimed, the latest ones: a cached block keeps its identity until it is in here
+        self._reclaim_log = ReclaimLog(4 * num_blocks)
         self.ref_counts = [0] * num_blocks
         self._fill = [0] * num_blocks          # tokens with computed KV in each block
         self._cached = [False] * num_blocks    # registered in the prefix cache
@@ -124,8 +121,7 @@ class PagedAllocator(PrefixIdentityMixin):
                 raise OutOfBlocks("no free GPU block")
             self._cached[block] = False
             self._identity[block] = None
-            if self._reclaim_log is not None:
-                self._reclaim_log.append(block)
+            self._reclaim_log.append(block)
         self.ref_counts[block] = 1
         self._fill[block] = 0
         self._num_used += 1
@@ -288,8 +284,7 @@ class PagedAllocator(PrefixIdentityMixin):
                     del block_of[block_hash]
                 self._cached[block] = False
                 self._identity[block] = None
-                if self._reclaim_log is not None:
-                    self._reclaim_log.append(block)
+                self._reclaim_log.append(block)
             self.ref_counts[block] = 1
             self._fill[block] = 0
             self._num_used += 1
@@ -327,8 +322,7 @@ class PagedAllocator(PrefixIdentityMixin):
                 fill[block] = 0
                 table.append(block)
             self._num_used += k
-            if k and self._reclaim_log is not None:
-                self._reclaim_log += table[-k:]
+            self._reclaim_log += table[len(table) - k:]
             if pending:
                 self.prefix_cache.num_pending -= pending
             if k < n:
@@ -341,8 +335,7 @@ class PagedAllocator(PrefixIdentityMixin):
             ref[block] = 1
             fill[block] = 0
         self._num_used += len(blocks)
-        if self._reclaim_log is not None:
-            self._reclaim_log += blocks
+        self._reclaim_log += blocks
         table += blocks
         if len(blocks) < n:
             raise OutOfBlocks("no free GPU block")

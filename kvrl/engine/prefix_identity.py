@@ -38,10 +38,9 @@ class PrefixFamily:
 
 
 class ReclaimLog(list):
-    """The cached blocks the pool reclaimed since its first :meth:`PrefixIdentityMixin.peek_cached_tokens`,
-    oldest first: a list, which the pool appends to (and extends) where it reclaims a cached block. At most
-    ``cap`` are kept: past that the older half is dropped and counted in ``base``, so a peek kept from before
-    the cut is matched again, and a run whose peeks stop (a switch to another order) keeps a bounded log."""
+    """The cached blocks the pool reclaimed, oldest first: a list, which the pool appends to (and extends)
+    where it reclaims a cached block. At most ``cap`` are kept: past that the older half is dropped and
+    counted in ``base``, so a peek kept from before the cut is matched again (:meth:`PrefixIdentityMixin.peek_cached_tokens`)."""
 
     __slots__ = ("base", "cap")
 
@@ -223,8 +222,6 @@ class PrefixIdentityMixin:
         if self._lru is None or not self.keeps_peeks:    # another prefix cache, or tiers: a whole match
             return self.match_prefix(seq).num_tokens(bs)
         log = self._reclaim_log
-        if log is None:
-            log = self._reclaim_log = ReclaimLog(4 * self.num_blocks)
         max_blocks = (seq.num_tokens - 1) // bs
         kept = seq.prefix_peek
         reclaimed = log.since(kept[1]) if kept is not None and kept[2] == max_blocks else None

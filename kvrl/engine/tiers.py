@@ -173,8 +173,7 @@ class TieredAllocator(TierPrefetchMixin, TierDiskIOMixin, PagedAllocator):
         self._reclaimed(block)
         self._cached[block] = False
         self._identity[block] = None
-        if self._reclaim_log is not None:
-            self._reclaim_log.append(block)
+        self._reclaim_log.append(block)
         self._meta[block] = None
         self._prefetched[block] = False
         self.ref_counts[block] = 1
