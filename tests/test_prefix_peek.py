@@ -102,10 +102,10 @@ def test_a_reclaimed_block_ends_a_kept_peek():
     waiting = make_request("b", tokens=shared + [60, 61], output_len=2)
     engine.submit(waiting)
     (seq,) = engine.waiting
-    assert pool.peek_cached_tokens(seq) == 16 and seq.prefix_peek[0] == 4
+    assert pool.peek_cached_tokens(seq) == 16 and len(seq.prefix_peek[2]) == 4
     table: list[int] = []
     pool._take(table, 12 - pool.num_used_blocks)                 # every free block, then reclaims cached ones
-    assert pool._reclaim_log and set(pool._reclaim_log) & seq.prefix_peek[3]
+    assert pool._reclaim_log and set(pool._reclaim_log) & seq.prefix_peek[2]
     assert pool.peek_cached_tokens(seq) == pool.match_prefix(seq).num_tokens(4) < 16
 
 

@@ -209,8 +209,8 @@ class PrefixIdentityMixin:
         """Prompt tokens :meth:`match_prefix` would find cached for ``seq`` now, without the match.
 
         Asked for every waiting request at every step by a prefix-aware scheduler (``lpm``), so on the
-        pool's own hash_lru the answer is kept on the sequence (:attr:`Sequence.prefix_peek`: the blocks
-        found, in a set, and where the reclaim log stood) and, while none of those blocks has been
+        pool's own hash_lru the answer is kept on the sequence (:attr:`Sequence.prefix_peek`: where the
+        reclaim log stood, and the blocks found, in a set) and, while none of those blocks has been
         reclaimed since (:class:`ReclaimLog`), only the blocks after them are looked up: a cached block
         keeps the identity it was found with until it is reclaimed, and registrations only add blocks, so
         the leading blocks found then are found now. The same count as a whole match
@@ -224,18 +224,14 @@ class PrefixIdentityMixin:
         log = self._reclaim_log
         max_blocks = (seq.num_tokens - 1) // bs
         kept = seq.prefix_peek
-        reclaimed = log.since(kept[1]) if kept is not None and kept[2] == max_blocks else None
-        if reclaimed is not None and kept[3].isdisjoint(reclaimed):
-            found, blocks = kept[0], kept[3]
-            more = self._match_from(seq, found, max_blocks, PrefixMatch()).block_ids
-            if more:
-                found += len(more)
-                blocks.update(more)
+        reclaimed = log.since(kept[0]) if kept is not None and kept[1] == max_blocks else None
+        if reclaimed is not None and kept[2].isdisjoint(reclaimed):
+            blocks = kept[2]              # the leading blocks of one chain: distinct, so their count is the match
+            blocks.update(self._match_from(seq, len(blocks), max_blocks, PrefixMatch()).block_ids)
         else:
-            found_ids = self.match_prefix(seq).block_ids
-            if not found_ids:           # nothing to keep: the next peek matches again (a miss is cheap)
+            blocks = set(self.match_prefix(seq).block_ids)
+            if not blocks:                # nothing to keep: the next peek matches again (a miss is cheap)
                 seq.prefix_peek = None
                 return 0
-            found, blocks = len(found_ids), set(found_ids)
-        seq.prefix_peek = (found, log.end, max_blocks, blocks)
-        return found * bs
+        seq.prefix_peek = (log.end, max_blocks, blocks)
+        return len(blocks) * bs

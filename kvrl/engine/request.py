@@ -129,9 +129,8 @@ class Sequence:
     #: lazy registration in :mod:`kvrl.engine.prefix_identity`); not part of the sequence's state
     prefix_family: Optional[object] = field(default=None, repr=False)
     #: the block pool's last answer to "how many of its leading blocks are cached" while it waits, if any:
-    #: ``(blocks found, where the pool's reclaim log stood, full blocks asked about, the blocks found as a
-    #: set)`` (see ``peek_cached_tokens`` in :mod:`kvrl.engine.prefix_identity`); not part of the
-    #: sequence's state
+    #: ``(where the pool's reclaim log stood, full blocks asked about, the blocks found as a set)`` (see
+    #: ``peek_cached_tokens`` in :mod:`kvrl.engine.prefix_identity`); not part of the sequence's state
     prefix_peek: Optional[tuple] = field(default=None, repr=False)
 
     @property
