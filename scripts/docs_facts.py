@@ -66,6 +66,16 @@ def command(name: str) -> str:
     return f"python scripts/docs_facts.py {name}"
 
 
+def _sibling(name: str):
+    """The script ``scripts/<name>.py`` as a module, for a source that reuses its reading of its files."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _text(path: str) -> str:
     """The committed file ``path`` (relative to the repository root): every read of a source goes
     through here, so a test can check that a source reads only its declared ``inputs``."""
@@ -2319,11 +2329,7 @@ def ceiling_s36() -> dict[str, str]:
     scores) and ``priced``, ``cal``, ``own`` (the 16-run sim ensemble as priced, calibrated on earlier pairs and at
     each pair's own speed, from the ``--sims`` files); ``couple_<a>_<b>``: run ``a``'s live mean as the sim of run
     ``b``, every target."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fidelity_live_ceiling", Path(__file__).with_name("fidelity_live_ceiling.py"))
-    ceiling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ceiling)
+    ceiling = _sibling("fidelity_live_ceiling")
     rows = _json(LIVE_CEILING)["couples"]
     scored = {r["run"]: r for path in LIVE_CEILING_SIMS for r in _jsonl(path) if "run" in r}
     short = {"another VM's live mean": "other", "the same VM's live mean": "same",
@@ -2361,13 +2367,9 @@ def scheduler_order() -> dict[str, str]:
     other policy there (``lpm_agents_vs_best``, naming it in ``lpm_best``); live on an H200
     (benchmarks/rl_scheduler_live.sh), fixed 0.01 under lpm against under fcfs, live and in the sim stage beside it
     (``<stage>_lpm_vs_fcfs``), and the sim's error on each scheduler's mean goodput (``sim_error_<scheduler>``)."""
-    import importlib.util
-
     from kvrl.analysis.stats import paired_compare
 
-    spec = importlib.util.spec_from_file_location("rl_scheduler_table", Path(__file__).with_name("rl_scheduler_table.py"))
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _sibling("rl_scheduler_table")
     out = {}
     for task, names in SCHEDULER_RUNS.items():
         by = {n: table.with_hindsight(table.by_policy(_csv(f"{SCHEDULER_ORDER}/{task}_{n}_results.csv"))) for n in names}
@@ -2405,14 +2407,9 @@ def lpm_fidelity() -> dict[str, str]:
     the sim's error on each policy's mean (``<run>_sim_error_<policy>_<metric>``), and the engine's time between
     steps, live against the profile's host terms, summed over each policy's pairs (``<run>_host_error_<policy>``;
     scripts/fidelity_residuals.py) and as a share of the live run's time (``<run>_host_share_<policy>``)."""
-    import importlib.util
-
     from kvrl.analysis.stats import paired_compare
 
-    spec = importlib.util.spec_from_file_location("fidelity_policy_pairs",
-                                                  Path(__file__).with_name("fidelity_policy_pairs.py"))
-    pairs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pairs)
+    pairs = _sibling("fidelity_policy_pairs")
     out = {}
     for run in LPM_FIDELITY_RUNS:
         values = pairs.read(_csv(f"{LPM_FIDELITY}/{run}/fidelity.csv"))
@@ -2488,11 +2485,7 @@ DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
 @source("rl", "cheap", *DEVIATION)
 def rl() -> dict[str, str]:
     """Session 9's one-step deviations from slo_slack (scripts/rl_victim_deviation.py --fit)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rl_victim_deviation", Path(__file__).with_name("rl_victim_deviation.py"))
-    deviation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(deviation)
+    deviation = _sibling("rl_victim_deviation")
     s = deviation.summarise([json.loads(line) for path in DEVIATION for line in _text(path).splitlines()])
     fitted = [m for m, _, _ in s["fitted"].values()]
     return {"deviation_best": f"{s['best'][0]:+.2f} ± {s['best'][1]:.2f}%",
