@@ -1,3 +1,3 @@
 """Imports every built-in plugin module so their ``@register`` decorators run."""
 from kvrl.plugins import (agent, controllers, defences, evictions, joint, orders, prefix_caches,  # noqa: F401
-                          schedulers, swap_prefetch, tiers, watermarks)
+                          schedulers, scored, swap_prefetch, tiers, watermarks)
