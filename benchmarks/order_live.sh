@@ -5,7 +5,8 @@
 # learned `scored` orders of docs/results/agents/tenants-scored-seed{0,1,2}: every live run with the sim's
 # prediction of the same job beside it (kvrl-fidelity), then each order paired against lpm and the hand-written one.
 #   WORKLOADS='[tenants_s0,...,tenants_s4]' bash benchmarks/order_live.sh      -> $OUT/order_live.tgz
-# Environment: WORKLOADS (default all ten), LIMIT_S (default 560), FID_ARGS (more kvrl-fidelity overrides; a CPU
+# Environment: WORKLOADS (default all ten), SEEDS (the learned orders' training seeds, default "0 1 2"; one H200 serves
+# ten workloads under three orders in one call: SEEDS=2), LIMIT_S (default 560), FID_ARGS (more kvrl-fidelity overrides; a CPU
 # smoke test: FID_ARGS="model=tiny live.device=cpu max_requests=8 warmup_requests=2").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ REST='watermark: {name: fixed, fraction: 0.01}, eviction: {name: lifo, mode: rec
 policies=("+policies.lpm={scheduler: {name: lpm}, $REST}"
           "+policies.lpm_late_p1={scheduler: {name: scored, late: -10, prefill: -1}, $REST}")
 names=(lpm lpm_late_p1)
-for s in 0 1 2; do
+for s in ${SEEDS:-0 1 2}; do
   sched=$(python3 -c "import json; c = json.load(open('docs/results/agents/tenants-scored-seed$s/scheduler.json')); \
 print('{' + ', '.join(f'{k}: {v}' for k, v in c.items()) + '}')")
   policies+=("+policies.scored$s={scheduler: $sched, $REST}"); names+=("scored$s")
@@ -27,7 +28,7 @@ timeout "${LIMIT_S:-560}" python3 -m kvrl.apps.fidelity +fidelity_set=tenants "o
   "${policies[@]}" "only_policies=[$(IFS=,; echo "${names[*]}")]" "profile=$PROFILE" live_repeats=1 warmup_requests=64 \
   max_live_wall_s=40 plots=false "hydra.run.dir=$RUN" ${FID_ARGS:-} > "$ROOT/fidelity.log" 2>&1
 echo "kvrl-fidelity rc $?" | tee -a "$ROOT/fidelity.log"
-for p in lpm_late_p1 scored0 scored1 scored2; do
+for p in "${names[@]:1}"; do
   python3 scripts/fidelity_policy_pairs.py "$RUN/fidelity.csv" --policy "$p" --baseline lpm
 done | tee "$ROOT/pairs.md"
 rm -rf "$RUN"/*/*/live/replay.csv 2>/dev/null

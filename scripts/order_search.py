@@ -9,7 +9,8 @@ and step-time perturbation, as kvrl-train draws them: common random numbers), be
 defaults of ``scored``) on each; a candidate's fitness is its mean paired goodput gain over the base in % of the
 base's. The elite's mean and spread become the next distribution. After every generation the mean is served on
 kvrl-eval's val jobs (``--val-seeds``, 80% resamples) beside the base, and the mean with the best paired val gain
-is kept (the base itself while no generation beats it on val). The watermark is held at ``--fraction``.
+is kept (the start itself, ``lpm`` or ``--init``'s weights, while no generation beats it on val). The watermark is
+held at ``--fraction``.
 
     python scripts/order_search.py --task tenants --seed 0 --generations 10 --workers 2 \\
         --out docs/results/agents/tenants-scored-seed0
@@ -107,7 +108,8 @@ def _unit(w: np.ndarray) -> np.ndarray:
 
 def search(args) -> dict:
     rng = np.random.default_rng(args.seed)
-    mean, std = BASE.copy(), np.full(len(FEATURES), args.init_std)
+    start = BASE.copy() if args.init is None else _unit(np.array([float(x) for x in args.init.split(",")]))
+    mean, std = start.copy(), np.full(len(FEATURES), args.init_std)
     val_seeds = [int(s) for s in args.val_seeds.split(",")]
     history, t0 = [], time.time()
     with ProcessPoolExecutor(args.workers, initializer=_init, initargs=(args.task, args.overrides, args.fraction)) as pool:
@@ -116,7 +118,8 @@ def search(args) -> dict:
             return np.asarray(list(pool.map(_serve, jobs, chunksize=1))).reshape(len(weights_list), len(seeds))
 
         val_base = serve([BASE], "val", val_seeds)[0]
-        best = {"val_gain_pct": 0.0, "weights": BASE.tolist(), "generation": -1}
+        start_gain = 0.0 if args.init is None else float(_gain_pct(serve([start], "val", val_seeds)[0], val_base).mean())
+        best = {"val_gain_pct": start_gain, "weights": start.tolist(), "generation": -1}   # replaced only if beaten
         for gen in range(args.generations):
             windows = rng.integers(2**31, size=args.windows).tolist()
             cands = [mean.copy()] + [_unit(mean + std * rng.standard_normal(len(FEATURES)))
@@ -139,19 +142,19 @@ def search(args) -> dict:
             print(json.dumps(row), flush=True)
             if val_gain.mean() > best["val_gain_pct"]:
                 best = {"val_gain_pct": float(val_gain.mean()), "weights": mean.tolist(), "generation": gen}
-            _save(args, best, history, val_base)                 # kept if the run is cut off
+            _save(args, best, history, val_base, start_gain)     # kept if the run is cut off
             if args.max_wall_s is not None and time.time() - t0 > args.max_wall_s:
                 break
     return best
 
 
-def _save(args, best: dict, history: list, val_base: np.ndarray) -> None:
+def _save(args, best: dict, history: list, val_base: np.ndarray, start_gain: float) -> None:
     os.makedirs(args.out, exist_ok=True)
     config = scheduler_config(best["weights"], args.length_key)
     with open(os.path.join(args.out, "scheduler.json"), "w") as f:
         json.dump(config, f, indent=1)
     with open(os.path.join(args.out, "search.json"), "w") as f:
-        json.dump({"best": best, "scheduler": config, "overrides": overrides_of(config), "history": history,
+        json.dump({"best": best, "start_val_gain_pct": start_gain, "scheduler": config, "overrides": overrides_of(config), "history": history,
                    "val_base_goodput": val_base.tolist(), "features": list(FEATURES),
                    "args": vars(args)}, f, indent=1)
 
@@ -166,6 +169,8 @@ def main() -> None:
     p.add_argument("--population", type=int, default=16)
     p.add_argument("--elite", type=int, default=4)
     p.add_argument("--windows", type=int, default=8, help="training windows per generation (shared by its candidates)")
+    p.add_argument("--init", default=None, metavar="W1,...,W5",
+                   help="start the search at these weights (FEATURES order; e.g. a hand-written order) instead of lpm's")
     p.add_argument("--init_std", type=float, default=0.5)
     p.add_argument("--min_std", type=float, default=0.05)
     p.add_argument("--smoothing", type=float, default=0.7, help="weight of the elite's spread in the next std")
