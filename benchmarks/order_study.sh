@@ -6,8 +6,10 @@
 #           strongest hand-written order (HEUR below)
 #   search  scripts/order_search.py, training seeds 0-2 (run on a lent machine's 16 host cores:
 #           TASKS=tenants SEEDS="0 1 2" WORKERS=5 WALL_S=420 SEARCH_ARGS="--population 12 --elite 3 --windows 6
-#           --generations 30" bash benchmarks/order_search_device.sh) -> docs/results/agents/tenants-scored-seedS
-#   test    kvrl-eval per order on env=tenants (test seeds 0-39: 0-9 as every tenants leaderboard, 10-39 fresh) and
+#           --generations 30" bash benchmarks/order_search_device.sh) -> docs/results/agents/tenants-scored-seedS;
+#           and from the hand-written order: order_search.py --seed S --init 1,-1,0,0,-10 --init_std 0.1 (same
+#           options, --max_wall_s 2100 --workers 2 on this machine) -> docs/results/agents/tenants-scoredinit-seedS
+#   test    kvrl-eval per order (ONLY: the names of the orders to serve, default all) on env=tenants (test seeds 0-39: 0-9 as every tenants leaderboard, 10-39 fresh) and
 #           env=tenants_heldout (seeds 0-9), fixed 0.01: lpm, fcfs, sjf, the val-picked hand-written order, the
 #           learned orders
 #   merge   one leaderboard per family (scripts/merge_eval.py), paired against lpm and the val-picked order
@@ -21,8 +23,11 @@ HSEEDS='[0,1,2,3,4,5,6,7,8,9]'
 LATE="scheduler=scored scheduler.late=-10"
 HEUR="$LATE scheduler.prefill=-1"              # the val pick of the val stage (lpm_late_p1)
 declare -A ORDERS=([lpm]="scheduler=lpm" [fcfs]="scheduler=fcfs" [sjf]="scheduler=sjf" [lpm_late_p1]="$HEUR")
-for s in 0 1 2; do
-  ORDERS[scored_seed$s]=$(python3 scripts/order_search.py --overrides_of docs/results/agents/tenants-scored-seed$s)
+LEARNED=()                                     # the learned orders: searched from lpm, and from the hand-written order
+for d in docs/results/agents/tenants-scored-seed* docs/results/agents/tenants-scoredinit-seed*; do
+  [ -d "$d" ] || continue
+  name=${d##*/tenants-}; name=${name/-/_}; LEARNED+=("$name")
+  ORDERS[$name]=$(python3 scripts/order_search.py --overrides_of "$d")
 done
 mkdir -p "$OUT"
 evaluate() {   # evaluate <env> <seeds> <name> <overrides>: kvrl-eval at fixed 0.01 -> $OUT/<env>_<name>_results.csv
@@ -45,15 +50,16 @@ for stage in "${@:-val test merge}"; do
                   "lpm_late_p4=$LATE scheduler.prefill=-4") ;;
       search) echo "run on a lent machine: see the header"; exit 2 ;;
       test)
-        for name in "${!ORDERS[@]}"; do
+        for name in ${ONLY:-"${!ORDERS[@]}"}; do
           evaluate tenants "$SEEDS" "$name" "${ORDERS[$name]}"
           evaluate tenants_heldout "$HSEEDS" "$name" "${ORDERS[$name]}"
         done ;;
       merge)
         for env in tenants tenants_heldout; do
-          shares=(); for name in lpm fcfs sjf lpm_late_p1 scored_seed0 scored_seed1 scored_seed2; do
-            shares+=("$name=$OUT/${env}_${name}_results.csv"); done
-          python3 scripts/merge_eval.py --out "$OUT" --prefix "${env}_merged_" \
+          shares=(); learned=()
+          for name in lpm fcfs sjf lpm_late_p1 "${LEARNED[@]}"; do shares+=("$name=$OUT/${env}_${name}_results.csv"); done
+          for name in "${LEARNED[@]}"; do learned+=(--learned "$name"); done
+          python3 scripts/merge_eval.py --out "$OUT" --prefix "${env}_merged_" "${learned[@]}" \
             --title "$env: learned and hand-written admission orders at fixed 0.01, paired per seed" \
             --reference 'fixed(fraction=0.01) [lpm]' --reference 'fixed(fraction=0.01) [lpm_late_p1]' "${shares[@]}"
         done ;;

@@ -2478,6 +2478,61 @@ def order_choice() -> dict[str, str]:
     return out
 
 
+SCORED = "docs/results/rl_scored"
+SCORED_HEUR, SCORED_LPM = "fixed(fraction=0.01) [lpm_late_p1]", "fixed(fraction=0.01) [lpm]"
+
+
+@source("scored_order", "cheap", f"{SCORED}/val_orders.jsonl", f"{SCORED}/live_s56/fidelity.csv",
+        *(f"{SCORED}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout")),
+        *(f"docs/results/agents/tenants-{k}-seed{s}/search.json" for k, s in
+          (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10))))
+def scored_order() -> dict[str, str]:
+    """Session 56's learned admission order (benchmarks/order_study.sh, benchmarks/order_live.sh): the val split's
+    hand-written orders (``val_<name>`` mean goodput; ``val_pick`` the best); per test family (``tenants`` or
+    ``heldout``) the val-picked hand-written order and ``fcfs``/``sjf`` against lpm (``<key>_heur``, ``<key>_fcfs``,
+    ``<key>_sjf``), each learned order against lpm and against the hand-written one (``<key>_<name>_vs_lpm``,
+    ``<key>_<name>_vs_heur``; ``<key>_learned_vs_heur`` the span of the three searched from lpm); each search's
+    generations and best val gain over lpm (``search_<name>``); and the live run (``live_<a>_vs_<b>`` and
+    ``sim_<a>_vs_<b>`` paired over the workloads; ``sim_error_<policy>`` on the policy's mean goodput)."""
+    from kvrl.analysis.stats import paired_compare
+
+    out = {}
+    val: dict[str, list[float]] = {}
+    for r in _jsonl(f"{SCORED}/val_orders.jsonl"):
+        val.setdefault(r["name"], []).append(r["goodput"])
+    means = {name: sum(g) / len(g) for name, g in val.items()}
+    for name, m in means.items():
+        out[f"val_{name}"] = f"{m:,.0f}"
+    out["val_pick"] = max(means, key=means.get)
+    for task, key in (("tenants", "tenants"), ("tenants_heldout", "heldout")):
+        by = {r["policy"]: r for r in _csv(f"{SCORED}/{task}_merged_leaderboard.csv")}
+        out[f"{key}_heur"] = _paired_cell(by[SCORED_HEUR], SCORED_LPM)
+        for name in ("fcfs", "sjf"):
+            out[f"{key}_{name}"] = _paired_cell(by[f"fixed(fraction=0.01) [{name}]"], SCORED_LPM)
+        learned = {p.split()[1]: r for p, r in by.items() if p.startswith("agent ")}
+        for name, r in learned.items():
+            out[f"{key}_{name}_vs_lpm"] = _paired_cell(r, SCORED_LPM)
+            out[f"{key}_{name}_vs_heur"] = _paired_cell(r, SCORED_HEUR)
+        out[f"{key}_learned_vs_heur"] = _pct_change_span(
+            [r for n, r in learned.items() if n.startswith("scored_")], SCORED_HEUR)
+        out[f"{key}_learned_vs_lpm"] = _pct_change_span(
+            [r for n, r in learned.items() if n.startswith("scored_")], SCORED_LPM)
+    for kind, seed in (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10)):
+        search = _json(f"docs/results/agents/tenants-{kind}-seed{seed}/search.json")
+        out[f"search_{kind}_seed{seed}"] = (f"{len(search['history'])} generations, val {search['best']['val_gain_pct']:+.1f}% "
+                                            f"over lpm (generation {search['best']['generation']})")
+    values = _sibling("fidelity_policy_pairs").read(_csv(f"{SCORED}/live_s56/fidelity.csv"))
+    metric = "goodput_tok_s"
+    for a, b in (("lpm_late_p1", "lpm"), ("scored2", "lpm"), ("scored2", "lpm_late_p1")):
+        for stage in ("live", "sim"):
+            c = paired_compare(values[(metric, a, stage)], values[(metric, b, stage)], metric)
+            out[f"{stage}_{a}_vs_{b}"] = _compare_cell(c)
+    for pol in ("lpm", "lpm_late_p1", "scored2"):
+        live, sim = values[(metric, pol, "live")], values[(metric, pol, "sim")]
+        out[f"sim_error_{pol}"] = _pct(100 * (sum(sim[w] for w in live) / sum(live.values()) - 1))
+    return out
+
+
 DEVIATION = ("docs/results/rl_slots/round4_deviation_val_seeds0-4.jsonl",
              "docs/results/rl_slots/round4_deviation_val_seeds5-9.jsonl")
 

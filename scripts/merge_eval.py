@@ -12,7 +12,8 @@ with the paired goodput comparisons to each ``--reference`` (kvrl.apps.leaderboa
 
 A share given as ``TAG=path`` has `` [TAG]`` appended to its policy labels, so evaluations that differ in a
 setting the labels do not carry (the scheduler: docs/rl.md, "Choosing the admission order") join as rows of
-their own: ``lpm=runs/a/results.csv fcfs=runs/b/results.csv``.
+their own: ``lpm=runs/a/results.csv fcfs=runs/b/results.csv``. ``--learned TAG`` makes a tagged share's rows agent
+rows (``agent TAG [<label>]``): a learned policy that is not an SB3 agent (scripts/order_search.py's schedulers).
 
 A reference is a policy label or the start of one (the first label, in file order, that starts with
 it). Only ``split=test`` rows enter the leaderboard, a val-best sweep's own runs (kind ``sweep``) aside,
@@ -57,12 +58,14 @@ def tagged(spec: str) -> tuple[str, str]:
     return (path, tag) if sep and not tag.endswith(".csv") else (spec, "")
 
 
-def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
+def read_shares(paths: list[str], learned: frozenset = frozenset()) -> tuple[list[str], list[dict]]:
     """The header and rows of every share; raises ValueError when a (policy, kind, split, seed) is in two
     shares with different values (the same run twice, as the deterministic sim serves it, is kept
     once: evaluations that share baselines join) or the shares' columns differ. A share given as
     ``TAG=path`` has `` [TAG]`` appended to each of its policy labels: the same policy served under another
-    setting the evaluation does not name (another scheduler) stays a row of its own."""
+    setting the evaluation does not name (another scheduler) stays a row of its own. A share whose tag is in
+    ``learned`` served a learned policy that kvrl-eval does not load as an agent (a learned scheduler, set by
+    overrides): its rows become agent rows, ``agent TAG [<label>]`` of kind ``agent``."""
     header, rows, seen = None, [], {}
     for spec in paths:
         path, tag = tagged(spec)
@@ -73,7 +76,9 @@ def read_shares(paths: list[str]) -> tuple[list[str], list[dict]]:
             elif list(reader.fieldnames or []) != header:
                 raise ValueError(f"{path}: its columns differ from {tagged(paths[0])[0]}'s")
             for r in reader:
-                if tag:
+                if tag in learned:
+                    r["policy"], r["kind"] = f"agent {tag} [{r['policy']}]", "agent"
+                elif tag:
                     r["policy"] = f"{r['policy']} [{tag}]"
                 key = (r["policy"], r.get("kind", ""), r["split"], r["seed"])   # a sweep's row beside its baseline's
                 if key in seen:
@@ -106,8 +111,11 @@ def main() -> None:
     p.add_argument("--note", action="append", default=[], help="a line under the title; repeatable")
     p.add_argument("--policy", action="append", default=[],
                    help="keep only this policy (a label or its start); repeatable; default: every policy")
+    p.add_argument("--learned", action="append", default=[], metavar="TAG",
+                   help="the share tagged TAG served a learned policy (e.g. a learned scheduler): its rows are agent "
+                        "rows, 'agent TAG [<label>]'; repeatable")
     a = p.parse_args()
-    _, rows = read_shares(a.results)
+    _, rows = read_shares(a.results, frozenset(a.learned))
     if a.policy:
         labels = list(dict.fromkeys(r["policy"] for r in rows))
         keep = {resolve(policy, labels) for policy in a.policy}

@@ -394,6 +394,11 @@ def test_merge_eval_joins_shares_into_one_paired_leaderboard(tmp_path):
     assert {r["policy"] for r in csv.DictReader(open(only / "results.csv"))} == {"rule"}
     unknown = subprocess.run([*script, "--out", str(only), "--policy", "lifo", *shares], cwd=ROOT, capture_output=True, text=True)
     assert unknown.returncode != 0 and "starts with 'lifo'" in unknown.stderr
+    learned = tmp_path / "learned"             # a tagged share of a learned scheduler: its rows are agent rows
+    subprocess.run([*script, "--out", str(learned), "--learned", "mine", "--reference", "fixed(fraction=0.2)",
+                    shares[0], f"mine={shares[1]}"], check=True, cwd=ROOT, capture_output=True, text=True)
+    kinds = {(r["policy"], r["kind"]) for r in csv.DictReader(open(learned / "results.csv"))}
+    assert ("agent mine [rule]", "agent") in kinds and ("rule", "heuristic") in kinds
     tagged = tmp_path / "tagged"           # TAG=path: the same labels served under another setting, rows of their own
     subprocess.run([*script, "--out", str(tagged), "--reference", "rule [a]", f"a={shares[0]}", f"b={shares[0]}"],
                    check=True, cwd=ROOT, capture_output=True, text=True)
