@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 56's learned admission order (docs/rl.md, "A learned admission order"), sim, into docs/results/rl_scored/.
-# Stages (default: val test merge):
+# Stages (default: val test merge other):
 #   val     the hand-written orders on the val split (seeds 0-9, fixed 0.01): lpm, fcfs, sjf, fcfs with late requests
 #           last, and lpm with late requests last and its prefill weight in {0, 0.25, 0.5, 1, 2, 4}: picks the
 #           strongest hand-written order (HEUR below)
@@ -13,6 +13,9 @@
 #           env=tenants_heldout (seeds 0-9), fixed 0.01: lpm, fcfs, sjf, the val-picked hand-written order, the
 #           learned orders
 #   merge   one leaderboard per family (scripts/merge_eval.py), paired against lpm and the val-picked order
+#   other   the val-picked order (tuned on tenants, not retuned) on two other tasks, beside their first-come order:
+#           throttle (test seeds 0-19, fixed 0.01, token_ratio(4096, 0.05) and ttft_slack) and pressure (heavy
+#           preemption; seeds 0-9, fixed 0.01 and 0.0): kvrl-eval under each scheduler, one leaderboard per task
 #   bash benchmarks/order_study.sh [STAGE ...]      WORKERS processes (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,14 +33,15 @@ for d in docs/results/agents/tenants-scored-seed* docs/results/agents/tenants-sc
   ORDERS[$name]=$(python3 scripts/order_search.py --overrides_of "$d")
 done
 mkdir -p "$OUT"
-evaluate() {   # evaluate <env> <seeds> <name> <overrides>: kvrl-eval at fixed 0.01 -> $OUT/<env>_<name>_results.csv
-  local env=$1 seeds=$2 name=$3; shift 3
-  # shellcheck disable=SC2068  # the overrides are words
-  python3 -m kvrl.apps.eval env="$env" $@ 'agents=[]' 'baselines.watermark=[{name: fixed, fraction: 0.01}]' \
+evaluate() {   # evaluate <env> <seeds> <name> <scheduler overrides> [baselines]: kvrl-eval (default: fixed 0.01 only)
+  local env=$1 seeds=$2 name=$3 sched=$4          # -> $OUT/<env>_<name>_results.csv
+  local baselines=${5:-'baselines.watermark=[{name: fixed, fraction: 0.01}]'}
+  # shellcheck disable=SC2086  # the scheduler overrides are words
+  python3 -m kvrl.apps.eval env="$env" $sched 'agents=[]' "$baselines" \
     "seeds=$seeds" 'sweep=[]' tune=null plots=false workers="$W" "hydra.run.dir=runs/eval/scored_${env}_$name" > /dev/null
   cp "runs/eval/scored_${env}_$name/results.csv" "$OUT/${env}_${name}_results.csv"
 }
-for stage in "${@:-val test merge}"; do
+for stage in "${@:-val test merge other}"; do
   for s in $stage; do
     case $s in
       val)
@@ -63,6 +67,19 @@ for stage in "${@:-val test merge}"; do
             --title "$env: learned and hand-written admission orders at fixed 0.01, paired per seed" \
             --reference 'fixed(fraction=0.01) [lpm]' --reference 'fixed(fraction=0.01) [lpm_late_p1]' "${shares[@]}"
         done ;;
+      other)
+        evaluate throttle '[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]' fcfs scheduler=fcfs \
+          'baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio, clip_max_new_tokens: 4096, min_ratio: 0.05},{name: ttft_slack}]'
+        evaluate throttle '[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]' lpm_late_p1 "$HEUR" \
+          'baselines.watermark=[{name: fixed, fraction: 0.01},{name: token_ratio, clip_max_new_tokens: 4096, min_ratio: 0.05},{name: ttft_slack}]'
+        evaluate pressure "$HSEEDS" fcfs scheduler=fcfs 'baselines.watermark=[{name: fixed, fraction: 0.01},{name: fixed, fraction: 0.0}]'
+        evaluate pressure "$HSEEDS" lpm_late_p1 "$HEUR" 'baselines.watermark=[{name: fixed, fraction: 0.01},{name: fixed, fraction: 0.0}]'
+        python3 scripts/merge_eval.py --out "$OUT" --prefix throttle_merged_ --reference token_ratio \
+          --title "throttle: the first-come order and the hand-written order of tenants, paired per seed" \
+          "fcfs=$OUT/throttle_fcfs_results.csv" "lpm_late_p1=$OUT/throttle_lpm_late_p1_results.csv"
+        python3 scripts/merge_eval.py --out "$OUT" --prefix pressure_merged_ --reference 'fixed(fraction=0.0)' \
+          --title "pressure: the first-come order and the hand-written order of tenants, paired per seed" \
+          "fcfs=$OUT/pressure_fcfs_results.csv" "lpm_late_p1=$OUT/pressure_lpm_late_p1_results.csv" ;;
       *) echo "unknown stage $s"; exit 2 ;;
     esac
   done

@@ -2483,7 +2483,7 @@ SCORED_HEUR, SCORED_LPM = "fixed(fraction=0.01) [lpm_late_p1]", "fixed(fraction=
 
 
 @source("scored_order", "cheap", f"{SCORED}/val_orders.jsonl", f"{SCORED}/live_s56/fidelity.csv",
-        *(f"{SCORED}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout")),
+        *(f"{SCORED}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout", "throttle", "pressure")),
         *(f"docs/results/agents/tenants-{k}-seed{s}/search.json" for k, s in
           (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10))))
 def scored_order() -> dict[str, str]:
@@ -2492,7 +2492,9 @@ def scored_order() -> dict[str, str]:
     ``heldout``) the val-picked hand-written order and ``fcfs``/``sjf`` against lpm (``<key>_heur``, ``<key>_fcfs``,
     ``<key>_sjf``), each learned order against lpm and against the hand-written one (``<key>_<name>_vs_lpm``,
     ``<key>_<name>_vs_heur``; ``<key>_learned_vs_heur`` the span of the three searched from lpm); each search's
-    generations and best val gain over lpm (``search_<name>``); and the live run (``live_<a>_vs_<b>`` and
+    generations and best val gain over lpm (``search_<name>``); the hand-written order under other tasks' policies
+    (``throttle_heur_<policy>`` against token_ratio under fcfs, ``pressure_heur_<fraction>`` against fixed 0.0 under
+    fcfs); and the live run (``live_<a>_vs_<b>`` and
     ``sim_<a>_vs_<b>`` paired over the workloads; ``sim_error_<policy>`` on the policy's mean goodput)."""
     from kvrl.analysis.stats import paired_compare
 
@@ -2521,6 +2523,13 @@ def scored_order() -> dict[str, str]:
         search = _json(f"docs/results/agents/tenants-{kind}-seed{seed}/search.json")
         out[f"search_{kind}_seed{seed}"] = (f"{len(search['history'])} generations, val {search['best']['val_gain_pct']:+.1f}% "
                                             f"over lpm (generation {search['best']['generation']})")
+    tr = "token_ratio(clip_max_new_tokens=4096, min_ratio=0.05)"
+    by = {r["policy"]: r for r in _csv(f"{SCORED}/throttle_merged_leaderboard.csv")}
+    for name, label in (("token_ratio", tr), ("ttft_slack", "ttft_slack"), ("fixed", "fixed(fraction=0.01)")):
+        out[f"throttle_heur_{name}"] = _paired_cell(by[f"{label} [lpm_late_p1]"], f"{tr} [fcfs]")
+    by = {r["policy"]: r for r in _csv(f"{SCORED}/pressure_merged_leaderboard.csv")}
+    for name, label in (("0", "fixed(fraction=0.0)"), ("001", "fixed(fraction=0.01)")):
+        out[f"pressure_heur_{name}"] = _paired_cell(by[f"{label} [lpm_late_p1]"], "fixed(fraction=0.0) [fcfs]")
     values = _sibling("fidelity_policy_pairs").read(_csv(f"{SCORED}/live_s56/fidelity.csv"))
     metric = "goodput_tok_s"
     for a, b in (("lpm_late_p1", "lpm"), ("scored2", "lpm"), ("scored2", "lpm_late_p1")):

@@ -36,10 +36,13 @@ CACHED_REF, PREFILL_REF, OUTPUT_REF = 1024.0, 512.0, 256.0   # tokens that map t
 
 @register("scheduler", "scored")
 class ScoredScheduler(SchedulerPolicy):
-    """Admits the waiting request with the highest linear score of its features first (see the module
-    docs). Parameters: ``cached``, ``prefill``, ``output``, ``wait``, ``late`` (the weights; default 1, 0, 0,
-    0, 0: ``lpm``'s order), ``length_key`` (``none`` or ``tenant``: which finished requests predict the
-    remaining output), ``max_queue`` (default 128: above it, arrival order)."""
+    """Admits the waiting request with the highest ``sum(weight * feature)`` first, ties by arrival. Features, each
+    in [0, 1]: ``cached`` (prompt tokens found cached, k/(k+1024)), ``prefill`` (tokens still to prefill,
+    u/(u+512)), ``output`` (predicted remaining output, r/(r+256)), ``wait`` (time waited in units of the TTFT
+    objective, w/(w+1)), ``late`` (1 once waited past the TTFT objective). Parameters: the five weights (default
+    1, 0, 0, 0, 0: ``lpm``'s order; ``late=-10 prefill=-1`` is the hand-written SLO-aware order of docs/rl.md),
+    ``length_key`` (``none`` or ``tenant``: which finished requests predict the remaining output), ``max_queue``
+    (default 128: above it, arrival order). ``scripts/order_search.py`` learns the weights."""
 
     static_key = False
 
