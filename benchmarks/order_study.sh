@@ -7,8 +7,9 @@
 #   search  scripts/order_search.py, training seeds 0-2 (run on a lent machine's 16 host cores:
 #           TASKS=tenants SEEDS="0 1 2" WORKERS=5 WALL_S=420 SEARCH_ARGS="--population 12 --elite 3 --windows 6
 #           --generations 30" bash benchmarks/order_search_device.sh) -> docs/results/agents/tenants-scored-seedS;
-#           and from the hand-written order: order_search.py --seed S --init 1,-1,0,0,-10 --init_std 0.1 (same
-#           options, --max_wall_s 2100 --workers 2 on this machine) -> docs/results/agents/tenants-scoredinit-seedS
+#           and from the hand-written order: order_search.py --seed 10 --init 1,-1,0,0,-10 --init_std 0.1 (same
+#           options, --max_wall_s 2100 --workers 2 on this machine; seeds 11 and 12 with SEEDS="11 12" WORKERS=7
+#           WALL_S=220 and those SEARCH_ARGS on the lent host) -> docs/results/agents/tenants-scoredinit-seedS
 #   test    kvrl-eval per order (ONLY: the names of the orders to serve, default all) on env=tenants (test seeds 0-39: 0-9 as every tenants leaderboard, 10-39 fresh) and
 #           env=tenants_heldout (seeds 0-9), fixed 0.01: lpm, fcfs, sjf, the val-picked hand-written order, the
 #           learned orders

@@ -2485,13 +2485,14 @@ SCORED_HEUR, SCORED_LPM = "fixed(fraction=0.01) [lpm_late_p1]", "fixed(fraction=
 @source("scored_order", "cheap", f"{SCORED}/val_orders.jsonl", f"{SCORED}/live_s56/fidelity.csv",
         *(f"{SCORED}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout", "throttle", "pressure")),
         *(f"docs/results/agents/tenants-{k}-seed{s}/search.json" for k, s in
-          (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10))))
+          (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10), ("scoredinit", 11), ("scoredinit", 12))))
 def scored_order() -> dict[str, str]:
     """Session 56's learned admission order (benchmarks/order_study.sh, benchmarks/order_live.sh): the val split's
     hand-written orders (``val_<name>`` mean goodput; ``val_pick`` the best); per test family (``tenants`` or
     ``heldout``) the val-picked hand-written order and ``fcfs``/``sjf`` against lpm (``<key>_heur``, ``<key>_fcfs``,
     ``<key>_sjf``), each learned order against lpm and against the hand-written one (``<key>_<name>_vs_lpm``,
-    ``<key>_<name>_vs_heur``; ``<key>_learned_vs_heur`` the span of the three searched from lpm); each search's
+    ``<key>_<name>_vs_heur``; ``<key>_learned_vs_heur`` the span of the three searched from lpm, ``<key>_init_vs_heur`` of the three searched
+    from the hand-written order); each search's
     generations and best val gain over lpm (``search_<name>``); the hand-written order under other tasks' policies
     (``throttle_heur_<policy>`` against token_ratio under fcfs, ``pressure_heur_<fraction>`` against fixed 0.0 under
     fcfs); and the live run (``live_<a>_vs_<b>`` and
@@ -2517,9 +2518,11 @@ def scored_order() -> dict[str, str]:
             out[f"{key}_{name}_vs_heur"] = _paired_cell(r, SCORED_HEUR)
         out[f"{key}_learned_vs_heur"] = _pct_change_span(
             [r for n, r in learned.items() if n.startswith("scored_")], SCORED_HEUR)
+        out[f"{key}_init_vs_heur"] = _pct_change_span(
+            [r for n, r in learned.items() if n.startswith("scoredinit_")], SCORED_HEUR)
         out[f"{key}_learned_vs_lpm"] = _pct_change_span(
             [r for n, r in learned.items() if n.startswith("scored_")], SCORED_LPM)
-    for kind, seed in (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10)):
+    for kind, seed in (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10), ("scoredinit", 11), ("scoredinit", 12)):
         search = _json(f"docs/results/agents/tenants-{kind}-seed{seed}/search.json")
         out[f"search_{kind}_seed{seed}"] = (f"{len(search['history'])} generations, val {search['best']['val_gain_pct']:+.1f}% "
                                             f"over lpm (generation {search['best']['generation']})")
