@@ -63,7 +63,8 @@ def _init(task: str, overrides: list[str], fraction: float) -> None:
 
 def _serve(job: tuple) -> float:
     """One (weights, length key, split, seed) job: its goodput tok/s. ``train``: the training window drawn from
-    ``seed`` (requests, load and step-time factor as the env draws them); ``val``: kvrl-eval's val job of ``seed``."""
+    ``seed`` (its requests and load as the env draws them, a step-time factor from the env's distribution); ``val``:
+    kvrl-eval's val job of ``seed``."""
     import copy
 
     from omegaconf import OmegaConf
