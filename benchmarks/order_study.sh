@@ -16,7 +16,8 @@
 #   merge   one leaderboard per family (scripts/merge_eval.py), paired against lpm and the val-picked order
 #   other   the val-picked order (tuned on tenants, not retuned) on two other tasks, beside their first-come order:
 #           throttle (test seeds 0-19, fixed 0.01, token_ratio(4096, 0.05) and ttft_slack) and pressure (heavy
-#           preemption; seeds 0-9, fixed 0.01 and 0.0): kvrl-eval under each scheduler, one leaderboard per task
+#           preemption; seeds 0-9, fixed 0.01 and 0.0): kvrl-eval under each scheduler, one leaderboard per task; and
+#           session 44's throttle_planner agents under the order beside the rules under it
 #   bash benchmarks/order_study.sh [STAGE ...]      WORKERS processes (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,11 +35,11 @@ for d in docs/results/agents/tenants-scored-seed* docs/results/agents/tenants-sc
   ORDERS[$name]=$(python3 scripts/order_search.py --overrides_of "$d")
 done
 mkdir -p "$OUT"
-evaluate() {   # evaluate <env> <seeds> <name> <scheduler overrides> [baselines]: kvrl-eval (default: fixed 0.01 only)
-  local env=$1 seeds=$2 name=$3 sched=$4          # -> $OUT/<env>_<name>_results.csv
-  local baselines=${5:-'baselines.watermark=[{name: fixed, fraction: 0.01}]'}
+evaluate() {   # evaluate <env> <seeds> <name> <scheduler overrides> [baselines] [agents]: kvrl-eval (default: fixed 0.01
+  local env=$1 seeds=$2 name=$3 sched=$4          # only, no agents) -> $OUT/<env>_<name>_results.csv
+  local baselines=${5:-'baselines.watermark=[{name: fixed, fraction: 0.01}]'} agents=${6:-'agents=[]'}
   # shellcheck disable=SC2086  # the scheduler overrides are words
-  python3 -m kvrl.apps.eval env="$env" $sched 'agents=[]' "$baselines" \
+  python3 -m kvrl.apps.eval env="$env" $sched "$agents" "$baselines" \
     "seeds=$seeds" 'sweep=[]' tune=null plots=false workers="$W" "hydra.run.dir=runs/eval/scored_${env}_$name" > /dev/null
   cp "runs/eval/scored_${env}_$name/results.csv" "$OUT/${env}_${name}_results.csv"
 }
@@ -78,6 +79,13 @@ for stage in "${@:-val test merge other}"; do
         python3 scripts/merge_eval.py --out "$OUT" --prefix throttle_merged_ --reference token_ratio \
           --title "throttle: the first-come order and the hand-written order of tenants, paired per seed" \
           "fcfs=$OUT/throttle_fcfs_results.csv" "lpm_late_p1=$OUT/throttle_lpm_late_p1_results.csv"
+        # session 44's throttle_planner agents (trained under fcfs) served under the order, beside the rules under it
+        evaluate throttle_planner '[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19]' agents_lpm_late_p1 "$HEUR" \
+          'baselines.watermark=[{name: fixed, fraction: 0.01},{name: fixed, fraction: 0.0},{name: token_ratio, clip_max_new_tokens: 4096, min_ratio: 0.05},{name: ttft_slack}]' \
+          'agents=[docs/results/agents/throttle_planner-rcpi-seed0,docs/results/agents/throttle_planner-rcpi-seed1,docs/results/agents/throttle_planner-rcpi-seed2]'
+        python3 scripts/merge_eval.py --out "$OUT" --prefix throttle_planner_agents_lpm_late_p1_ --reference token_ratio \
+          --title "throttle_planner: session 44's agents and the rules, all under the hand-written order, paired per seed" \
+          "$OUT/throttle_planner_agents_lpm_late_p1_results.csv"
         python3 scripts/merge_eval.py --out "$OUT" --prefix pressure_merged_ --reference 'fixed(fraction=0.0)' \
           --title "pressure: the first-come order and the hand-written order of tenants, paired per seed" \
           "fcfs=$OUT/pressure_fcfs_results.csv" "lpm_late_p1=$OUT/pressure_lpm_late_p1_results.csv" ;;

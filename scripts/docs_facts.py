@@ -2484,6 +2484,7 @@ SCORED_HEUR, SCORED_LPM = "fixed(fraction=0.01) [lpm_late_p1]", "fixed(fraction=
 
 @source("scored_order", "cheap", f"{SCORED}/val_orders.jsonl", f"{SCORED}/live_s56/fidelity.csv",
         *(f"{SCORED}/{t}_merged_leaderboard.csv" for t in ("tenants", "tenants_heldout", "throttle", "pressure")),
+        f"{SCORED}/throttle_planner_agents_lpm_late_p1_leaderboard.csv",
         *(f"docs/results/agents/tenants-{k}-seed{s}/search.json" for k, s in
           (("scored", 0), ("scored", 1), ("scored", 2), ("scoredinit", 10), ("scoredinit", 11), ("scoredinit", 12))))
 def scored_order() -> dict[str, str]:
@@ -2494,7 +2495,8 @@ def scored_order() -> dict[str, str]:
     ``<key>_<name>_vs_heur``; ``<key>_learned_vs_heur`` the span of the three searched from lpm, ``<key>_init_vs_heur`` of the three searched
     from the hand-written order); each search's
     generations and best val gain over lpm (``search_<name>``); the hand-written order under other tasks' policies
-    (``throttle_heur_<policy>`` against token_ratio under fcfs, ``pressure_heur_<fraction>`` against fixed 0.0 under
+    (``throttle_heur_<policy>`` against token_ratio under fcfs; ``throttle_agents_under_heur`` the span of session
+    44's throttle_planner agents under the order against token_ratio under it; ``pressure_heur_<fraction>`` against fixed 0.0 under
     fcfs); and the live run (``live_<a>_vs_<b>`` and
     ``sim_<a>_vs_<b>`` paired over the workloads; ``sim_error_<policy>`` on the policy's mean goodput)."""
     from kvrl.analysis.stats import paired_compare
@@ -2530,6 +2532,8 @@ def scored_order() -> dict[str, str]:
     by = {r["policy"]: r for r in _csv(f"{SCORED}/throttle_merged_leaderboard.csv")}
     for name, label in (("token_ratio", tr), ("ttft_slack", "ttft_slack"), ("fixed", "fixed(fraction=0.01)")):
         out[f"throttle_heur_{name}"] = _paired_cell(by[f"{label} [lpm_late_p1]"], f"{tr} [fcfs]")
+    rows = _csv(f"{SCORED}/throttle_planner_agents_lpm_late_p1_leaderboard.csv")
+    out["throttle_agents_under_heur"] = _pct_change_span([r for r in rows if r["policy"].startswith("agent")], tr)
     by = {r["policy"]: r for r in _csv(f"{SCORED}/pressure_merged_leaderboard.csv")}
     for name, label in (("0", "fixed(fraction=0.0)"), ("001", "fixed(fraction=0.01)")):
         out[f"pressure_heur_{name}"] = _paired_cell(by[f"{label} [lpm_late_p1]"], "fixed(fraction=0.0) [fcfs]")
